@@ -1,0 +1,279 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Dir is the device-plugin directory holding kubelet.sock and our
+	// sockets; default pluginapi.DevicePluginPath.
+	Dir string
+	// KubeletSocket is the kubelet's registration socket, a file name in
+	// Dir or an absolute path inside Dir; default "kubelet.sock".
+	KubeletSocket string
+	// Logger receives one line per event; default slog.Default().
+	Logger *slog.Logger
+	// Registerer gets the plugin metrics; nil means no metrics.
+	Registerer prometheus.Registerer
+}
+
+// Manager runs one device-plugin server per Resource and keeps them
+// registered with the kubelet. Sync says which resources exist; Run watches
+// for kubelet restarts and owns the servers' lifetime.
+type Manager struct {
+	dir           string
+	kubeletSocket string
+	log           *slog.Logger
+	metrics       *metrics
+
+	mu         sync.Mutex
+	servers    map[string]*server
+	startFails map[string]string // resource -> last start error, to log a streak once
+	running    bool
+	closed     bool
+	// watching is closed once Run watches the directory; registration
+	// waits for it so that no kubelet restart can slip by unseen.
+	watching chan struct{}
+}
+
+// NewManager checks opts and registers the metrics. It starts nothing.
+func NewManager(opts Options) (*Manager, error) {
+	dir := opts.Dir
+	if dir == "" {
+		dir = pluginapi.DevicePluginPath
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("device-plugin dir %q: %w", opts.Dir, err)
+	}
+	ks := opts.KubeletSocket
+	if ks == "" {
+		ks = filepath.Base(pluginapi.KubeletSocket)
+	}
+	if !filepath.IsAbs(ks) {
+		ks = filepath.Join(dir, ks)
+	}
+	ks = filepath.Clean(ks)
+	// The kubelet resolves our RegisterRequest.Endpoint relative to its own
+	// socket's directory, so both must be the same directory.
+	if filepath.Dir(ks) != dir {
+		return nil, fmt.Errorf("kubelet socket %s is not in device-plugin dir %s", ks, dir)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register plugin metrics: %w", err)
+	}
+	return &Manager{
+		dir:           dir,
+		kubeletSocket: ks,
+		log:           log,
+		metrics:       m,
+		servers:       map[string]*server{},
+		startFails:    map[string]string{},
+		watching:      make(chan struct{}),
+	}, nil
+}
+
+// Run watches the device-plugin directory: when kubelet.sock is created (a
+// kubelet restart) every server re-creates its socket if the kubelet removed
+// it and registers again at once. When ctx is done Run stops every server,
+// removes their sockets and returns nil. Servers started by Sync register
+// only once Run is watching. Run may be called once.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.running || m.closed {
+		m.mu.Unlock()
+		return errors.New("plugin manager already run")
+	}
+	m.running = true
+	m.mu.Unlock()
+	defer m.shutdown()
+
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch device-plugin dir %s: %w", m.dir, err)
+	}
+	defer w.Close()
+	if err := w.Add(m.dir); err != nil {
+		return fmt.Errorf("watch device-plugin dir %s: %w", m.dir, err)
+	}
+	close(m.watching)
+	m.log.Info("watching for kubelet restarts", "kubeletSocket", m.kubeletSocket)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("device-plugin dir watch closed")
+			}
+			if filepath.Clean(ev.Name) != m.kubeletSocket {
+				continue
+			}
+			switch {
+			case ev.Has(fsnotify.Create):
+				m.kubeletStarted()
+			case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
+				m.kubeletStopped()
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("device-plugin dir watch closed")
+			}
+			// An overflow may have hidden a kubelet restart: re-register to
+			// be safe; registering twice is harmless.
+			m.log.Warn("device-plugin dir watch error, re-registering", "err", err)
+			m.kubeletStarted()
+		}
+	}
+}
+
+// kubeletStarted re-creates removed sockets and re-registers every server.
+func (m *Manager) kubeletStarted() {
+	m.log.Info("kubelet socket created, re-registering", "resources", m.count())
+	m.forEach(func(s *server) {
+		recreated, err := s.ensureServing()
+		if err != nil {
+			m.log.Error("re-create device-plugin socket failed", "resource", s.name, "err", err)
+			return
+		}
+		if recreated {
+			m.log.Debug("device-plugin socket re-created", "resource", s.name)
+		}
+		s.requestRegistration()
+	})
+}
+
+// kubeletStopped records that nothing is registered any more: the kubelet
+// that knew us is gone.
+func (m *Manager) kubeletStopped() {
+	m.log.Info("kubelet socket removed")
+	m.forEach(func(s *server) {
+		s.registered.Store(false)
+		m.metrics.setRegistered(s.name, false)
+	})
+}
+
+// Sync makes the served resources those in resources, by Name(): new ones
+// get a server and register; gone ones are stopped (their streams end and
+// their sockets go); the rest get the new Resource value and, if their
+// device list changed, push it to every ListAndWatch stream. It is safe to
+// call concurrently and often. Sync after Run returned does nothing.
+func (m *Manager) Sync(resources []Resource) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	want := make(map[string]Resource, len(resources))
+	for _, r := range resources {
+		if r == nil || r.Name() == "" {
+			m.log.Error("sync: resource without a name ignored")
+			continue
+		}
+		if _, dup := want[r.Name()]; dup {
+			m.log.Error("sync: resource listed twice, first kept", "resource", r.Name())
+			continue
+		}
+		want[r.Name()] = r
+	}
+	for name, s := range m.servers {
+		if _, ok := want[name]; ok {
+			continue
+		}
+		delete(m.servers, name)
+		if err := s.stop(); err != nil {
+			m.log.Error("stop device-plugin server failed", "resource", name, "err", err)
+		}
+		m.metrics.forget(name)
+		m.log.Info("resource removed", "resource", name)
+	}
+	for name, r := range want {
+		if s, ok := m.servers[name]; ok {
+			if s.update(r) {
+				m.log.Info("resource options changed, re-registering", "resource", name)
+				s.requestRegistration()
+			}
+			continue
+		}
+		s := newServer(name, m.dir, r, m.log, m.metrics)
+		if err := s.start(m.kubeletSocket, m.watching); err != nil {
+			// Logged once per streak; the next Sync tries again.
+			if m.startFails[name] != err.Error() {
+				m.log.Error("start device-plugin server failed", "resource", name, "err", err)
+				m.startFails[name] = err.Error()
+			}
+			continue
+		}
+		delete(m.startFails, name)
+		m.servers[name] = s
+		m.metrics.setRegistered(name, false)
+		m.metrics.setStreams(name, 0)
+		m.log.Info("resource added", "resource", name, "socket", s.socket, "devices", len(s.devs.devs))
+	}
+	for name := range m.startFails {
+		if _, ok := want[name]; !ok {
+			delete(m.startFails, name)
+		}
+	}
+}
+
+// Registered reports, per served resource, whether its last registration
+// with the kubelet succeeded and the kubelet has not gone since.
+func (m *Manager) Registered() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]bool, len(m.servers))
+	for name, s := range m.servers {
+		out[name] = s.registered.Load()
+	}
+	return out
+}
+
+// shutdown stops every server and refuses later Syncs.
+func (m *Manager) shutdown() {
+	m.mu.Lock()
+	m.closed = true
+	servers := m.servers
+	m.servers = map[string]*server{}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for name, s := range servers {
+		wg.Go(func() {
+			if err := s.stop(); err != nil {
+				m.log.Error("stop device-plugin server failed", "resource", name, "err", err)
+			}
+			m.metrics.forget(name)
+		})
+	}
+	wg.Wait()
+	m.log.Info("device-plugin servers stopped", "resources", len(servers))
+}
+
+func (m *Manager) forEach(f func(*server)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.servers {
+		f(s)
+	}
+}
+
+func (m *Manager) count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.servers)
+}

@@ -1,0 +1,252 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// server is the device-plugin gRPC server of one resource: its socket, its
+// current Resource value and device snapshot, its open ListAndWatch streams
+// and its registration loop.
+type server struct {
+	pluginapi.UnimplementedDevicePluginServer
+
+	name    string
+	socket  string
+	log     *slog.Logger
+	metrics *metrics
+
+	mu       sync.Mutex
+	res      Resource
+	devs     *deviceList
+	watchers map[*watcher]struct{}
+	grpc     *grpc.Server
+	created  os.FileInfo // the socket file we made, to tell it from a newer one
+	stopped  bool
+	done     chan struct{} // closed by stop: ends every stream
+
+	registered atomic.Bool
+	kick       chan struct{} // asks the registration loop to register now
+	cancel     context.CancelFunc
+	loopDone   chan struct{}
+}
+
+// watcher is one open ListAndWatch stream. Its channel holds at most the
+// latest list: a slow stream skips intermediate lists and never blocks Sync.
+type watcher struct {
+	ch chan *deviceList
+}
+
+func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics) *server {
+	return &server{
+		name:     name,
+		socket:   dir + "/" + socketName(name),
+		log:      log.With("resource", name),
+		metrics:  m,
+		res:      res,
+		devs:     newDeviceList(res.Devices()),
+		watchers: map[*watcher]struct{}{},
+		done:     make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		loopDone: make(chan struct{}),
+	}
+}
+
+// serve (re)creates the socket and starts a fresh gRPC server on it. An old
+// gRPC server, if any, is stopped: its streams belong to a kubelet that is
+// gone.
+func (s *server) serve() error {
+	lis, created, err := listenUnix(s.socket)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer(
+		grpc.UnaryInterceptor(s.metrics.unary(s.name)),
+		grpc.StreamInterceptor(s.metrics.stream(s.name)),
+	)
+	pluginapi.RegisterDevicePluginServer(g, s)
+
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		lis.Close()
+		_ = removeSocket(s.socket, created)
+		return errors.New("server stopped")
+	}
+	old := s.grpc
+	s.grpc, s.created = g, created
+	s.mu.Unlock()
+
+	if old != nil {
+		old.Stop()
+	}
+	go func() {
+		// Serve returns when the listener is closed by Stop; that is the
+		// normal way out, so its error is not worth a log line.
+		_ = g.Serve(lis)
+	}()
+	return nil
+}
+
+// ensureServing re-creates the socket if someone (the kubelet, at start)
+// removed it. It reports whether it had to.
+func (s *server) ensureServing() (bool, error) {
+	s.mu.Lock()
+	intact := s.created != nil && socketIntact(s.socket, s.created)
+	s.mu.Unlock()
+	if intact {
+		return false, nil
+	}
+	return true, s.serve()
+}
+
+// start serves the socket and starts the registration loop, which makes its
+// first attempt once watching is closed: a kubelet.sock created before the
+// directory watch exists would otherwise go unnoticed during a backoff.
+func (s *server) start(kubeletSocket string, watching <-chan struct{}) error {
+	if err := s.serve(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go s.registerLoop(ctx, kubeletSocket, watching)
+	return nil
+}
+
+// stop ends every stream, stops the gRPC server, stops registering and
+// removes the socket. The kubelet notices the resource is gone when its
+// ListAndWatch stream ends.
+func (s *server) stop() error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	close(s.done)
+	g, created := s.grpc, s.created
+	s.mu.Unlock()
+
+	if s.cancel != nil {
+		s.cancel()
+		<-s.loopDone
+	}
+	if g != nil {
+		stopGracefully(g)
+	}
+	s.registered.Store(false)
+	if err := removeSocket(s.socket, created); err != nil {
+		return fmt.Errorf("stop %s: %w", s.name, err)
+	}
+	return nil
+}
+
+// gracePeriod bounds how long a stopping server waits for calls in flight
+// (a slow Resource.Allocate) before it cuts them off.
+const gracePeriod = time.Second
+
+// stopGracefully lets streams, which end as soon as done is closed, send
+// their final status, so the kubelet sees a clean end rather than a reset.
+func stopGracefully(g *grpc.Server) {
+	t := time.AfterFunc(gracePeriod, g.Stop)
+	g.GracefulStop()
+	t.Stop()
+}
+
+// resource returns the current Resource value and device snapshot.
+func (s *server) resource() (Resource, *deviceList) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res, s.devs
+}
+
+// update swaps in a new Resource value, re-reads its devices and pushes the
+// list to every stream if it changed. It reports whether the registration
+// options changed, which needs a new registration for the kubelet to see.
+func (s *server) update(res Resource) (optionsChanged bool) {
+	devs := newDeviceList(res.Devices())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return false
+	}
+	optionsChanged = !sameOptions(options(s.res), options(res))
+	s.res = res
+	if devs.equal(s.devs) {
+		return optionsChanged
+	}
+	s.devs = devs
+	for w := range s.watchers {
+		select {
+		case <-w.ch: // drop the list the stream has not sent yet
+		default:
+		}
+		w.ch <- devs
+	}
+	s.log.Info("device list changed", "devices", len(devs.devs), "healthy", devs.healthyCount(), "streams", len(s.watchers))
+	return optionsChanged
+}
+
+// addWatcher registers a stream and returns the list it must send first;
+// both happen under one lock so no update falls between them.
+func (s *server) addWatcher() (*watcher, *deviceList, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return nil, nil, errors.New("resource no longer served")
+	}
+	w := &watcher{ch: make(chan *deviceList, 1)}
+	s.watchers[w] = struct{}{}
+	s.metrics.setStreams(s.name, len(s.watchers))
+	return w, s.devs, nil
+}
+
+func (s *server) removeWatcher(w *watcher) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.watchers, w)
+	if !s.stopped {
+		// After stop the series is deleted; setting it would resurrect it.
+		s.metrics.setStreams(s.name, len(s.watchers))
+	}
+}
+
+// requestRegistration makes the registration loop register now, e.g. after
+// kubelet.sock was re-created.
+func (s *server) requestRegistration() {
+	select {
+	case s.kick <- struct{}{}:
+	default: // one is already pending
+	}
+}
+
+// options are what the kubelet is told at registration: optional hooks are
+// found by interface assertion, never by flags.
+func options(res Resource) *pluginapi.DevicePluginOptions {
+	_, pa := res.(PreferredAllocator)
+	_, ps := res.(PreStarter)
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: pa, PreStartRequired: ps}
+}
+
+func sameOptions(a, b *pluginapi.DevicePluginOptions) bool {
+	return a.GetPreferredAllocationAvailable == b.GetPreferredAllocationAvailable && a.PreStartRequired == b.PreStartRequired
+}
+
+// compile-time check that server is what RegisterDevicePluginServer wants.
+var _ pluginapi.DevicePluginServer = (*server)(nil)
+
+// watcherCount is the number of open ListAndWatch streams.
+func (s *server) watcherCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.watchers)
+}
