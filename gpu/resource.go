@@ -1,0 +1,168 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+)
+
+// Paths and names the NVIDIA container stack agrees on.
+const (
+	visibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
+	// volumeMountsRoot is where the NVIDIA container runtime looks for one
+	// (empty) mount per device under the volume-mounts strategy.
+	volumeMountsRoot = "/var/run/nvidia-container-devices"
+	cdiVendor        = "nvidia.com"
+	cdiClass         = "gpu"
+)
+
+// controlNodes are the driver's shared device nodes every CUDA process
+// needs, passed with device specs when they exist.
+var controlNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+
+// device is one allocatable GPU or MIG device.
+type device struct {
+	id   string
+	mig  bool
+	numa []int64
+	// healthIDs must all be healthy: the device itself and, for MIG, its
+	// parent GPU, since a sick parent takes every slice down with it.
+	healthIDs []string
+	lost      bool
+	// nodes are the /dev paths (as the host sees them) the device needs:
+	// its GPU's /dev/nvidiaN and, for MIG, the GI and CI capability nodes.
+	nodes []string
+	// capsErr says why a MIG device's capability nodes are unknown.
+	capsErr error
+}
+
+// resource is one GPU or MIG resource; immutable after construction, so it
+// is safe for concurrent use. A new one is built on every rediscovery.
+type resource struct {
+	name    string
+	devices []device
+	byID    map[string]*device
+	hasMIG  bool
+	cfg     Config
+	health  HealthView
+}
+
+var _ plugin.Resource = (*resource)(nil)
+
+func newResource(name string, devs []device, cfg Config, health HealthView) *resource {
+	r := &resource{name: name, devices: devs, byID: make(map[string]*device, len(devs)), cfg: cfg, health: health}
+	for i := range r.devices {
+		r.byID[r.devices[i].id] = &r.devices[i]
+		r.hasMIG = r.hasMIG || r.devices[i].mig
+	}
+	return r
+}
+
+// Name is the full resource name, e.g. nvidia.com/mig-1g.10gb.
+func (r *resource) Name() string { return r.name }
+
+// Devices is the device list with current health.
+func (r *resource) Devices() []plugin.Device {
+	out := make([]plugin.Device, len(r.devices))
+	for i := range r.devices {
+		d := &r.devices[i]
+		out[i] = plugin.Device{ID: d.id, Healthy: r.healthy(d), NUMANodes: d.numa}
+	}
+	return out
+}
+
+func (r *resource) healthy(d *device) bool {
+	if d.lost {
+		return false
+	}
+	for _, id := range d.healthIDs {
+		if !r.health.Healthy(id) {
+			return false
+		}
+	}
+	return true
+}
+
+// Allocate builds the container response for ids under the configured
+// device-list strategy, with device specs when asked for.
+func (r *resource) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	devs := make([]*device, 0, len(ids))
+	for _, id := range ids {
+		d, ok := r.byID[id]
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device %q", r.name, id)
+		}
+		devs = append(devs, d)
+	}
+
+	resp := &pluginapi.ContainerAllocateResponse{}
+	switch r.cfg.DeviceListStrategy {
+	case DeviceListEnvvar:
+		resp.Envs = map[string]string{visibleDevicesEnv: strings.Join(ids, ",")}
+	case DeviceListVolumeMounts:
+		// The runtime reads the device list from the mount points, not the
+		// env var, so a pod can't widen its own access by setting it.
+		resp.Envs = map[string]string{visibleDevicesEnv: volumeMountsRoot}
+		for _, id := range ids {
+			resp.Mounts = append(resp.Mounts, &pluginapi.Mount{
+				HostPath:      "/dev/null",
+				ContainerPath: filepath.Join(volumeMountsRoot, id),
+				ReadOnly:      true,
+			})
+		}
+	case DeviceListCDICRI:
+		for _, id := range ids {
+			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: parser.QualifiedName(cdiVendor, cdiClass, id)})
+		}
+	default:
+		return nil, status.Errorf(codes.Internal, "%s: device-list strategy %q not supported", r.name, r.cfg.DeviceListStrategy)
+	}
+
+	if r.cfg.PassDeviceSpecs {
+		specs, err := r.deviceSpecs(devs)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.name, err)
+		}
+		resp.Devices = specs
+	}
+	return resp, nil
+}
+
+// deviceSpecs lists the device nodes for devs plus the control nodes, each
+// once, keeping only those present under the host root. Paths are the
+// host's own (without the host root): the runtime resolves them on the host.
+func (r *resource) deviceSpecs(devs []*device) ([]*pluginapi.DeviceSpec, error) {
+	var specs []*pluginapi.DeviceSpec
+	seen := map[string]bool{}
+	add := func(p string) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		if _, err := os.Stat(filepath.Join(r.cfg.HostRoot, p)); err != nil {
+			return
+		}
+		specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+	}
+	for _, d := range devs {
+		if d.capsErr != nil {
+			return nil, fmt.Errorf("mig device %s: capability device nodes unknown: %w", d.id, d.capsErr)
+		}
+		for _, p := range d.nodes {
+			add(p)
+		}
+	}
+	for _, p := range controlNodes {
+		add(p)
+	}
+	return specs, nil
+}

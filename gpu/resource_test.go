@@ -1,0 +1,312 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+)
+
+const (
+	gpu2UUID = "GPU-00000002-0000-0000-0000-000000000000"
+	gpu5UUID = "GPU-00000005-0000-0000-0000-000000000000"
+	// mig3g is the 3g.40gb device on GPU 0 (GI 2, CI 0); mig1g the first
+	// 1g.10gb on GPU 0 (GI 9, CI 0).
+	mig3g = "MIG-00000000-0000-0000-0000-000000000000"
+	mig1g = "MIG-00000000-0001-0000-0000-000000000000"
+)
+
+// hostRoot builds a host root holding the given files (device nodes are
+// plain files: only their existence matters) and optional mig-minors text.
+func hostRoot(t *testing.T, migMinors string, files ...string) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, f := range files {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if migMinors != "" {
+		p := filepath.Join(root, migMinorsPath)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(migMinors), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func findResource(t *testing.T, rs []plugin.Resource, name string) plugin.Resource {
+	t.Helper()
+	for _, r := range rs {
+		if r.Name() == name {
+			return r
+		}
+	}
+	t.Fatalf("resource %s not found", name)
+	return nil
+}
+
+func specPaths(specs []*pluginapi.DeviceSpec) []string {
+	var out []string
+	for _, s := range specs {
+		if s.HostPath != s.ContainerPath || s.Permissions != "rw" {
+			out = append(out, "BAD:"+s.HostPath+"->"+s.ContainerPath+":"+s.Permissions)
+			continue
+		}
+		out = append(out, s.ContainerPath)
+	}
+	return out
+}
+
+func TestAllocate(t *testing.T) {
+	const minors = "config 1\nmonitor 2\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\ngpu0/gi9/access 84\ngpu0/gi9/ci0/access 85\n"
+	fullRoot := func(t *testing.T) string {
+		return hostRoot(t, minors,
+			"dev/nvidia0", "dev/nvidia2", "dev/nvidia5", "dev/nvidiactl", "dev/nvidia-uvm",
+			"dev/nvidia-caps/nvidia-cap21", "dev/nvidia-caps/nvidia-cap22", "dev/nvidia-caps/nvidia-cap84", "dev/nvidia-caps/nvidia-cap85")
+	}
+	tests := []struct {
+		name       string
+		cfg        Config
+		root       func(*testing.T) string
+		resource   string
+		ids        []string
+		wantEnv    map[string]string
+		wantMounts []string
+		wantCDI    []string
+		wantSpecs  []string
+		wantCode   codes.Code
+	}{
+		{
+			name: "envvar by default", resource: ResourceGPU, ids: []string{gpu2UUID, gpu5UUID},
+			wantEnv: map[string]string{"NVIDIA_VISIBLE_DEVICES": gpu2UUID + "," + gpu5UUID},
+		},
+		{
+			name: "volume-mounts", cfg: Config{DeviceListStrategy: DeviceListVolumeMounts}, resource: ResourceGPU, ids: []string{gpu2UUID},
+			wantEnv:    map[string]string{"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"},
+			wantMounts: []string{"/dev/null->/var/run/nvidia-container-devices/" + gpu2UUID},
+		},
+		{
+			name: "cdi-cri has CDI names and no env", cfg: Config{DeviceListStrategy: DeviceListCDICRI}, resource: ResourceGPU, ids: []string{gpu5UUID, gpu2UUID},
+			wantCDI: []string{"nvidia.com/gpu=" + gpu5UUID, "nvidia.com/gpu=" + gpu2UUID},
+		},
+		{
+			name: "cdi-cri MIG device", cfg: Config{DeviceListStrategy: DeviceListCDICRI}, resource: "nvidia.com/mig-3g.40gb", ids: []string{mig3g},
+			wantCDI: []string{"nvidia.com/gpu=" + mig3g},
+		},
+		{
+			name: "device specs for whole GPUs: only nodes that exist", cfg: Config{PassDeviceSpecs: true}, root: fullRoot, resource: ResourceGPU, ids: []string{gpu2UUID, gpu5UUID},
+			wantEnv:   map[string]string{"NVIDIA_VISIBLE_DEVICES": gpu2UUID + "," + gpu5UUID},
+			wantSpecs: []string{"/dev/nvidia2", "/dev/nvidia5", "/dev/nvidiactl", "/dev/nvidia-uvm"},
+		},
+		{
+			name: "device specs for MIG: parent and capability nodes", cfg: Config{PassDeviceSpecs: true}, root: fullRoot, resource: "nvidia.com/mig-3g.40gb", ids: []string{mig3g},
+			wantEnv:   map[string]string{"NVIDIA_VISIBLE_DEVICES": mig3g},
+			wantSpecs: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22", "/dev/nvidiactl", "/dev/nvidia-uvm"},
+		},
+		{
+			name: "device specs for two MIG devices share the parent node once", cfg: Config{PassDeviceSpecs: true, MIGStrategy: MIGStrategySingle}, root: fullRoot, resource: ResourceGPU, ids: []string{mig3g, mig1g},
+			wantEnv:   map[string]string{"NVIDIA_VISIBLE_DEVICES": mig3g + "," + mig1g},
+			wantSpecs: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22", "/dev/nvidia-caps/nvidia-cap84", "/dev/nvidia-caps/nvidia-cap85", "/dev/nvidiactl", "/dev/nvidia-uvm"},
+		},
+		{
+			name: "MIG device specs without mig-minors fail", cfg: Config{PassDeviceSpecs: true}, root: func(t *testing.T) string { return hostRoot(t, "", "dev/nvidia0") },
+			resource: "nvidia.com/mig-3g.40gb", ids: []string{mig3g}, wantCode: codes.FailedPrecondition,
+		},
+		{
+			name: "unknown ID is invalid argument", resource: ResourceGPU, ids: []string{"GPU-nope"}, wantCode: codes.InvalidArgument,
+		},
+		{
+			name: "MIG ID on the whole-GPU resource is invalid argument", resource: ResourceGPU, ids: []string{mig3g}, wantCode: codes.InvalidArgument,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			if cfg.MIGStrategy == "" {
+				cfg.MIGStrategy = MIGStrategyMixed
+			}
+			node := loadNode(t, "h100-mig-mixed.json")
+			if cfg.MIGStrategy == MIGStrategySingle {
+				node = loadNode(t, "h100-mig-mixed.json")
+				node.GPUs = node.GPUs[:1]
+				for i := range node.GPUs[0].MIG {
+					node.GPUs[0].MIG[i].Profile = "1g.10gb"
+				}
+			}
+			if tc.root != nil {
+				cfg.HostRoot = tc.root(t)
+			} else {
+				cfg.HostRoot = hostRoot(t, "")
+			}
+			rs, err := Resources(node, cfg, healthMap{}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := findResource(t, rs, tc.resource).Allocate(context.Background(), tc.ids)
+			if tc.wantCode != codes.OK {
+				if status.Code(err) != tc.wantCode {
+					t.Fatalf("error = %v, want code %v", err, tc.wantCode)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Envs) != len(tc.wantEnv) {
+				t.Errorf("envs = %v, want %v", resp.Envs, tc.wantEnv)
+			}
+			for k, v := range tc.wantEnv {
+				if resp.Envs[k] != v {
+					t.Errorf("env %s = %q, want %q", k, resp.Envs[k], v)
+				}
+			}
+			var mounts []string
+			for _, m := range resp.Mounts {
+				mounts = append(mounts, m.HostPath+"->"+m.ContainerPath)
+			}
+			if !slices.Equal(mounts, tc.wantMounts) {
+				t.Errorf("mounts = %v, want %v", mounts, tc.wantMounts)
+			}
+			var cdi []string
+			for _, d := range resp.CdiDevices {
+				cdi = append(cdi, d.Name)
+			}
+			if !slices.Equal(cdi, tc.wantCDI) {
+				t.Errorf("CDI devices = %v, want %v", cdi, tc.wantCDI)
+			}
+			if got := specPaths(resp.Devices); !slices.Equal(got, tc.wantSpecs) {
+				t.Errorf("device specs = %v, want %v", got, tc.wantSpecs)
+			}
+		})
+	}
+}
+
+// fakeSolver records what it was offered and answers with a fixed choice.
+type fakeSolver struct {
+	offered []string
+	answer  []string
+	err     error
+}
+
+func (f *fakeSolver) Preferred(available, mustInclude []string, size int) ([]string, error) {
+	f.offered = slices.Clone(available)
+	if f.err != nil {
+		return nil, f.err
+	}
+	if f.answer != nil {
+		return f.answer, nil
+	}
+	return available[:size], nil
+}
+
+func TestPreferredAllocatorOnlyWithSolver(t *testing.T) {
+	node := loadNode(t, "h100-mig-mixed.json")
+	rs, err := Resources(node, Config{MIGStrategy: MIGStrategyMixed}, healthMap{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if _, ok := r.(plugin.PreferredAllocator); ok {
+			t.Errorf("%s is a PreferredAllocator without a solver", r.Name())
+		}
+	}
+	rs, err = Resources(node, Config{MIGStrategy: MIGStrategyMixed}, healthMap{}, &fakeSolver{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		_, ok := r.(plugin.PreferredAllocator)
+		if want := r.Name() == ResourceGPU; ok != want {
+			t.Errorf("%s: PreferredAllocator = %v, want %v (MIG resources have no topology solver)", r.Name(), ok, want)
+		}
+	}
+}
+
+func TestPreferredAllocation(t *testing.T) {
+	gpu := func(i int) string { return "GPU-0000000" + string(rune('0'+i)) + "-0000-0000-0000-000000000000" }
+	all := []string{gpu(0), gpu(1), gpu(2), gpu(3), gpu(4), gpu(5), gpu(6), gpu(7)}
+	tests := []struct {
+		name        string
+		unhealthy   healthMap
+		solver      *fakeSolver
+		available   []string
+		mustInclude []string
+		size        int
+		want        []string
+		wantOffered []string
+		wantCode    codes.Code
+	}{
+		{name: "passes healthy devices through", solver: &fakeSolver{}, available: all, size: 2, want: all[:2], wantOffered: all},
+		{name: "unhealthy devices are not offered", unhealthy: healthMap{gpu(0): true, gpu(3): true}, solver: &fakeSolver{}, available: all, size: 2,
+			want: []string{gpu(1), gpu(2)}, wantOffered: []string{gpu(1), gpu(2), gpu(4), gpu(5), gpu(6), gpu(7)}},
+		{name: "must-include stays offered even if unhealthy", unhealthy: healthMap{gpu(0): true}, solver: &fakeSolver{}, available: all[:3], mustInclude: []string{gpu(0)}, size: 2,
+			want: []string{gpu(0), gpu(1)}, wantOffered: all[:3]},
+		{name: "unknown available ID", solver: &fakeSolver{}, available: []string{"GPU-x"}, size: 1, wantCode: codes.InvalidArgument},
+		{name: "must-include not available", solver: &fakeSolver{}, available: all[:2], mustInclude: []string{gpu(5)}, size: 2, wantCode: codes.InvalidArgument},
+		{name: "too few healthy", unhealthy: healthMap{gpu(0): true}, solver: &fakeSolver{}, available: all[:2], size: 2, wantCode: codes.InvalidArgument},
+		{name: "solver error", solver: &fakeSolver{err: errors.New("boom")}, available: all, size: 2, wantCode: codes.Internal},
+		{name: "solver answer too short", solver: &fakeSolver{answer: all[:1]}, available: all, size: 2, wantCode: codes.Internal},
+		{name: "solver answer repeats", solver: &fakeSolver{answer: []string{gpu(1), gpu(1)}}, available: all, size: 2, wantCode: codes.Internal},
+		{name: "solver answer drops must-include", solver: &fakeSolver{answer: []string{gpu(1), gpu(2)}}, available: all, mustInclude: []string{gpu(0)}, size: 2, wantCode: codes.Internal},
+		{name: "solver answer not offered", unhealthy: healthMap{gpu(0): true}, solver: &fakeSolver{answer: []string{gpu(0), gpu(2)}}, available: all, size: 2, wantCode: codes.Internal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := tc.unhealthy
+			if h == nil {
+				h = healthMap{}
+			}
+			rs, err := Resources(loadNode(t, "h100-no-mig.json"), Config{}, h, tc.solver)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pa := findResource(t, rs, ResourceGPU).(plugin.PreferredAllocator)
+			got, err := pa.PreferredAllocation(context.Background(), tc.available, tc.mustInclude, tc.size)
+			if tc.wantCode != codes.OK {
+				if status.Code(err) != tc.wantCode {
+					t.Fatalf("error = %v, want code %v", err, tc.wantCode)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			if !slices.Equal(tc.solver.offered, tc.wantOffered) {
+				t.Errorf("offered %v, want %v", tc.solver.offered, tc.wantOffered)
+			}
+		})
+	}
+}
+
+func TestLoadMIGCapsSkipsJunk(t *testing.T) {
+	root := hostRoot(t, "gpu3/gi1/access 7\nnot a line\ngpu3/gi1/ci0/access 8\n")
+	caps := loadMIGCaps(root)
+	if caps.err != nil {
+		t.Fatal(caps.err)
+	}
+	if caps.minors["gpu3/gi1/access"] != 7 || caps.minors["gpu3/gi1/ci0/access"] != 8 || len(caps.minors) != 2 {
+		t.Errorf("minors = %v", caps.minors)
+	}
+	if missing := loadMIGCaps(t.TempDir()); !errors.Is(missing.err, os.ErrNotExist) {
+		t.Errorf("absent file: err = %v", missing.err)
+	}
+}
