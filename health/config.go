@@ -1,0 +1,250 @@
+package health
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// DefaultFatalXIDs are the XIDs that make a device unfit: those whose
+// resolution bucket in NVIDIA's XID catalog is a GPU reset, a node reboot or
+// the NVLink workflow. Every other XID (e.g. 13, 31, 43, 45, 63, 68, 92, 94:
+// application-level or informational) is only counted.
+var DefaultFatalXIDs = []uint64{
+	46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
+	144, 145, 146, 147, 148, 149, 150, 155, 156, 158,
+}
+
+// Check names, as used in Observation.Check, metrics and Config.DisabledChecks.
+const (
+	CheckXID     = "xid"
+	CheckECC     = "ecc"
+	CheckRetired = "retired-pages"
+	CheckRemap   = "row-remap"
+	CheckLost    = "gpu-lost"
+	CheckNVLink  = "nvlink"
+	CheckNVML    = "nvml"
+	CheckDCGM    = "dcgm"
+)
+
+var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM}
+
+// DCGM modes for Config.DCGMMode.
+const (
+	DCGMOff        = "off"        // never load libdcgm
+	DCGMAuto       = "auto"       // use DCGM if libdcgm.so.4 loads, else NVML only
+	DCGMEmbedded   = "embedded"   // embedded hostengine, fail if it cannot start
+	DCGMStandalone = "standalone" // connect to DCGMAddress, fail if unreachable
+)
+
+// Config is the health monitor's configuration (agent config key `health`).
+type Config struct {
+	// FatalXIDs are the XIDs that make a device unfit; others are counted.
+	// Empty means DefaultFatalXIDs.
+	FatalXIDs []uint64 `json:"fatalXIDs,omitempty" yaml:"fatalXIDs,omitempty"`
+	// PollInterval is how often the polled checks (ECC, retired pages, row
+	// remapping, GPU lost, NVLink, NVML) run. Default 10s.
+	PollInterval time.Duration `json:"pollInterval,omitempty" yaml:"pollInterval,omitempty"`
+	// RecoveryPeriod is how long every cause of a fault must have stayed
+	// clear before the device is healthy again. Default 5m.
+	RecoveryPeriod time.Duration `json:"recoveryPeriod,omitempty" yaml:"recoveryPeriod,omitempty"`
+	// FlapWindow is how soon after recovering a new fault counts as a flap;
+	// each flap within the window doubles the recovery period. Default 1h.
+	FlapWindow time.Duration `json:"flapWindow,omitempty" yaml:"flapWindow,omitempty"`
+	// MaxRecoveryPeriod caps the damped recovery period. Default 1h.
+	MaxRecoveryPeriod time.Duration `json:"maxRecoveryPeriod,omitempty" yaml:"maxRecoveryPeriod,omitempty"`
+	// RetiredPagesLimit is the number of retired pages (single + double bit)
+	// above which a GPU is unfit. Default 60.
+	RetiredPagesLimit int `json:"retiredPagesLimit,omitempty" yaml:"retiredPagesLimit,omitempty"`
+	// NVLinkErrorJump is the rise in a link's replay+recovery+CRC error
+	// counters within one poll that makes the GPU unfit. Default 100.
+	NVLinkErrorJump uint64 `json:"nvlinkErrorJump,omitempty" yaml:"nvlinkErrorJump,omitempty"`
+	// DisabledChecks names checks to switch off (see the Check* constants).
+	DisabledChecks []string `json:"disabledChecks,omitempty" yaml:"disabledChecks,omitempty"`
+	// DCGMMode is off, auto (default), embedded or standalone.
+	DCGMMode string `json:"dcgmMode,omitempty" yaml:"dcgmMode,omitempty"`
+	// DCGMAddress is the standalone hostengine (host:port or unix socket);
+	// setting it with mode auto selects standalone.
+	DCGMAddress string `json:"dcgmAddress,omitempty" yaml:"dcgmAddress,omitempty"`
+
+	// eventWait is the EventSet.Wait timeout; tests shorten it so the
+	// watcher notices cancellation and rebuilds quickly.
+	eventWait time.Duration
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if len(c.FatalXIDs) == 0 {
+		c.FatalXIDs = slices.Clone(DefaultFatalXIDs)
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 10 * time.Second
+	}
+	if c.RecoveryPeriod == 0 {
+		c.RecoveryPeriod = 5 * time.Minute
+	}
+	if c.FlapWindow == 0 {
+		c.FlapWindow = time.Hour
+	}
+	if c.MaxRecoveryPeriod == 0 {
+		c.MaxRecoveryPeriod = time.Hour
+	}
+	if c.RetiredPagesLimit == 0 {
+		c.RetiredPagesLimit = 60
+	}
+	if c.NVLinkErrorJump == 0 {
+		c.NVLinkErrorJump = 100
+	}
+	if c.DCGMMode == "" {
+		c.DCGMMode = DCGMAuto
+	}
+	if c.eventWait == 0 {
+		c.eventWait = time.Second
+	}
+	return c
+}
+
+// Validate reports every invalid field of c (after defaults).
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	if c.PollInterval < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("health.pollInterval %s: must be at least 100ms", c.PollInterval))
+	}
+	if c.RecoveryPeriod < 0 {
+		errs = append(errs, fmt.Errorf("health.recoveryPeriod %s: must not be negative", c.RecoveryPeriod))
+	}
+	if c.FlapWindow < 0 {
+		errs = append(errs, fmt.Errorf("health.flapWindow %s: must not be negative", c.FlapWindow))
+	}
+	if c.MaxRecoveryPeriod < c.RecoveryPeriod {
+		errs = append(errs, fmt.Errorf("health.maxRecoveryPeriod %s: must be at least recoveryPeriod %s", c.MaxRecoveryPeriod, c.RecoveryPeriod))
+	}
+	if c.RetiredPagesLimit < 0 {
+		errs = append(errs, fmt.Errorf("health.retiredPagesLimit %d: must not be negative", c.RetiredPagesLimit))
+	}
+	for _, x := range c.FatalXIDs {
+		if x == 0 {
+			errs = append(errs, errors.New("health.fatalXIDs: XID 0 is not an XID"))
+		}
+	}
+	for _, d := range c.DisabledChecks {
+		if !slices.Contains(knownChecks, d) {
+			errs = append(errs, fmt.Errorf("health.disabledChecks: unknown check %q (known: %v)", d, knownChecks))
+		}
+	}
+	switch c.DCGMMode {
+	case DCGMOff, DCGMAuto, DCGMEmbedded:
+	case DCGMStandalone:
+		if c.DCGMAddress == "" {
+			errs = append(errs, errors.New("health.dcgmAddress: required when dcgmMode is standalone"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("health.dcgmMode %q: must be off, auto, embedded or standalone", c.DCGMMode))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) enabled(check string) bool { return !slices.Contains(c.DisabledChecks, check) }
+
+// Taint modes for TaintConfig.Mode.
+const (
+	TaintOff    = "off"     // never touch the Node object
+	TaintDryRun = "dry-run" // log the writes that would be made, make none
+	TaintOn     = "on"      // taint, set the condition and post events
+)
+
+// TaintConfig configures the node tainter (agent config key `taint`,
+// flag --taint-mode).
+type TaintConfig struct {
+	// Mode is off, dry-run or on (default).
+	Mode string `json:"mode,omitempty" yaml:"mode,omitempty"`
+	// Key is the taint key. Default gpu-node-agent.io/unhealthy.
+	Key string `json:"key,omitempty" yaml:"key,omitempty"`
+	// Effect is NoSchedule (default), PreferNoSchedule or NoExecute.
+	Effect string `json:"effect,omitempty" yaml:"effect,omitempty"`
+	// NoExecuteForNodeFaults adds a second taint with the same key and
+	// effect NoExecute while the fault is node-wide (NVML failing).
+	NoExecuteForNodeFaults bool `json:"noExecuteForNodeFaults,omitempty" yaml:"noExecuteForNodeFaults,omitempty"`
+	// ConditionType is the node condition set. Default GPUHealthy.
+	ConditionType string `json:"conditionType,omitempty" yaml:"conditionType,omitempty"`
+	// MaxFraction is the fleet safeguard: the agent refuses to add its
+	// taint when that would make more than this fraction of the selected
+	// nodes carry it (one node may always be tainted). Default 0.2; 1
+	// disables the safeguard.
+	MaxFraction float64 `json:"maxFraction,omitempty" yaml:"maxFraction,omitempty"`
+	// NodeSelector is the label selector of the fleet the safeguard counts.
+	// Default "" (all nodes); set it to the label the agent puts on its nodes.
+	NodeSelector string `json:"nodeSelector,omitempty" yaml:"nodeSelector,omitempty"`
+	// EventNamespace is where node events are posted. Default "default",
+	// where the kubelet posts its node events.
+	EventNamespace string `json:"eventNamespace,omitempty" yaml:"eventNamespace,omitempty"`
+	// Resync is how often the tainter re-reads the Node to repair drift
+	// (reads only; it writes only when something differs). Default 5m.
+	Resync time.Duration `json:"resync,omitempty" yaml:"resync,omitempty"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c TaintConfig) WithDefaults() TaintConfig {
+	if c.Mode == "" {
+		c.Mode = TaintOn
+	}
+	if c.Key == "" {
+		c.Key = "gpu-node-agent.io/unhealthy"
+	}
+	if c.Effect == "" {
+		c.Effect = "NoSchedule"
+	}
+	if c.ConditionType == "" {
+		c.ConditionType = "GPUHealthy"
+	}
+	if c.MaxFraction == 0 {
+		c.MaxFraction = 0.2
+	}
+	if c.EventNamespace == "" {
+		c.EventNamespace = "default"
+	}
+	if c.Resync == 0 {
+		c.Resync = 5 * time.Minute
+	}
+	return c
+}
+
+// Validate reports every invalid field of c (after defaults).
+func (c TaintConfig) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	switch c.Mode {
+	case TaintOff, TaintDryRun, TaintOn:
+	default:
+		errs = append(errs, fmt.Errorf("taint.mode %q: must be off, dry-run or on", c.Mode))
+	}
+	for _, msg := range validation.IsQualifiedName(c.Key) {
+		errs = append(errs, fmt.Errorf("taint.key %q: %s", c.Key, msg))
+	}
+	switch c.Effect {
+	case "NoSchedule", "PreferNoSchedule", "NoExecute":
+	default:
+		errs = append(errs, fmt.Errorf("taint.effect %q: must be NoSchedule, PreferNoSchedule or NoExecute", c.Effect))
+	}
+	for _, msg := range validation.IsQualifiedName(c.ConditionType) {
+		errs = append(errs, fmt.Errorf("taint.conditionType %q: %s", c.ConditionType, msg))
+	}
+	if c.MaxFraction < 0 || c.MaxFraction > 1 {
+		errs = append(errs, fmt.Errorf("taint.maxFraction %g: must be within [0, 1]", c.MaxFraction))
+	}
+	if _, err := labels.Parse(c.NodeSelector); err != nil {
+		errs = append(errs, fmt.Errorf("taint.nodeSelector %q: %w", c.NodeSelector, err))
+	}
+	for _, msg := range validation.IsDNS1123Label(c.EventNamespace) {
+		errs = append(errs, fmt.Errorf("taint.eventNamespace %q: %s", c.EventNamespace, msg))
+	}
+	if c.Resync < time.Second {
+		errs = append(errs, fmt.Errorf("taint.resync %s: must be at least 1s", c.Resync))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,66 @@
+package health
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// monitorMetrics are the monitor's own series.
+type monitorMetrics struct {
+	healthy      *prometheus.GaugeVec
+	transitions  *prometheus.CounterVec
+	observations *prometheus.CounterVec
+	xids         *prometheus.CounterVec
+	nodeFit      prometheus.Gauge
+}
+
+func newMonitorMetrics(reg prometheus.Registerer) (*monitorMetrics, error) {
+	m := &monitorMetrics{
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpu_node_agent_device_healthy",
+			Help: "Whether the device is healthy (1) or not (0), including its parent's and the node's health.",
+		}, []string{"device", "kind"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_node_agent_health_transitions_total",
+			Help: "Health state transitions of a device, by the state entered.",
+		}, []string{"device", "to"}),
+		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_node_agent_fault_observations_total",
+			Help: "Fault observations (fatal or counted-only) by check and device kind.",
+		}, []string{"check", "kind"}),
+		xids: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_node_agent_xid_errors_total",
+			Help: "XID errors reported by NVML (or DCGM), by device and XID.",
+		}, []string{"device", "xid"}),
+		nodeFit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpu_node_agent_node_fit",
+			Help: "Whether every device on the node is healthy (1) or not (0).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.healthy, m.transitions, m.observations, m.xids, m.nodeFit} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *monitorMetrics) observed(o Observation, kind string) {
+	if o.XID != 0 {
+		m.xids.WithLabelValues(o.DeviceID, strconv.FormatUint(o.XID, 10)).Inc()
+	}
+	if !o.Cleared {
+		m.observations.WithLabelValues(o.Check, kind).Inc()
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

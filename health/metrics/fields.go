@@ -1,0 +1,115 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Label names, spelled as dcgm-exporter spells them so existing dashboards
+// and alerts keep working. Some are camelCase on purpose (see
+// promlint_test.go for the compatibility exceptions).
+const (
+	labelGPU        = "gpu"
+	labelUUID       = "UUID"
+	labelPCIBusID   = "pci_bus_id"
+	labelDevice     = "device"
+	labelModelName  = "modelName"
+	labelHostname   = "Hostname"
+	labelGIProfile  = "GPU_I_PROFILE"
+	labelGIID       = "GPU_I_ID"
+	labelPod        = "pod"
+	labelNamespace  = "namespace"
+	labelContainer  = "container"
+	numDeviceLabels = 11
+)
+
+// deviceLabels is the label set of every DCGM_ metric. Whole GPUs carry
+// empty MIG labels and unattributed devices empty pod labels: an empty
+// label is the same as an absent one to Prometheus, and one label set per
+// family is what a client_golang registry requires.
+var deviceLabels = []string{
+	labelGPU, labelUUID, labelPCIBusID, labelDevice, labelModelName, labelHostname,
+	labelGIProfile, labelGIID, labelPod, labelNamespace, labelContainer,
+}
+
+// field identifies one DCGM metric the collector serves.
+type field int
+
+// The fields served, in exposition order. Names, types and help strings
+// follow dcgm-exporter's etc/default-counters.csv; the ECC and
+// retired-page fields are commented out there by default and on here.
+const (
+	fieldSMClock field = iota
+	fieldMemClock
+	fieldMemoryTemp
+	fieldGPUTemp
+	fieldPowerUsage
+	fieldTotalEnergy
+	fieldPCIeReplay
+	fieldGPUUtil
+	fieldMemCopyUtil
+	fieldXIDErrors
+	fieldFBFree
+	fieldFBUsed
+	fieldECCSBEVol
+	fieldECCDBEVol
+	fieldECCSBEAgg
+	fieldECCDBEAgg
+	fieldRetiredSBE
+	fieldRetiredDBE
+	fieldRetiredPending
+	fieldNVLinkBandwidth
+	fieldUncorrectableRemapped
+	fieldCorrectableRemapped
+	fieldRowRemapFailure
+	numFields
+)
+
+// fieldSpec is a field's exposition: name, type and help.
+type fieldSpec struct {
+	name string
+	typ  prometheus.ValueType
+	help string
+}
+
+var fieldSpecs = [numFields]fieldSpec{
+	fieldSMClock:               {"DCGM_FI_DEV_SM_CLOCK", prometheus.GaugeValue, "SM clock frequency (in MHz)."},
+	fieldMemClock:              {"DCGM_FI_DEV_MEM_CLOCK", prometheus.GaugeValue, "Memory clock frequency (in MHz)."},
+	fieldMemoryTemp:            {"DCGM_FI_DEV_MEMORY_TEMP", prometheus.GaugeValue, "Memory temperature (in C)."},
+	fieldGPUTemp:               {"DCGM_FI_DEV_GPU_TEMP", prometheus.GaugeValue, "GPU temperature (in C)."},
+	fieldPowerUsage:            {"DCGM_FI_DEV_POWER_USAGE", prometheus.GaugeValue, "Power draw (in W)."},
+	fieldTotalEnergy:           {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", prometheus.CounterValue, "Total energy consumption since boot (in mJ)."},
+	fieldPCIeReplay:            {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", prometheus.CounterValue, "Total number of PCIe retries."},
+	fieldGPUUtil:               {"DCGM_FI_DEV_GPU_UTIL", prometheus.GaugeValue, "GPU utilization (in %)."},
+	fieldMemCopyUtil:           {"DCGM_FI_DEV_MEM_COPY_UTIL", prometheus.GaugeValue, "Memory utilization (in %)."},
+	fieldXIDErrors:             {"DCGM_FI_DEV_XID_ERRORS", prometheus.GaugeValue, "Value of the last XID error encountered."},
+	fieldFBFree:                {"DCGM_FI_DEV_FB_FREE", prometheus.GaugeValue, "Framebuffer memory free (in MiB)."},
+	fieldFBUsed:                {"DCGM_FI_DEV_FB_USED", prometheus.GaugeValue, "Framebuffer memory used (in MiB)."},
+	fieldECCSBEVol:             {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", prometheus.CounterValue, "Total number of single-bit volatile ECC errors."},
+	fieldECCDBEVol:             {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", prometheus.CounterValue, "Total number of double-bit volatile ECC errors."},
+	fieldECCSBEAgg:             {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", prometheus.CounterValue, "Total number of single-bit persistent ECC errors."},
+	fieldECCDBEAgg:             {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", prometheus.CounterValue, "Total number of double-bit persistent ECC errors."},
+	fieldRetiredSBE:            {"DCGM_FI_DEV_RETIRED_SBE", prometheus.CounterValue, "Total number of retired pages due to single-bit errors."},
+	fieldRetiredDBE:            {"DCGM_FI_DEV_RETIRED_DBE", prometheus.CounterValue, "Total number of retired pages due to double-bit errors."},
+	fieldRetiredPending:        {"DCGM_FI_DEV_RETIRED_PENDING", prometheus.CounterValue, "Total number of pages pending retirement."},
+	fieldNVLinkBandwidth:       {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", prometheus.CounterValue, "Total number of NVLink bandwidth counters for all lanes."},
+	fieldUncorrectableRemapped: {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", prometheus.CounterValue, "Number of remapped rows for uncorrectable errors."},
+	fieldCorrectableRemapped:   {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", prometheus.CounterValue, "Number of remapped rows for correctable errors."},
+	fieldRowRemapFailure:       {"DCGM_FI_DEV_ROW_REMAP_FAILURE", prometheus.GaugeValue, "Whether remapping of rows has failed."},
+}
+
+// FieldNames returns the names of the DCGM metrics this package can serve,
+// in exposition order. A GPU that does not support a field omits it.
+func FieldNames() []string {
+	names := make([]string, numFields)
+	for i, s := range fieldSpecs {
+		names[i] = s.name
+	}
+	return names
+}
+
+// newFieldDescs builds one Desc per field with the device label set.
+func newFieldDescs() [numFields]*prometheus.Desc {
+	var descs [numFields]*prometheus.Desc
+	for i, s := range fieldSpecs {
+		descs[i] = prometheus.NewDesc(s.name, s.help, deviceLabels, nil)
+	}
+	return descs
+}

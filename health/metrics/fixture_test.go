@@ -1,0 +1,161 @@
+package metrics
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// mockNode is a DGX H100 from go-nvml's mock server with fixed UUIDs and
+// fixed readings, and the topology.Node describing it. MIG devices are
+// plain mock devices returned by their parent's GetMigDeviceHandleByIndex.
+type mockNode struct {
+	lib  *server.Server
+	node *topology.Node
+	devs []*server.Device
+}
+
+// migLayout lists, per GPU index, the MIG profiles configured on it.
+type migLayout map[int][]string
+
+var migMemMiB = map[string]uint64{"1g.10gb": 9856, "2g.20gb": 19968, "3g.40gb": 40192, "4g.40gb": 40192, "7g.80gb": 80896}
+
+func newMockNode(tb testing.TB, gpus int, layout migLayout) *mockNode {
+	tb.Helper()
+	lib := dgxh100.New()
+	lib.Devices = lib.Devices[:gpus]
+	mn := &mockNode{lib: lib, node: &topology.Node{}}
+	for i, d := range lib.Devices {
+		dev := d.(*server.Device)
+		dev.UUID = fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i)
+		setReadings(dev, i)
+		g := topology.GPU{
+			Index: i, UUID: dev.UUID, PCIBusID: dev.PciBusID, Minor: dev.Minor,
+			Model: dev.Config.Name, MemoryMiB: dev.Config.MemoryMB, MIGCapable: true,
+		}
+		var migs []nvml.Device
+		for j, profile := range layout[i] {
+			m := topology.MIGDevice{
+				UUID:        fmt.Sprintf("MIG-00000000-0000-0000-%04d-%012d", i, j),
+				Profile:     profile,
+				GPUInstance: j + 1, ComputeInstance: 0, Index: j,
+				MemoryMiB: migMemMiB[profile],
+			}
+			g.MIGEnabled = true
+			g.MIG = append(g.MIG, m)
+			used := uint64(64+j*512) * mib
+			total := m.MemoryMiB * mib
+			migs = append(migs, &mock.Device{
+				GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
+					return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+				},
+			})
+		}
+		dev.GetMigDeviceHandleByIndexFunc = func(n int) (nvml.Device, nvml.Return) {
+			if n < 0 || n >= len(migs) {
+				return nil, nvml.ERROR_INVALID_ARGUMENT
+			}
+			return migs[n], nvml.SUCCESS
+		}
+		if g.MIGEnabled {
+			// MIG mode: NVML reports no whole-GPU utilisation.
+			dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+				return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED
+			}
+		}
+		mn.node.GPUs = append(mn.node.GPUs, g)
+		mn.devs = append(mn.devs, dev)
+	}
+	return mn
+}
+
+// setReadings gives device i fixed, distinct readings for every NVML call
+// the collector makes. H100s have row remapping, not page retirement, so
+// the retired-page calls answer ERROR_NOT_SUPPORTED as real H100s do.
+func setReadings(d *server.Device, i int) {
+	u := uint32(i)
+	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+		return nvml.Utilization{Gpu: 10 + u, Memory: 5 + u}, nvml.SUCCESS
+	}
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		total := d.Config.MemoryMB * mib
+		used := uint64(1024*(i+1)) * mib
+		return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+	}
+	d.GetClockInfoFunc = func(t nvml.ClockType) (uint32, nvml.Return) {
+		switch t {
+		case nvml.CLOCK_SM:
+			return 1980 - 10*u, nvml.SUCCESS
+		case nvml.CLOCK_MEM:
+			return 2619, nvml.SUCCESS
+		}
+		return 0, nvml.ERROR_INVALID_ARGUMENT
+	}
+	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 40 + u, nvml.SUCCESS }
+	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 100500 + 1000*u, nvml.SUCCESS }
+	d.GetTotalEnergyConsumptionFunc = func() (uint64, nvml.Return) { return 123456789 + uint64(i), nvml.SUCCESS }
+	d.GetPcieReplayCounterFunc = func() (int, nvml.Return) { return i, nvml.SUCCESS }
+	d.GetFieldValuesFunc = func(fvs []nvml.FieldValue) nvml.Return {
+		for k := range fvs {
+			switch fvs[k].FieldId {
+			case nvml.FI_DEV_MEMORY_TEMP:
+				setFieldUint(&fvs[k], uint64(50+i))
+			case nvml.FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL:
+				setFieldUint(&fvs[k], uint64(1000000*(i+1)))
+			default:
+				fvs[k].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			}
+		}
+		return nvml.SUCCESS
+	}
+	d.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+		return uint64(i)*10 + uint64(t)*2 + uint64(c), nvml.SUCCESS
+	}
+	d.GetRetiredPagesFunc = func(nvml.PageRetirementCause) ([]uint64, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+		return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return i % 3, i % 2, false, i == 7, nvml.SUCCESS }
+}
+
+func setFieldUint(fv *nvml.FieldValue, v uint64) {
+	fv.ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_LONG_LONG)
+	fv.NvmlReturn = uint32(nvml.SUCCESS)
+	for b := range 8 {
+		fv.Value[b] = byte(v >> (8 * b)) // little-endian, as on amd64/arm64
+	}
+}
+
+// fakeXIDs is an XIDSource with fixed last XIDs.
+type fakeXIDs map[string]uint64
+
+func (f fakeXIDs) LastXID(uuid string) (uint64, bool) {
+	x, ok := f[uuid]
+	return x, ok
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// newTestCollector registers a collector for mn on a fresh registry.
+func newTestCollector(tb testing.TB, mn *mockNode, cfg Config) (*Collector, *prometheus.Registry) {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	if cfg.Hostname == "" {
+		cfg.Hostname = "node-1"
+	}
+	c, err := NewCollector(mn.lib, cfg, reg, discardLogger())
+	if err != nil {
+		tb.Fatalf("NewCollector: %v", err)
+	}
+	c.SetNode(mn.node)
+	return c, reg
+}

@@ -1,0 +1,33 @@
+package metrics
+
+import (
+	"runtime"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// NewRegistry returns the registry the agent serves: Go runtime and
+// process metrics plus gpu_node_agent_build_info. Every package registers
+// its own metrics on it (the collector, health, plugin).
+func NewRegistry(version string) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		NewBuildInfo(version),
+	)
+	return reg
+}
+
+// NewBuildInfo returns the gpu_node_agent_build_info gauge (always 1) with
+// the agent's version and the Go version it was built with.
+func NewBuildInfo(version string) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "gpu_node_agent_build_info",
+		Help:        "Build information of the running agent; the value is always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
+}

@@ -1,0 +1,79 @@
+package health
+
+import "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+// NodeID is the DeviceID of observations about the node as a whole (NVML
+// itself failing); a fault on it makes every GPU and MIG device unhealthy.
+const NodeID = "node"
+
+// Device kinds, as reported in Status and the device_healthy metric.
+const (
+	KindGPU  = "gpu"
+	KindMIG  = "mig"
+	KindNode = "node"
+	KindNIC  = "nic"
+)
+
+// Observation is one finding of a check about one device.
+//
+// A Fatal observation is a cause that makes the device unhealthy; a Cleared
+// observation says that cause (same Check and Key) has gone; an observation
+// that is neither is informational and only counted. An Event observation
+// is a one-off (an XID, an ECC event): it makes the device unhealthy but its
+// cause counts as cleared at once, so recovery starts from that moment and
+// restarts with every repeat.
+type Observation struct {
+	// DeviceID is a GPU UUID, a MIG UUID, an RDMA device ID or NodeID.
+	DeviceID string
+	// Kind is the device kind for IDs the node model doesn't know (e.g.
+	// KindNIC for RDMA devices); ignored for GPUs and MIG devices.
+	Kind string
+	// Check names the check (a Check* constant, or the external source).
+	Check string
+	// Key distinguishes several causes from one check (a link number,
+	// "pending" vs "failure"); empty is fine.
+	Key     string
+	Fatal   bool
+	Cleared bool
+	Event   bool
+	// Reason is a short human-readable cause, e.g. "xid 79".
+	Reason string
+	// XID is set for XID observations (fatal or counted).
+	XID uint64
+}
+
+func (o Observation) causeKey() string {
+	if o.Key == "" {
+		return o.Check
+	}
+	return o.Check + "/" + o.Key
+}
+
+// Target is one GPU as the polled checks see it: its identity from the
+// node model and its NVML handle for this poll.
+type Target struct {
+	UUID   string
+	Index  int
+	Device nvml.Device
+}
+
+// Check is one source of observations, switched off by name.
+type Check interface {
+	Name() string
+}
+
+// DeviceCheck is a polled check of one GPU. CheckDevice is called from the
+// poll loop only (never concurrently), so implementations may keep
+// per-device state without locking.
+type DeviceCheck interface {
+	Check
+	CheckDevice(t Target) []Observation
+}
+
+// ignorable says whether an NVML return means "nothing to report here":
+// the query isn't supported on this device or the GPU is lost, which the
+// gpu-lost check reports on its own.
+func ignorable(ret nvml.Return) bool {
+	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_GPU_IS_LOST ||
+		ret == nvml.ERROR_FUNCTION_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT
+}

@@ -1,0 +1,138 @@
+package health
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// cause is one reason a device is (or was) unfit.
+type cause struct {
+	reason string
+	active bool
+	// clearedAt is when the cause last cleared; recovery counts from the
+	// latest clearedAt of all causes.
+	clearedAt time.Time
+}
+
+// deviceState is the health state machine of one device:
+//
+//	Healthy --fatal observation--> Unhealthy (at once)
+//	Unhealthy --all causes clear and stay clear for the recovery period--> Healthy
+//
+// A device that goes unhealthy again within FlapWindow of recovering has
+// flapped; each recent flap doubles its recovery period up to the cap.
+type deviceState struct {
+	kind    string
+	healthy bool
+	since   time.Time
+	causes  map[string]*cause
+	flaps   int
+	// recentFlaps are the times of flaps still within FlapWindow.
+	recentFlaps   []time.Time
+	lastRecovered time.Time
+}
+
+func newDeviceState(kind string, now time.Time) *deviceState {
+	return &deviceState{kind: kind, healthy: true, since: now, causes: map[string]*cause{}}
+}
+
+// apply records o and reports whether the device went unhealthy.
+func (s *deviceState) apply(o Observation, now time.Time, cfg Config) bool {
+	key := o.causeKey()
+	switch {
+	case o.Fatal:
+		c := s.causes[key]
+		if c == nil {
+			c = &cause{}
+			s.causes[key] = c
+		}
+		c.reason = o.Reason
+		c.active = !o.Event
+		c.clearedAt = now
+		if s.healthy {
+			s.healthy = false
+			s.since = now
+			if !s.lastRecovered.IsZero() && now.Sub(s.lastRecovered) < cfg.FlapWindow {
+				s.flaps++
+				s.recentFlaps = append(s.recentFlaps, now)
+			}
+			return true
+		}
+	case o.Cleared:
+		if c := s.causes[key]; c != nil && c.active {
+			c.active = false
+			c.clearedAt = now
+		}
+	}
+	return false
+}
+
+// recoveryPeriod is the damped recovery period: RecoveryPeriod doubled for
+// each flap within FlapWindow, capped at MaxRecoveryPeriod.
+func (s *deviceState) recoveryPeriod(now time.Time, cfg Config) time.Duration {
+	s.recentFlaps = slices.DeleteFunc(s.recentFlaps, func(t time.Time) bool { return now.Sub(t) >= cfg.FlapWindow })
+	d := cfg.RecoveryPeriod
+	for range s.recentFlaps {
+		d *= 2
+		if d >= cfg.MaxRecoveryPeriod {
+			return cfg.MaxRecoveryPeriod
+		}
+	}
+	return d
+}
+
+// evaluate moves an unhealthy device back to healthy once every cause has
+// stayed clear for the recovery period. It reports whether it did and, if
+// the device is still waiting, when to evaluate again (zero if never).
+func (s *deviceState) evaluate(now time.Time, cfg Config) (recovered bool, next time.Time) {
+	if s.healthy {
+		return false, time.Time{}
+	}
+	var last time.Time
+	for _, c := range s.causes {
+		if c.active {
+			return false, time.Time{}
+		}
+		if c.clearedAt.After(last) {
+			last = c.clearedAt
+		}
+	}
+	due := last.Add(s.recoveryPeriod(now, cfg))
+	if now.Before(due) {
+		return false, due
+	}
+	s.healthy = true
+	s.since = now
+	s.lastRecovered = now
+	clear(s.causes)
+	return true, time.Time{}
+}
+
+// reasons lists the causes, sorted, cleared ones marked as recovering.
+func (s *deviceState) reasons() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(s.causes)) {
+		c := s.causes[k]
+		if c.active {
+			out = append(out, c.reason)
+		} else {
+			out = append(out, c.reason+" (cleared, recovering)")
+		}
+	}
+	return out
+}
+
+// checks lists the checks of the active-or-recovering causes, sorted.
+func (s *deviceState) checks() []string {
+	var out []string
+	for k := range s.causes {
+		k, _, _ = strings.Cut(k, "/")
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
