@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,8 @@ type Manager struct {
 	// watching is closed once Run watches the directory; registration
 	// waits for it so that no kubelet restart can slip by unseen.
 	watching chan struct{}
+	// kubeletGen counts kubelet.sock creations and removals.
+	kubeletGen atomic.Uint64
 }
 
 // NewManager checks opts and registers the metrics. It starts nothing.
@@ -144,6 +147,7 @@ func (m *Manager) Run(ctx context.Context) error {
 
 // kubeletStarted re-creates removed sockets and re-registers every server.
 func (m *Manager) kubeletStarted() {
+	m.kubeletGen.Add(1)
 	m.log.Info("kubelet socket created, re-registering", "resources", m.count())
 	m.forEach(func(s *server) {
 		recreated, err := s.ensureServing()
@@ -161,6 +165,7 @@ func (m *Manager) kubeletStarted() {
 // kubeletStopped records that nothing is registered any more: the kubelet
 // that knew us is gone.
 func (m *Manager) kubeletStopped() {
+	m.kubeletGen.Add(1)
 	m.log.Info("kubelet socket removed")
 	m.forEach(func(s *server) {
 		s.registered.Store(false)
@@ -210,7 +215,7 @@ func (m *Manager) Sync(resources []Resource) {
 			}
 			continue
 		}
-		s := newServer(name, m.dir, r, m.log, m.metrics)
+		s := newServer(name, m.dir, r, m.log, m.metrics, &m.kubeletGen)
 		if err := s.start(m.kubeletSocket, m.watching); err != nil {
 			// Logged once per streak; the next Sync tries again.
 			if m.startFails[name] != err.Error() {

@@ -297,9 +297,14 @@ func TestKubeletRestart(t *testing.T) {
 			e.m.Sync(res)
 			e.kubelet.waitRegistrations(t, len(res))
 			sort.Strings(names)
+			allRegistered := func() bool {
+				reg := e.m.Registered()
+				return len(reg) == len(res) && !slices.Contains(slices.Collect(mapValues(reg)), false)
+			}
 
 			var took []time.Duration
-			for i := range 3 {
+			for i := range 5 {
+				eventually(t, "Registered() all true", allRegistered)
 				e.kubelet.stop()
 				eventually(t, "Registered() all false", func() bool {
 					for _, ok := range e.m.Registered() {

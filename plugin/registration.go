@@ -17,10 +17,11 @@ import (
 const registerTimeout = 10 * time.Second
 
 // newBackoff is the retry schedule after a failed registration: quick at
-// first (the kubelet may be a moment from listening), then at most every 30 s
-// so an absent kubelet costs nothing. kubelet.sock being re-created resets it.
+// first (kubelet.sock exists a moment before the kubelet listens on it, and
+// a connect in that gap is refused), then at most every 30 s so an absent
+// kubelet costs nothing. kubelet.sock being re-created resets it.
 func newBackoff() wait.Backoff {
-	return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
+	return wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
 }
 
 // registerLoop registers the server with the kubelet now, again whenever
@@ -40,18 +41,25 @@ func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watchin
 	for {
 		if pending {
 			pending, retry = false, nil
+			gen := s.kubeletGen.Load()
 			err := s.register(ctx, kubeletSocket)
 			if ctx.Err() != nil {
 				return
 			}
 			s.metrics.registration(s.name, err)
-			s.registered.Store(err == nil)
-			s.metrics.setRegistered(s.name, err == nil)
 			switch {
+			case err == nil && s.kubeletGen.Load() != gen:
+				// The kubelet we registered with went away meanwhile; the
+				// next one's kubelet.sock will bring a new attempt.
+				s.log.Debug("registered with a kubelet that has since gone")
 			case err == nil:
+				s.registered.Store(true)
+				s.metrics.setRegistered(s.name, true)
 				s.log.Info("registered with kubelet", "socket", filepath.Base(s.socket), "failedAttempts", failures)
 				failures, backoff = 0, newBackoff()
 			default:
+				s.registered.Store(false)
+				s.metrics.setRegistered(s.name, false)
 				if failures == 0 {
 					s.log.Warn("registration with kubelet failed, retrying with backoff", "err", err)
 				}

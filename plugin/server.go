@@ -35,6 +35,9 @@ type server struct {
 	done     chan struct{} // closed by stop: ends every stream
 
 	registered atomic.Bool
+	// kubeletGen is the manager's count of kubelet.sock events: a
+	// registration that straddles one was with a kubelet that is gone.
+	kubeletGen *atomic.Uint64
 	kick       chan struct{} // asks the registration loop to register now
 	cancel     context.CancelFunc
 	loopDone   chan struct{}
@@ -46,18 +49,19 @@ type watcher struct {
 	ch chan *deviceList
 }
 
-func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics) *server {
+func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics, kubeletGen *atomic.Uint64) *server {
 	return &server{
-		name:     name,
-		socket:   dir + "/" + socketName(name),
-		log:      log.With("resource", name),
-		metrics:  m,
-		res:      res,
-		devs:     newDeviceList(res.Devices()),
-		watchers: map[*watcher]struct{}{},
-		done:     make(chan struct{}),
-		kick:     make(chan struct{}, 1),
-		loopDone: make(chan struct{}),
+		name:       name,
+		kubeletGen: kubeletGen,
+		socket:     dir + "/" + socketName(name),
+		log:        log.With("resource", name),
+		metrics:    m,
+		res:        res,
+		devs:       newDeviceList(res.Devices()),
+		watchers:   map[*watcher]struct{}{},
+		done:       make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		loopDone:   make(chan struct{}),
 	}
 }
 
