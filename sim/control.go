@@ -1,0 +1,193 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Fault is a fault to inject into (POST /faults) or clear from (DELETE
+// /faults) a simulated node. Which fields matter depends on Kind.
+type Fault struct {
+	// Kind names the fault, e.g. "xid", "gpu-lost", "nvlink-down".
+	Kind string `json:"kind"`
+	// GPU is the index of the GPU the fault concerns.
+	GPU int `json:"gpu"`
+	// XID is the XID error code for "xid" faults.
+	XID uint64 `json:"xid,omitempty"`
+	// Link is the NVLink number for link faults.
+	Link int `json:"link,omitempty"`
+	// NIC is the RDMA device name for NIC faults.
+	NIC string `json:"nic,omitempty"`
+	// MIG is the UUID of the MIG device a fault is confined to.
+	MIG string `json:"mig,omitempty"`
+}
+
+// migRequest is the body of POST /mig.
+type migRequest struct {
+	GPU      *int     `json:"gpu"`
+	Profiles []string `json:"profiles"`
+}
+
+// maxControlBody bounds request bodies; real ones are a few hundred bytes.
+const maxControlBody = 1 << 16
+
+// ControlHandler serves the simulator's control API:
+//
+//	POST   /mig     {"gpu":1,"profiles":["3g.40gb","3g.40gb"]}  (empty list: MIG off)
+//	POST   /faults  a Fault
+//	DELETE /faults  a Fault
+//	GET    /state   the current layout (topology.Node JSON)
+//
+// Bad requests get 400 with a message naming the offending field.
+func (n *Node) ControlHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /mig", n.handleMIG)
+	mux.HandleFunc("POST /faults", func(w http.ResponseWriter, r *http.Request) { n.handleFault(w, r, n.injectFault) })
+	mux.HandleFunc("DELETE /faults", func(w http.ResponseWriter, r *http.Request) { n.handleFault(w, r, n.clearFault) })
+	mux.HandleFunc("GET /state", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Spec()) })
+	return mux
+}
+
+func (n *Node) handleMIG(w http.ResponseWriter, r *http.Request) {
+	var req migRequest
+	if err := decodeStrict(r, &req); err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	if req.GPU == nil {
+		httpError(w, http.StatusBadRequest, errors.New("gpu: required"))
+		return
+	}
+	if err := n.checkGPU(*req.GPU); err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := n.SetMIGLayout(*req.GPU, req.Profiles); err != nil {
+		httpError(w, http.StatusBadRequest, fmt.Errorf("profiles: %w", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, n.Spec().GPUs[*req.GPU])
+}
+
+func (n *Node) handleFault(w http.ResponseWriter, r *http.Request, apply func(Fault) error) {
+	var f Fault
+	if err := decodeStrict(r, &f); err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	if f.Kind == "" {
+		httpError(w, http.StatusBadRequest, errors.New("kind: required"))
+		return
+	}
+	if err := n.checkGPU(f.GPU); err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := apply(f); err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (n *Node) checkGPU(i int) error {
+	if i < 0 || i >= len(n.gpus) {
+		return fmt.Errorf("gpu: no such gpu %d (node has %d)", i, len(n.gpus))
+	}
+	return nil
+}
+
+// decodeStrict decodes one JSON object, refusing unknown fields and
+// trailing data, and names the field at fault when a value has the wrong
+// type.
+func decodeStrict(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxControlBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return fmt.Errorf("%s: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
+		return fmt.Errorf("invalid JSON body: %w", err)
+	}
+	if dec.More() {
+		return errors.New("invalid JSON body: trailing data after the object")
+	}
+	return nil
+}
+
+func httpError(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = fmt.Fprintln(w, err.Error())
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// ServeControl serves h on addr until ctx is done. addr must be a loopback
+// address ("127.0.0.1:7777", "[::1]:7777", "localhost:7777"): the control
+// API changes the node's devices and has no authentication, so it never
+// listens on a network other hosts can reach.
+func ServeControl(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := checkLoopback(addr); err != nil {
+		return fmt.Errorf("simulator control endpoint: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("simulator control endpoint: listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// Cancelling on return also ends the shutdown goroutine when Serve
+	// fails on its own.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	log.Info("simulator control endpoint listening", "addr", ln.Addr().String())
+	err = srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		<-done
+		return nil
+	}
+	return fmt.Errorf("simulator control endpoint: %w", err)
+}
+
+// checkLoopback refuses any address whose host is not a loopback IP or
+// "localhost"; an empty host (":7777") would listen on every interface.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %w", addr, err)
+	}
+	if strings.EqualFold(host, "localhost") {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("address %q: refusing to listen on a non-loopback address", addr)
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// migProfile is one GPU instance profile a GPU model offers, with the compute
+// instance profile that spans the whole GPU instance (the only kind the
+// simulator creates, as the NVIDIA device plugin expects).
+type migProfile struct {
+	name string
+	gi   nvml.GpuInstanceProfileInfo
+	ci   nvml.ComputeInstanceProfileInfo
+}
+
+// migProfilesOf lists a model's MIG profiles by GPU instance profile ID.
+func migProfilesOf(cfg gpus.Config) []migProfile {
+	ids := make([]int, 0, len(cfg.MIGProfiles.GpuInstanceProfiles))
+	for id := range cfg.MIGProfiles.GpuInstanceProfiles {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	var out []migProfile
+	seen := map[string]bool{}
+	for _, id := range ids {
+		gi := cfg.MIGProfiles.GpuInstanceProfiles[id]
+		var attrs []string
+		if id == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || id == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
+			attrs = append(attrs, "me")
+		}
+		name := topology.MIGProfileName(int(gi.SliceCount), int(gi.SliceCount), gi.MemorySizeMB, cfg.MemoryMB<<20, attrs...)
+		if seen[name] {
+			continue
+		}
+		ci, ok := fullComputeInstance(cfg, id, gi.SliceCount)
+		if !ok {
+			continue
+		}
+		seen[name] = true
+		out = append(out, migProfile{name: name, gi: gi, ci: ci})
+	}
+	return out
+}
+
+// fullComputeInstance picks the compute instance profile covering all of a
+// GPU instance's slices, preferring the lowest profile ID.
+func fullComputeInstance(cfg gpus.Config, giProfile int, slices uint32) (nvml.ComputeInstanceProfileInfo, bool) {
+	cis := cfg.MIGProfiles.ComputeInstanceProfiles[giProfile]
+	ids := make([]int, 0, len(cis))
+	for id := range cis {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	for _, id := range ids {
+		if cis[id].SliceCount == slices {
+			return cis[id], true
+		}
+	}
+	return nvml.ComputeInstanceProfileInfo{}, false
+}
+
+func profileNames(ps []migProfile) string {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// planMIG validates a MIG layout for a GPU model and returns its MIG devices:
+// every name must be a profile of the model, no profile may exceed its
+// instance count, and all of them must fit the GPU's slices at the model's
+// legal placements. UUIDs derive from the parent, the generation and the
+// layout, so the same layout applied at the same point is reproducible.
+func planMIG(cfg gpus.Config, parentUUID string, generation int, names []string) ([]topology.MIGDevice, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	known := migProfilesOf(cfg)
+	if len(known) == 0 {
+		return nil, fmt.Errorf("%s does not support MIG", cfg.Name)
+	}
+	chosen := make([]migProfile, len(names))
+	counts := map[string]int{}
+	for i, name := range names {
+		j := slices.IndexFunc(known, func(p migProfile) bool { return p.name == name })
+		if j < 0 {
+			return nil, fmt.Errorf("mig profile %q is not offered by %s (offered: %s)", name, cfg.Name, profileNames(known))
+		}
+		chosen[i] = known[j]
+		counts[name]++
+		if counts[name] > int(known[j].gi.InstanceCount) {
+			return nil, fmt.Errorf("mig profile %q: %s allows at most %d instances", name, cfg.Name, known[j].gi.InstanceCount)
+		}
+	}
+	starts, ok := placeMIG(cfg, chosen)
+	if !ok {
+		return nil, fmt.Errorf("mig layout %v does not fit the slices of %s", names, cfg.Name)
+	}
+	used := map[int]bool{}
+	out := make([]topology.MIGDevice, len(chosen))
+	for i, p := range chosen {
+		gi := giIDFor(int(p.gi.SliceCount), starts[i], used)
+		out[i] = topology.MIGDevice{
+			UUID:            deterministicUUID("MIG", parentUUID, generation, i, p.name),
+			Profile:         p.name,
+			GPUInstance:     gi,
+			ComputeInstance: 0,
+			MemoryMiB:       p.gi.MemorySizeMB,
+			Index:           i,
+		}
+	}
+	return out, nil
+}
+
+// placeMIG finds a start slice for every chosen profile among the model's
+// legal placements without overlap (largest first, backtracking).
+func placeMIG(cfg gpus.Config, chosen []migProfile) ([]int, bool) {
+	order := make([]int, len(chosen))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		return chosen[order[a]].gi.SliceCount > chosen[order[b]].gi.SliceCount
+	})
+	starts := make([]int, len(chosen))
+	var try func(k int, used uint32) bool
+	try = func(k int, used uint32) bool {
+		if k == len(order) {
+			return true
+		}
+		i := order[k]
+		for _, pl := range cfg.MIGProfiles.GpuInstancePlacements[int(chosen[i].gi.Id)] {
+			size := pl.Size
+			if size == 0 {
+				size = 1
+			}
+			mask := uint32(1)<<size - 1
+			mask <<= pl.Start
+			if used&mask != 0 {
+				continue
+			}
+			starts[i] = int(pl.Start)
+			if try(k+1, used|mask) {
+				return true
+			}
+		}
+		return false
+	}
+	return starts, try(0, 0)
+}
+
+// giIDFor numbers GPU instances the way the driver does on A100/H100 (7g is
+// GI 0, 3g/4g start at 1, 2g at 3, 1g at 7, offset by placement), taking the
+// next free ID if that one is used.
+func giIDFor(slices, start int, used map[int]bool) int {
+	var id int
+	switch {
+	case slices >= 7:
+		id = 0
+	case slices >= 3:
+		id = 1 + start/4
+	case slices == 2:
+		id = 3 + start/2
+	default:
+		id = 7 + start
+	}
+	for used[id] {
+		id++
+	}
+	used[id] = true
+	return id
+}
+
+// migProfileFor resolves a profile name for a model; for models the mocks do
+// not describe it makes one up from the name so that snapshots of unknown
+// GPUs still simulate.
+func migProfileFor(cfg gpus.Config, name string) (migProfile, error) {
+	for _, p := range migProfilesOf(cfg) {
+		if p.name == name {
+			return p, nil
+		}
+	}
+	var g, gb int
+	base, _, _ := strings.Cut(name, "+")
+	if _, err := fmt.Sscanf(base, "%dg.%dgb", &g, &gb); err != nil || g <= 0 {
+		return migProfile{}, fmt.Errorf("mig profile %q is not offered by %s", name, cfg.Name)
+	}
+	if len(cfg.MIGProfiles.GpuInstanceProfiles) > 0 {
+		return migProfile{}, fmt.Errorf("mig profile %q is not offered by %s (offered: %s)", name, cfg.Name, profileNames(migProfilesOf(cfg)))
+	}
+	giIDs := map[int]uint32{1: nvml.GPU_INSTANCE_PROFILE_1_SLICE, 2: nvml.GPU_INSTANCE_PROFILE_2_SLICE,
+		3: nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4: nvml.GPU_INSTANCE_PROFILE_4_SLICE, 6: nvml.GPU_INSTANCE_PROFILE_6_SLICE,
+		7: nvml.GPU_INSTANCE_PROFILE_7_SLICE, 8: nvml.GPU_INSTANCE_PROFILE_8_SLICE}
+	ciIDs := map[int]uint32{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+		3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 6: nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE,
+		7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, 8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE}
+	giID, ok := giIDs[g]
+	if !ok {
+		return migProfile{}, fmt.Errorf("mig profile %q: no GPU instance profile has %d slices", name, g)
+	}
+	return migProfile{
+		name: name,
+		gi:   nvml.GpuInstanceProfileInfo{Id: giID, SliceCount: uint32(g), InstanceCount: 7, MemorySizeMB: uint64(gb) * 1024},
+		ci:   nvml.ComputeInstanceProfileInfo{Id: ciIDs[g], SliceCount: uint32(g), InstanceCount: 1},
+	}, nil
+}

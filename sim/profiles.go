@@ -1,0 +1,257 @@
+package sim
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// V100 configurations for the Volta profiles; go-nvml's mocks stop at Ampere.
+var (
+	v100SXM2 = gpus.Config{
+		Name:         "Tesla V100-SXM2-32GB",
+		Architecture: nvml.DEVICE_ARCH_VOLTA,
+		Brand:        nvml.BRAND_TESLA,
+		MemoryMB:     32768,
+		CudaMajor:    7,
+		CudaMinor:    0,
+		PciDeviceId:  0x1DB510DE,
+	}
+	v100SXM3 = gpus.Config{
+		Name:         "Tesla V100-SXM3-32GB",
+		Architecture: nvml.DEVICE_ARCH_VOLTA,
+		Brand:        nvml.BRAND_TESLA,
+		MemoryMB:     32768,
+		CudaMajor:    7,
+		CudaMinor:    0,
+		PciDeviceId:  0x1DB810DE,
+	}
+)
+
+// knownConfigs are the GPU models the simulator can impersonate, looked up by
+// the model name a snapshot carries.
+var knownConfigs = []gpus.Config{
+	gpus.A100_SXM4_40GB, gpus.A100_SXM4_80GB, gpus.A100_PCIE_40GB, gpus.A100_PCIE_80GB,
+	gpus.A30_PCIE_24GB, gpus.H100_SXM5_80GB, gpus.H200_SXM5_141GB, gpus.B200_SXM5_180GB,
+	v100SXM2, v100SXM3,
+}
+
+// profileDef is one built-in simulated node.
+type profileDef struct {
+	gpu   gpus.Config
+	count int
+	shape treeShape
+	// nvswitchLinks is the number of NVLinks from each GPU into the
+	// NVSwitch fabric (0: no NVSwitch).
+	nvswitchLinks int
+	// nvswitches is the number of NVSwitch chips the links spread over.
+	nvswitches int
+	// direct lists direct GPU-GPU NVLink bundles: {a, b, links}.
+	direct [][3]int
+	// nicLinkLayer is the link layer of the profile's NICs.
+	nicLinkLayer string
+}
+
+// dgx1vLinks is the DGX-1 (Volta) hybrid cube-mesh: two NVLinks on the
+// pairs of the first list, one on the second; six links per GPU in all.
+var dgx1vLinks = [][3]int{
+	{0, 3, 2}, {0, 4, 2}, {1, 2, 2}, {1, 5, 2}, {2, 3, 2}, {4, 7, 2}, {5, 6, 2}, {6, 7, 2},
+	{0, 1, 1}, {0, 2, 1}, {1, 3, 1}, {2, 6, 1}, {3, 7, 1}, {4, 5, 1}, {4, 6, 1}, {5, 7, 1},
+}
+
+var profiles = map[string]profileDef{
+	"dgx-a100": {
+		gpu: gpus.A100_SXM4_40GB, count: 8, nvswitchLinks: 12, nvswitches: 6,
+		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 2, subtreesPerHostBridge: 1},
+		nicLinkLayer: "InfiniBand",
+	},
+	"dgx-h100": {
+		gpu: gpus.H100_SXM5_80GB, count: 8, nvswitchLinks: 18, nvswitches: 4,
+		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
+		nicLinkLayer: "InfiniBand",
+	},
+	"dgx-h200": {
+		gpu: gpus.H200_SXM5_141GB, count: 8, nvswitchLinks: 18, nvswitches: 4,
+		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
+		nicLinkLayer: "InfiniBand",
+	},
+	"dgx-b200": {
+		gpu: gpus.B200_SXM5_180GB, count: 8, nvswitchLinks: 18, nvswitches: 2,
+		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
+		nicLinkLayer: "InfiniBand",
+	},
+	"dgx-1v": {
+		gpu: v100SXM2, count: 8, direct: dgx1vLinks,
+		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
+		nicLinkLayer: "InfiniBand",
+	},
+	"dgx-2": {
+		gpu: v100SXM3, count: 16, nvswitchLinks: 6, nvswitches: 12,
+		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 1, leavesPerTop: 2, subtreesPerHostBridge: 2},
+		nicLinkLayer: "InfiniBand",
+	},
+	"pcie-8gpu": {
+		gpu: gpus.A100_PCIE_80GB, count: 8,
+		shape: treeShape{gpusPerLeaf: 2, leavesPerTop: 2, subtreesPerHostBridge: 1},
+	},
+}
+
+// Profiles lists the built-in simulated node profiles, sorted.
+func Profiles() []string {
+	names := make([]string, 0, len(profiles))
+	for name := range profiles {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ProfileOption customises a built-in profile.
+type ProfileOption func(*profileOptions) error
+
+type profileOptions struct {
+	mig map[int][]string
+}
+
+// WithMIG enables MIG on GPU gpuIndex with one MIG device per profile name,
+// e.g. WithMIG(0, "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"). The names are
+// checked against the MIG profiles of the GPU model and must fit its slices.
+func WithMIG(gpuIndex int, profiles ...string) ProfileOption {
+	return func(o *profileOptions) error {
+		if o.mig == nil {
+			o.mig = map[int][]string{}
+		}
+		if _, dup := o.mig[gpuIndex]; dup {
+			return fmt.Errorf("mig layout for gpu %d given twice", gpuIndex)
+		}
+		o.mig[gpuIndex] = slices.Clone(profiles)
+		return nil
+	}
+}
+
+// Profile returns the node model of a built-in profile: GPUs with
+// deterministic UUIDs, bus IDs, NUMA nodes and PCI paths, NIC slots, and a
+// link entry for every GPU pair.
+func Profile(name string, opts ...ProfileOption) (*topology.Node, error) {
+	def, ok := profiles[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown simulator profile %q (known: %v)", name, Profiles())
+	}
+	var o profileOptions
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, fmt.Errorf("profile %s: %w", name, err)
+		}
+	}
+	tree := buildTree(def.count, def.shape)
+	node := &topology.Node{}
+	for i := 0; i < def.count; i++ {
+		g := topology.GPU{
+			Index:      i,
+			UUID:       deterministicUUID("GPU", name, "gpu", i),
+			PCIBusID:   tree.gpuPaths[i][len(tree.gpuPaths[i])-1],
+			NUMANode:   tree.gpuNUMA[i],
+			Model:      def.gpu.Name,
+			MemoryMiB:  def.gpu.MemoryMB,
+			Minor:      i,
+			PCIPath:    tree.gpuPaths[i],
+			MIGCapable: len(def.gpu.MIGProfiles.GpuInstanceProfiles) > 0,
+		}
+		node.GPUs = append(node.GPUs, g)
+	}
+	for gi, layout := range o.mig {
+		if gi < 0 || gi >= def.count {
+			return nil, fmt.Errorf("profile %s: mig layout for gpu %d: no such gpu (profile has %d)", name, gi, def.count)
+		}
+		g := &node.GPUs[gi]
+		if !g.MIGCapable {
+			return nil, fmt.Errorf("profile %s: gpu %d (%s) does not support MIG", name, gi, def.gpu.Name)
+		}
+		mig, err := planMIG(def.gpu, g.UUID, 0, layout)
+		if err != nil {
+			return nil, fmt.Errorf("profile %s: gpu %d: %w", name, gi, err)
+		}
+		g.MIGEnabled = true
+		g.MIG = mig
+	}
+	nvl := map[[2]int]int{}
+	for _, d := range def.direct {
+		nvl[[2]int{d[0], d[1]}] = d[2]
+	}
+	for a := 0; a < def.count; a++ {
+		for b := a + 1; b < def.count; b++ {
+			l := topology.Link{A: a, B: b, NVLinks: nvl[[2]int{a, b}]}
+			if def.nvswitchLinks > 0 {
+				l.NVLinks = def.nvswitchLinks
+			}
+			l.PCIe = pcieLevel(tree.gpuPaths[a], tree.gpuPaths[b], tree.gpuNUMA[a], tree.gpuNUMA[b])
+			node.Links = append(node.Links, l)
+		}
+	}
+	for i, path := range tree.nicPaths {
+		busID := path[len(path)-1]
+		nic := topology.NIC{
+			Name:      fmt.Sprintf("mlx5_%d", i),
+			PCIBusID:  busID,
+			NUMANode:  tree.nicNUMA[i],
+			PCIPath:   path,
+			LinkLayer: def.nicLinkLayer,
+			NetDevs:   []string{netdevName(busID)},
+		}
+		for g := range node.GPUs {
+			nic.GPUs = append(nic.GPUs, topology.NICGPULink{
+				GPU:  g,
+				PCIe: pcieLevel(path, tree.gpuPaths[g], tree.nicNUMA[i], tree.gpuNUMA[g]),
+			})
+		}
+		node.NICs = append(node.NICs, nic)
+	}
+	return node, nil
+}
+
+// netdevName is the predictable interface name systemd gives an InfiniBand
+// port at a bus ID: "ibp<bus>s<slot>" (f0 implied).
+func netdevName(busID string) string {
+	var dom, bus, dev, fn int
+	if _, err := fmt.Sscanf(busID, "%x:%x:%x.%x", &dom, &bus, &dev, &fn); err != nil {
+		return "ib0"
+	}
+	return fmt.Sprintf("ibp%ds%d", bus, dev)
+}
+
+// deterministicUUID formats a hash of its parts as prefix-8-4-4-4-12, so that
+// simulated devices keep their IDs across runs.
+func deterministicUUID(prefix string, parts ...any) string {
+	h := sha256.Sum256([]byte(fmt.Sprintf("%#v", parts)))
+	return fmt.Sprintf("%s-%x-%x-%x-%x-%x", prefix, h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+// configFor finds the mock GPU configuration for a model name, or makes a
+// MIG-less one from what the snapshot says.
+func configFor(g topology.GPU) gpus.Config {
+	for _, c := range knownConfigs {
+		if c.Name == g.Model {
+			return c
+		}
+	}
+	c := gpus.Config{
+		Name:         g.Model,
+		Architecture: nvml.DEVICE_ARCH_UNKNOWN,
+		Brand:        nvml.BRAND_NVIDIA,
+		MemoryMB:     g.MemoryMiB,
+		PciDeviceId:  0x000010DE,
+	}
+	if c.Name == "" {
+		c.Name = "NVIDIA Simulated GPU"
+	}
+	if c.MemoryMB == 0 {
+		c.MemoryMB = 16384
+	}
+	return c
+}

@@ -1,0 +1,267 @@
+// Package sim simulates GPU nodes so the agent, its tests and the demo run
+// unchanged without hardware: go-nvml's own mock NVML servers extended with
+// bus IDs, NUMA, NVLink and MIG, a sysfs/dev tree under a host root, run-time
+// MIG changes and a loopback control endpoint for MIG changes and faults.
+package sim
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// Node is a simulated GPU node: an nvml.Interface and a host root whose
+// sysfs and /dev agree with it.
+//
+// Concurrency: NVML calls may come from any goroutine while the layout
+// changes. All mutable simulator state is guarded by mu. The XxxFunc fields
+// of the mock devices are only assigned while New runs (in the install*
+// hooks) or, for MIG devices, before a new layout is published; after that
+// behaviour changes only through state that those functions read under mu
+// (RLock in the functions, Lock in whoever changes it). A function holding
+// mu must not call another device method, since that may take mu again.
+type Node struct {
+	log      *slog.Logger
+	hostRoot string
+	srv      *server.Server
+	devices  []*server.Device
+
+	// changed is signalled (without blocking) after every layout change.
+	changed chan struct{}
+
+	// layoutMu serialises layout changes (which also write files).
+	layoutMu sync.Mutex
+
+	mu   sync.RWMutex
+	spec *topology.Node
+	gpus []*gpuState
+	// migHooks run on every MIG device the simulator creates, before it is
+	// published, so fault and counter code can give it behaviour.
+	migHooks []func(gpu int, d *mock.Device)
+}
+
+// gpuState is the simulator's view of one GPU. Fields below mu are guarded
+// by Node.mu; the rest are fixed once New returns.
+type gpuState struct {
+	index int
+	cfg   gpus.Config
+	busID string
+	numa  int
+	links []nvlinkEnd
+
+	// guarded by Node.mu
+	lost       bool
+	migEnabled bool
+	generation int
+	mig        []*migDevice
+}
+
+// nvlinkEnd is the far end of one NVLink of a GPU.
+type nvlinkEnd struct {
+	remoteType  nvml.IntNvLinkDeviceType
+	remoteBusID string
+	// down is guarded by Node.mu; faults set it.
+	down bool
+}
+
+// migDevice is one simulated MIG device and the instances behind it.
+type migDevice struct {
+	dev   *mock.Device
+	info  topology.MIGDevice
+	attrs nvml.DeviceAttributes
+	gi    *server.GpuInstance
+	ci    *server.ComputeInstance
+}
+
+// New builds a simulated node from spec (a profile or a snapshot) and writes
+// its sysfs and /dev tree under hostRoot, which must exist and is usually a
+// temporary directory. A spec without PCI paths gets a flat PCI tree and its
+// links' PCIe levels answer GetTopologyCommonAncestor.
+func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) {
+	if spec == nil {
+		return nil, fmt.Errorf("simulated node: nil spec")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("simulated node: %w", err)
+	}
+	spec = cloneNode(spec)
+	cfgs := make([]gpus.Config, len(spec.GPUs))
+	for i, g := range spec.GPUs {
+		cfgs[i] = configFor(g)
+	}
+	srv, err := server.New(
+		server.WithGPUs(cfgs...),
+		server.WithDriverVersion("550.54.15"),
+		server.WithNVMLVersion("12.550.54.15"),
+		server.WithCUDADriverVersion(12040),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("simulated node: mock server: %w", err)
+	}
+	n := &Node{
+		log:      log,
+		hostRoot: hostRoot,
+		srv:      srv,
+		changed:  make(chan struct{}, 1),
+		spec:     spec,
+	}
+	for i, g := range spec.GPUs {
+		d := srv.Devices[i].(*server.Device)
+		busID := g.PCIBusID
+		if busID == "" {
+			// A bus per GPU on a flat tree, clear of the profiles' ranges.
+			busID = bdf(0x10+i, 0, 0)
+			spec.GPUs[i].PCIBusID = busID
+		}
+		d.UUID = g.UUID
+		d.PciBusID = busID
+		d.Minor = g.Minor
+		if g.Minor == 0 && i != 0 {
+			d.Minor = i
+			spec.GPUs[i].Minor = i
+		}
+		if g.MemoryMiB != 0 {
+			d.MemoryInfo = nvml.Memory{Total: g.MemoryMiB << 20}
+		}
+		d.MemoryInfo.Free = d.MemoryInfo.Total
+		if spec.GPUs[i].MemoryMiB == 0 {
+			spec.GPUs[i].MemoryMiB = d.MemoryInfo.Total >> 20
+		}
+		if spec.GPUs[i].Model == "" {
+			spec.GPUs[i].Model = cfgs[i].Name
+		}
+		spec.GPUs[i].MIGCapable = spec.GPUs[i].MIGCapable || len(cfgs[i].MIGProfiles.GpuInstanceProfiles) > 0
+		n.devices = append(n.devices, d)
+		n.gpus = append(n.gpus, &gpuState{
+			index: i,
+			cfg:   cfgs[i],
+			busID: busID,
+			numa:  g.NUMANode,
+			lost:  g.Lost,
+		})
+	}
+	n.wireNVLinks()
+	n.installServer()
+	for i := range n.devices {
+		n.installDevice(i)
+	}
+	for i, g := range spec.GPUs {
+		if !g.MIGEnabled {
+			continue
+		}
+		if err := n.buildMIG(i, g.MIG); err != nil {
+			return nil, fmt.Errorf("simulated node: gpu %d: %w", i, err)
+		}
+	}
+	if err := n.writeHostTree(); err != nil {
+		return nil, fmt.Errorf("simulated node: host tree under %s: %w", hostRoot, err)
+	}
+	n.installFaults()
+	n.installCounters()
+	n.installNICs()
+	for i, d := range n.devices {
+		fillUnsupported(&d.Device)
+		n.wrapLost(&d.Device, i)
+	}
+	fillInterface(&srv.Interface)
+	log.Info("simulated node ready", "gpus", len(spec.GPUs), "links", len(spec.Links), "nics", len(spec.NICs), "hostRoot", hostRoot)
+	return n, nil
+}
+
+// NVML returns the simulated NVML library. Init and Shutdown succeed and may
+// be called any number of times.
+func (n *Node) NVML() nvml.Interface { return n.srv }
+
+// HostRoot is the directory holding the simulated /sys and /dev.
+func (n *Node) HostRoot() string { return n.hostRoot }
+
+// Spec returns a copy of the node's current layout (MIG included).
+func (n *Node) Spec() *topology.Node {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return cloneNode(n.spec)
+}
+
+// Device returns the mock device of GPU i (nil if out of range) so the
+// fault, counter and NIC code of this package can set its XxxFunc fields.
+// Assign those only inside the install* hooks that New calls; see Node.
+func (n *Node) Device(i int) *server.Device {
+	if i < 0 || i >= len(n.devices) {
+		return nil
+	}
+	return n.devices[i]
+}
+
+// Changed is signalled after every layout change (MIG reconfiguration).
+// Signals coalesce: one pending signal stands for any number of changes, so
+// a single consumer re-reads the layout (re-discovers) on each receive.
+func (n *Node) Changed() <-chan struct{} { return n.changed }
+
+func (n *Node) notifyChanged() {
+	select {
+	case n.changed <- struct{}{}:
+	default:
+	}
+}
+
+// addMIGHook registers f to run on every MIG device created from now on,
+// before it is visible through NVML. Call it only from an install* hook.
+func (n *Node) addMIGHook(f func(gpu int, d *mock.Device)) {
+	n.migHooks = append(n.migHooks, f)
+}
+
+// setGPULost marks GPU i lost (or found again): every NVML call on it except
+// identity (UUID, index, minor, PCI info) then fails with ERROR_GPU_IS_LOST.
+func (n *Node) setGPULost(i int, lost bool) error {
+	if i < 0 || i >= len(n.gpus) {
+		return fmt.Errorf("gpu %d: no such gpu", i)
+	}
+	n.mu.Lock()
+	n.gpus[i].lost = lost
+	n.spec.GPUs[i].Lost = lost
+	n.mu.Unlock()
+	return nil
+}
+
+// setNVLinkDown takes NVLink l of GPU i down (or up again).
+func (n *Node) setNVLinkDown(i, l int, down bool) error {
+	if i < 0 || i >= len(n.gpus) {
+		return fmt.Errorf("gpu %d: no such gpu", i)
+	}
+	if l < 0 || l >= len(n.gpus[i].links) {
+		return fmt.Errorf("gpu %d: nvlink %d: no such link (gpu has %d)", i, l, len(n.gpus[i].links))
+	}
+	n.mu.Lock()
+	n.gpus[i].links[l].down = down
+	n.mu.Unlock()
+	return nil
+}
+
+func cloneNode(in *topology.Node) *topology.Node {
+	out := &topology.Node{
+		GPUs:  slices.Clone(in.GPUs),
+		Links: slices.Clone(in.Links),
+		NICs:  slices.Clone(in.NICs),
+	}
+	for i := range out.GPUs {
+		out.GPUs[i].PCIPath = slices.Clone(out.GPUs[i].PCIPath)
+		out.GPUs[i].MIG = slices.Clone(out.GPUs[i].MIG)
+	}
+	for i := range out.NICs {
+		out.NICs[i].PCIPath = slices.Clone(out.NICs[i].PCIPath)
+		out.NICs[i].NetDevs = slices.Clone(out.NICs[i].NetDevs)
+		out.NICs[i].GPUs = slices.Clone(out.NICs[i].GPUs)
+	}
+	return out
+}

@@ -1,0 +1,227 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// pciFunction is what the simulator writes for one PCI function in sysfs.
+type pciFunction struct {
+	vendor, device, class uint32
+}
+
+var (
+	rootPortFn   = pciFunction{vendor: 0x1022, device: 0x1483, class: 0x060400} // AMD root port
+	switchPortFn = pciFunction{vendor: 0x10b5, device: 0xc010, class: 0x060400} // Broadcom/PLX switch port
+)
+
+// nicFunction is a ConnectX NIC: InfiniBand or Ethernet controller class.
+func nicFunction(linkLayer string) pciFunction {
+	if strings.EqualFold(linkLayer, "Ethernet") {
+		return pciFunction{vendor: 0x15b3, device: 0x101b, class: 0x020000}
+	}
+	return pciFunction{vendor: 0x15b3, device: 0x101b, class: 0x020700}
+}
+
+// writeHostTree writes the simulated /sys PCI tree and /dev nodes.
+func (n *Node) writeHostTree() error {
+	for i, g := range n.spec.GPUs {
+		path := g.PCIPath
+		if len(path) == 0 {
+			path = []string{g.PCIBusID}
+		}
+		gpuFn := pciFunction{vendor: 0x10de, device: n.gpus[i].cfg.PciDeviceId >> 16, class: 0x030200}
+		if err := n.addPCIDevice(path, g.NUMANode, gpuFn); err != nil {
+			return fmt.Errorf("gpu %d: %w", i, err)
+		}
+	}
+	for i, nic := range n.spec.NICs {
+		path := nic.PCIPath
+		if len(path) == 0 && nic.PCIBusID != "" {
+			path = []string{nic.PCIBusID}
+		}
+		if len(path) == 0 {
+			continue
+		}
+		if err := n.addPCIDevice(path, nic.NUMANode, nicFunction(nic.LinkLayer)); err != nil {
+			return fmt.Errorf("nic %d (%s): %w", i, nic.Name, err)
+		}
+	}
+	dev := filepath.Join(n.hostRoot, "dev")
+	if err := os.MkdirAll(filepath.Join(dev, "nvidia-caps"), 0o755); err != nil {
+		return err
+	}
+	nodes := []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"}
+	for _, g := range n.spec.GPUs {
+		nodes = append(nodes, fmt.Sprintf("nvidia%d", g.Minor))
+	}
+	for _, name := range nodes {
+		if err := placeholder(filepath.Join(dev, name)); err != nil {
+			return err
+		}
+	}
+	if err := n.writeMIGMinors(); err != nil {
+		return err
+	}
+	return n.writeMIGCaps()
+}
+
+// addPCIDevice creates the sysfs directories of a PCI path (root port first,
+// the device last) under /sys/devices/pci<domain:bus>/, each with vendor,
+// device, class and numa_node files, and the /sys/bus/pci/devices/<bdf>
+// symlink, reusing whatever part of the path exists already. Bridges get
+// switchPortFn (rootPortFn for the root port); the last element gets fn.
+func (n *Node) addPCIDevice(path []string, numa int, fn pciFunction) error {
+	sys := filepath.Join(n.hostRoot, "sys")
+	dir := filepath.Join(sys, "devices", "pci"+path[0][:7])
+	busDir := filepath.Join(sys, "bus", "pci", "devices")
+	if err := os.MkdirAll(busDir, 0o755); err != nil {
+		return err
+	}
+	for k, addr := range path {
+		dir = filepath.Join(dir, addr)
+		if _, err := os.Stat(dir); err == nil {
+			continue
+		}
+		f := switchPortFn
+		switch {
+		case k == len(path)-1:
+			f = fn
+		case k == 0:
+			f = rootPortFn
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		files := map[string]string{
+			"vendor":    fmt.Sprintf("0x%04x\n", f.vendor),
+			"device":    fmt.Sprintf("0x%04x\n", f.device),
+			"class":     fmt.Sprintf("0x%06x\n", f.class),
+			"numa_node": fmt.Sprintf("%d\n", numa),
+		}
+		for name, content := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+				return err
+			}
+		}
+		rel, err := filepath.Rel(busDir, dir)
+		if err != nil {
+			return err
+		}
+		link := filepath.Join(busDir, addr)
+		if err := os.Symlink(rel, link); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+func placeholder(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o666)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// MIG capability minors as the driver numbers them in
+// /proc/driver/nvidia-caps/mig-minors: 1 config, 2 monitor, then for each
+// GPU minor (0..31) 15 GPU instances of 1 access + 8 compute instances.
+const (
+	migCapsGPUs = 32
+	migCapsGIs  = 15
+	migCapsCIs  = 8
+)
+
+func giCapMinor(gpuMinor, gi int) int {
+	return 3 + gpuMinor*migCapsGIs*(migCapsCIs+1) + gi*(migCapsCIs+1)
+}
+
+func ciCapMinor(gpuMinor, gi, ci int) int { return giCapMinor(gpuMinor, gi) + 1 + ci }
+
+func (n *Node) writeMIGMinors() error {
+	var b strings.Builder
+	b.WriteString("config 1\nmonitor 2\n")
+	for g := 0; g < migCapsGPUs; g++ {
+		for gi := 0; gi < migCapsGIs; gi++ {
+			fmt.Fprintf(&b, "gpu%d/gi%d/access %d\n", g, gi, giCapMinor(g, gi))
+			for ci := 0; ci < migCapsCIs; ci++ {
+				fmt.Fprintf(&b, "gpu%d/gi%d/ci%d/access %d\n", g, gi, ci, ciCapMinor(g, gi, ci))
+			}
+		}
+	}
+	path := filepath.Join(n.hostRoot, "proc", "driver", "nvidia-caps", "mig-minors")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o444)
+}
+
+// writeMIGCaps mirrors the current MIG layout into
+// /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<N>[/ci<M>]/access (what
+// the NVIDIA device plugin reads for a MIG device's capability minors) and
+// /dev/nvidia-caps/nvidia-cap<minor> placeholders, dropping those of
+// instances that are gone.
+func (n *Node) writeMIGCaps() error {
+	n.mu.RLock()
+	spec := cloneNode(n.spec)
+	n.mu.RUnlock()
+	caps := filepath.Join(n.hostRoot, "proc", "driver", "nvidia", "capabilities")
+	devCaps := filepath.Join(n.hostRoot, "dev", "nvidia-caps")
+	want := map[string]bool{"nvidia-cap1": true, "nvidia-cap2": true}
+	for _, g := range spec.GPUs {
+		migDir := filepath.Join(caps, fmt.Sprintf("gpu%d", g.Minor), "mig")
+		if err := os.RemoveAll(migDir); err != nil {
+			return err
+		}
+		if !g.MIGEnabled {
+			continue
+		}
+		for _, m := range g.MIG {
+			gi := giCapMinor(g.Minor, m.GPUInstance)
+			ci := ciCapMinor(g.Minor, m.GPUInstance, m.ComputeInstance)
+			giDir := filepath.Join(migDir, fmt.Sprintf("gi%d", m.GPUInstance))
+			ciDir := filepath.Join(giDir, fmt.Sprintf("ci%d", m.ComputeInstance))
+			if err := writeCap(filepath.Join(giDir, "access"), gi); err != nil {
+				return err
+			}
+			if err := writeCap(filepath.Join(ciDir, "access"), ci); err != nil {
+				return err
+			}
+			for _, minor := range []int{gi, ci} {
+				name := fmt.Sprintf("nvidia-cap%d", minor)
+				want[name] = true
+				if err := placeholder(filepath.Join(devCaps, name)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	entries, err := os.ReadDir(devCaps)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !want[e.Name()] {
+			if err := os.Remove(filepath.Join(devCaps, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func writeCap(path string, minor int) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	content := fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor)
+	return os.WriteFile(path, []byte(content), 0o444)
+}
