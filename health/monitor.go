@@ -72,7 +72,8 @@ type Monitor struct {
 	wake        chan struct{}
 	nodeChanged chan struct{}
 
-	// Used only by the poll loop.
+	// pollMu serialises polls; the checks below keep per-device state.
+	pollMu sync.Mutex
 	nvmlc  *nvmlCheck
 	lost   *lostCheck
 	checks []DeviceCheck
@@ -154,13 +155,15 @@ func (m *Monitor) SetNode(node *topology.Node) {
 // Run runs the checks until ctx ends: the NVML event watcher, the polled
 // checks every PollInterval, DCGM if present, and the recovery timers.
 func (m *Monitor) Run(ctx context.Context) error {
+	m.pollMu.Lock()
 	if ret := m.lib.Init(); ret == nvml.SUCCESS {
 		m.nvmlc.initialized = true
 		defer m.lib.Shutdown()
-	} else {
+	} else if m.cfg.enabled(CheckNVML) {
 		o, _ := m.nvmlc.probe(len(m.gpuList()))
 		m.Observe(o)
 	}
+	m.pollMu.Unlock()
 	var wg sync.WaitGroup
 	if m.cfg.enabled(CheckXID) {
 		w := newXIDWatcher(m)
@@ -466,6 +469,8 @@ func (m *Monitor) pollLoop(ctx context.Context) {
 
 // pollOnce runs every polled check once.
 func (m *Monitor) pollOnce() {
+	m.pollMu.Lock()
+	defer m.pollMu.Unlock()
 	gpus := m.gpuList()
 	if o, ok := m.nvmlc.probe(len(gpus)); m.cfg.enabled(CheckNVML) {
 		m.Observe(o)

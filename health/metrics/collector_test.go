@@ -143,7 +143,7 @@ func TestUnsupportedFieldIsOmittedNotZero(t *testing.T) {
 
 func TestFailingDeviceDoesNotHideOthers(t *testing.T) {
 	tests := []struct {
-		name  string
+		name   string
 		break_ func(mn *mockNode)
 		// wantTemp is whether the broken GPU still reports its temperature.
 		wantTemp bool

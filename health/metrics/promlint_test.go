@@ -1,0 +1,66 @@
+package metrics
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+)
+
+// dcgmCompatLint lists the promlint findings that dcgm-exporter
+// compatibility forces on DCGM_ metrics, and nothing else: its counters
+// have no lower-case _total suffix (one is even named _COUNTER) and its
+// labels modelName and UUID-free camelCase names are part of the contract
+// dashboards rely on. Any other finding, and any finding on the agent's
+// own gpu_node_agent_ metrics, fails the test.
+var dcgmCompatLint = map[string]bool{
+	`counter metrics should have "_total" suffix`:                   true,
+	`metric name should not include type 'counter'`:                 true,
+	`label names should be written in 'snake_case' not 'camelCase'`: true,
+}
+
+// testRegistry is a registry holding c and nothing else.
+func testRegistry(t *testing.T, c prometheus.Collector) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func TestPromlint(t *testing.T) {
+	mn := newMockNode(t, 8, migLayout{0: {"3g.40gb", "2g.20gb", "1g.10gb"}})
+	reg := NewRegistry("v0.0.0-test")
+	c, err := NewCollector(mn.lib, Config{Hostname: "node-1", XIDs: fakeXIDs{}, PodResourcesSocket: "/nonexistent/kubelet.sock"}, reg, discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetNode(mn.node)
+	c.CollectNow(context.Background())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "DCGM_FI_") && dcgmCompatLint[p.Text] {
+			continue
+		}
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	var own int
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "gpu_node_agent_") {
+			own++
+		}
+	}
+	if own < 4 {
+		t.Errorf("linted %d gpu_node_agent_ families, want build info, collection duration/errors, pod-resources errors", own)
+	}
+}

@@ -1,0 +1,313 @@
+package health
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+var t0 = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
+
+type harness struct {
+	f   *fakeNVML
+	m   *Monitor
+	clk *clocktesting.FakeClock
+	reg *prometheus.Registry
+}
+
+// start runs a monitor over f on a fake clock. Polls are driven by the
+// test (poll), so PollInterval is a day.
+func start(t *testing.T, f *fakeNVML, mig bool, dcgm DCGM) *harness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := NewMonitor(Config{PollInterval: 24 * time.Hour, MaxRecoveryPeriod: 48 * time.Hour, DCGMMode: DCGMOff}, f, discard(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.cfg.eventWait = 10 * time.Millisecond
+	if dcgm != nil {
+		m.cfg.DCGMMode = DCGMAuto
+		m.SetDCGM(dcgm)
+	}
+	clk := clocktesting.NewFakeClock(t0)
+	m.clock = clk
+	m.SetNode(f.node(mig))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := m.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	h := &harness{f: f, m: m, clk: clk, reg: reg}
+	// The event set is registered once the watcher has reported NVML fine.
+	h.waitFor(t, "event set created", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.creates > 0 })
+	return h
+}
+
+// waitFor waits (in real time) for an asynchronous effect; a sync helper,
+// not a timing assertion.
+func (h *harness) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; snapshot %+v", what, h.m.Snapshot())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// step advances the fake clock and lets the recovery timer run.
+func (h *harness) step(t *testing.T, d time.Duration) {
+	t.Helper()
+	h.clk.Step(d)
+	h.m.evaluate()
+}
+
+func (h *harness) healthy(ids ...string) map[string]bool {
+	out := map[string]bool{}
+	for _, id := range ids {
+		out[id] = h.m.Healthy(id)
+	}
+	return out
+}
+
+func TestMonitorPolledFaults(t *testing.T) {
+	tests := []struct {
+		name         string
+		inject, fix  func(g *fakeGPU)
+		reason       string
+		clearsByPoll bool
+	}{
+		{"ecc dbe", func(g *fakeGPU) { g.volatileDBE = 1 }, func(g *fakeGPU) { g.volatileDBE = 0 }, "ecc", true},
+		{"row remap pending", func(g *fakeGPU) { g.remapPending = true }, func(g *fakeGPU) { g.remapPending = false }, "row-remap", true},
+		{"row remap failure", func(g *fakeGPU) { g.remapFailure = true }, func(g *fakeGPU) { g.remapFailure = false }, "row-remap", true},
+		{"retired pages pending", func(g *fakeGPU) { g.retiredPending = true }, func(g *fakeGPU) { g.retiredPending = false }, "retired-pages", true},
+		{"nvlink down", func(g *fakeGPU) { g.links[0] = false }, func(g *fakeGPU) { g.links[0] = true }, "nvlink", true},
+		{"gpu lost", func(g *fakeGPU) { g.lost = true }, func(g *fakeGPU) { g.lost = false }, "gpu-lost", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, newFakeNVML(2), false, nil)
+			h.m.pollOnce()
+			h.f.set(func() { tc.inject(h.f.gpus[0]) })
+			h.m.pollOnce()
+			if got := h.healthy("GPU-0", "GPU-1"); got["GPU-0"] || !got["GPU-1"] {
+				t.Fatalf("after fault: %v, want GPU-0 unhealthy only", got)
+			}
+			if f := h.m.Fitness(); f.Fit || f.Reason != tc.reason || f.NodeWide || len(f.Devices) != 1 {
+				t.Fatalf("fitness %+v, want unfit for %s on GPU-0", f, tc.reason)
+			}
+			// Still faulty long after: an active cause never recovers.
+			h.step(t, 2*time.Hour)
+			h.m.pollOnce()
+			if h.m.Healthy("GPU-0") {
+				t.Fatal("recovered while the fault was still present")
+			}
+			h.f.set(func() { tc.fix(h.f.gpus[0]) })
+			h.m.pollOnce()
+			h.step(t, 4*time.Minute)
+			if h.m.Healthy("GPU-0") {
+				t.Fatal("recovered before the recovery period")
+			}
+			h.step(t, time.Minute)
+			if !h.m.Healthy("GPU-0") {
+				t.Fatalf("not recovered after the period: %+v", h.m.Status("GPU-0"))
+			}
+			if fit, reasons := h.m.NodeFit(); !fit {
+				t.Fatalf("node unfit after recovery: %v", reasons)
+			}
+			if got := testutil.ToFloat64(h.m.metrics.transitions.WithLabelValues("GPU-0", "healthy")); got != 1 {
+				t.Fatalf("transitions to healthy = %v, want 1", got)
+			}
+		})
+	}
+}
+
+func TestMonitorXIDEvents(t *testing.T) {
+	tests := []struct {
+		name    string
+		xid     uint64
+		healthy bool
+	}{
+		{"fatal xid 79", 79, false},
+		{"fatal xid 48", 48, false},
+		{"fatal xid in range 144-150", 147, false},
+		{"application xid 13 only counted", 13, true},
+		{"informational xid 94 only counted", 94, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, newFakeNVML(2), false, nil)
+			h.f.xid(0, tc.xid)
+			counted := h.m.metrics.xids.WithLabelValues("GPU-0", strconv.FormatUint(tc.xid, 10))
+			h.waitFor(t, "xid counted", func() bool { return testutil.ToFloat64(counted) == 1 })
+			if got := h.m.Healthy("GPU-0"); got != tc.healthy {
+				t.Fatalf("Healthy = %v, want %v", got, tc.healthy)
+			}
+			if !h.m.Healthy("GPU-1") {
+				t.Fatal("GPU-1 unhealthy from GPU-0's xid")
+			}
+			if tc.healthy {
+				return
+			}
+			st := h.m.Status("GPU-0")
+			if len(st.Reasons) != 1 || !strings.HasPrefix(st.Reasons[0], "xid ") {
+				t.Fatalf("reasons %q", st.Reasons)
+			}
+			h.step(t, 5*time.Minute)
+			if !h.m.Healthy("GPU-0") {
+				t.Fatal("xid fault did not recover after the recovery period")
+			}
+		})
+	}
+}
+
+func TestMonitorMIG(t *testing.T) {
+	h := start(t, newFakeNVML(2), true, nil)
+	h.f.events <- nvml.EventData{Device: h.f.gpus[1].dev, EventType: nvml.EventTypeXidCriticalError, EventData: 94, GpuInstanceId: 2, ComputeInstanceId: 0}
+	h.f.events <- nvml.EventData{Device: h.f.gpus[1].dev, EventType: nvml.EventTypeXidCriticalError, EventData: 62, GpuInstanceId: 1, ComputeInstanceId: 0}
+	h.waitFor(t, "MIG-1-a unhealthy", func() bool { return !h.m.Healthy("MIG-1-a") })
+	if got := h.healthy("GPU-1", "MIG-1-b"); !got["GPU-1"] || !got["MIG-1-b"] {
+		t.Fatalf("a MIG device's xid spread: %v", got)
+	}
+	if got := testutil.ToFloat64(h.m.metrics.xids.WithLabelValues("MIG-1-b", "94")); got != 1 {
+		t.Fatalf("MIG-1-b xid 94 count = %v", got)
+	}
+	// A fault of the parent takes every MIG device on it.
+	h.f.set(func() { h.f.gpus[1].remapPending = true })
+	h.m.pollOnce()
+	if got := h.healthy("GPU-1", "MIG-1-a", "MIG-1-b", "GPU-0"); got["GPU-1"] || got["MIG-1-a"] || got["MIG-1-b"] || !got["GPU-0"] {
+		t.Fatalf("after parent fault: %v", got)
+	}
+	st := h.m.Status("MIG-1-b")
+	if st.Kind != KindMIG || len(st.Reasons) != 1 || !strings.HasPrefix(st.Reasons[0], "GPU-1: row remapping pending") {
+		t.Fatalf("MIG-1-b status %+v", st)
+	}
+	// An event without instance IDs belongs to the parent.
+	h.f.xid(0, 79)
+	h.waitFor(t, "GPU-0 unhealthy", func() bool { return !h.m.Healthy("GPU-0") })
+}
+
+func TestMonitorNVMLFailure(t *testing.T) {
+	tests := []struct {
+		name   string
+		break_ func(f *fakeNVML)
+		fix    func(f *fakeNVML)
+		poll   bool
+	}{
+		{"event wait fails", func(f *fakeNVML) { f.waitRet = nvml.ERROR_UNKNOWN }, func(f *fakeNVML) { f.waitRet = nvml.SUCCESS }, false},
+		{"device count fails", func(f *fakeNVML) { f.countRet = nvml.ERROR_UNKNOWN }, func(f *fakeNVML) { f.countRet = nvml.SUCCESS }, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, newFakeNVML(2), true, nil)
+			changes := h.m.Changes()
+			drain(changes)
+			h.f.set(func() { tc.break_(h.f) })
+			if tc.poll {
+				h.m.pollOnce()
+			}
+			h.waitFor(t, "node unfit", func() bool { fit, _ := h.m.NodeFit(); return !fit })
+			<-changes
+			for id, ok := range h.healthy("GPU-0", "GPU-1", "MIG-1-a", "MIG-1-b") {
+				if ok {
+					t.Errorf("%s healthy while NVML fails", id)
+				}
+			}
+			if f := h.m.Fitness(); !f.NodeWide || f.Reason != "nvml" {
+				t.Fatalf("fitness %+v, want node-wide nvml", f)
+			}
+			if !h.m.Healthy("some-nic") {
+				t.Fatal("an unrelated device went unhealthy with NVML")
+			}
+			h.f.set(func() { tc.fix(h.f) })
+			h.m.SetNode(h.f.node(true)) // rebuild the event set now
+			h.m.pollOnce()
+			h.waitFor(t, "nvml cause cleared", func() bool {
+				h.m.mu.Lock()
+				defer h.m.mu.Unlock()
+				for _, c := range h.m.states[NodeID].causes {
+					if c.active {
+						return false
+					}
+				}
+				return true
+			})
+			h.step(t, 5*time.Minute)
+			if fit, reasons := h.m.NodeFit(); !fit || !h.m.Healthy("MIG-1-a") {
+				t.Fatalf("not recovered: %v", reasons)
+			}
+			if got := testutil.ToFloat64(h.m.metrics.nodeFit); got != 1 {
+				t.Fatalf("node_fit = %v", got)
+			}
+		})
+	}
+}
+
+func drain(ch <-chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
+}
+
+func TestMonitorExternalAndDCGM(t *testing.T) {
+	fd := &fakeDCGM{obs: make(chan Observation, 1)}
+	h := start(t, newFakeNVML(1), false, fd)
+	h.m.Observe(Observation{DeviceID: "mlx5_0", Kind: KindNIC, Check: "rdma-port", Fatal: true, Reason: "port down"})
+	if h.m.Healthy("mlx5_0") || h.m.Status("mlx5_0").Kind != KindNIC {
+		t.Fatalf("nic status %+v", h.m.Status("mlx5_0"))
+	}
+	if fit, reasons := h.m.NodeFit(); fit || len(reasons) != 1 || reasons[0] != "mlx5_0: port down" {
+		t.Fatalf("NodeFit = %v %q", fit, reasons)
+	}
+	fd.obs <- Observation{DeviceID: "GPU-0", Kind: KindGPU, Key: "health 0x10", Fatal: true, Reason: "dcgm: memory"}
+	h.waitFor(t, "dcgm fault", func() bool { return !h.m.Healthy("GPU-0") })
+	if got := h.m.Status("GPU-0").Reasons; len(got) != 1 || got[0] != "dcgm: memory" {
+		t.Fatalf("reasons %q", got)
+	}
+	if f := h.m.Fitness(); f.Reason != "multiple" || len(f.Devices) != 2 {
+		t.Fatalf("fitness %+v", f)
+	}
+}
+
+type fakeDCGM struct{ obs chan Observation }
+
+func (d *fakeDCGM) Watch(ctx context.Context, emit func(Observation)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case o := <-d.obs:
+			emit(o)
+		}
+	}
+}
+
+func (d *fakeDCGM) Close() {}
+
+func TestMonitorSetNodeDropsGoneDevices(t *testing.T) {
+	h := start(t, newFakeNVML(2), true, nil)
+	h.m.Observe(Observation{DeviceID: "MIG-1-a", Check: CheckXID, Fatal: true, Reason: "xid 62"})
+	if h.m.Healthy("MIG-1-a") {
+		t.Fatal("MIG-1-a healthy after fatal")
+	}
+	h.m.SetNode(h.f.node(false))
+	if _, ok := h.m.Snapshot()["MIG-1-a"]; ok {
+		t.Fatal("gone MIG device still in snapshot")
+	}
+	if fit, _ := h.m.NodeFit(); !fit {
+		t.Fatal("node unfit from a device that no longer exists")
+	}
+}
