@@ -36,9 +36,16 @@ type partitioner struct {
 	w     []int // n*n pair scores
 	class []int // equal ids on adjacent items mark interchangeable items
 	ub2   []int // per item: sum of its best size-1 pair scores (2x bound)
-	memo  map[uint64]memoEntry
+	// nbrs lists, per item, the other items by descending pair score: the
+	// state bound walks it to find an item's best partners in a mask.
+	nbrs [][]int
+	memo map[uint64]memoEntry
 	// bufs are per-depth candidate buffers reused across states.
 	bufs [][]candidate
+	// Scratch for expand/gen: the state being expanded.
+	rowsum                  []int
+	gMask                   uint64
+	gCount, gK, gScore, gUB int
 }
 
 // memoEntry is f(mask) when exact, otherwise an upper bound on it.
@@ -51,32 +58,87 @@ type memoEntry struct {
 type candidate struct {
 	g     uint64
 	score int
-	bound int // 2*score + ub2(mask without g): the child's optimistic total, doubled
+	bound int  // 2*score + ub2(mask without g): the child's optimistic total, doubled
+	exact bool // bound is the child's exact total (the rest is one final group)
 }
 
 func newPartitioner(w []int, n, size int, req uint64, class []int) *partitioner {
 	p := &partitioner{
 		n: n, size: size, rem: n % size, req: req, nreq: bits.OnesCount64(req),
 		w: w, class: class,
-		ub2:  make([]int, n),
-		memo: make(map[uint64]memoEntry, 64),
+		ub2:    make([]int, n),
+		nbrs:   make([][]int, n),
+		rowsum: make([]int, n),
+		memo:   make(map[uint64]memoEntry, 256),
 	}
-	top := make([]int, 0, n)
 	for i := 0; i < n; i++ {
-		top = top[:0]
+		nb := make([]int, 0, n-1)
 		for j := 0; j < n; j++ {
 			if j != i {
-				top = append(top, w[i*n+j])
+				nb = append(nb, j)
 			}
 		}
-		slices.Sort(top)
-		s := 0
-		for k := 0; k < size-1 && k < len(top); k++ {
-			s += top[len(top)-1-k]
+		slices.SortStableFunc(nb, func(x, y int) int { return w[i*n+y] - w[i*n+x] })
+		p.nbrs[i] = nb
+		for k := 0; k < size-1 && k < len(nb); k++ {
+			p.ub2[i] += w[i*n+nb[k]]
 		}
-		p.ub2[i] = s
 	}
 	return p
+}
+
+// stateBound2 returns twice an upper bound on f(mask): every item gets its
+// best size-1 partners still in mask, except that the items of a pending
+// leftover group get only rem-1 (we charge the cheapest items for that).
+func (p *partitioner) stateBound2(mask uint64) int {
+	total := 0
+	pending := p.rem > 0 && bits.OnesCount64(mask)%p.size == p.rem
+	var loss [maxDevices]int // per item: what a leftover seat costs it
+	nloss := 0
+	for m := mask; m != 0; m &= m - 1 {
+		v := bits.TrailingZeros64(m)
+		full, short, k := 0, 0, 0
+		for _, u := range p.nbrs[v] {
+			if k == p.size-1 {
+				break
+			}
+			if mask&(uint64(1)<<uint(u)) == 0 {
+				continue
+			}
+			s := p.w[v*p.n+u]
+			full += s
+			if k < p.rem-1 {
+				short += s
+			}
+			k++
+		}
+		total += full
+		if pending {
+			loss[nloss] = full - short
+			nloss++
+		}
+	}
+	if pending && nloss >= p.rem {
+		l := loss[:nloss]
+		slices.Sort(l)
+		for _, x := range l[:p.rem] {
+			total -= x
+		}
+	}
+	return total
+}
+
+// finalGroup reports whether mask must be exactly one group, and then its
+// exact value (infeasible when it breaks the must-include rule).
+func (p *partitioner) finalGroup(mask uint64) (int, bool) {
+	c := bits.OnesCount64(mask)
+	if c != p.size && !(p.rem > 0 && c == p.rem) {
+		return 0, false
+	}
+	if r := mask & p.req; r != 0 && (r != p.req || c != p.size) {
+		return infeasible, true
+	}
+	return p.groupScore(mask), true
 }
 
 func (p *partitioner) full() uint64 {
@@ -106,39 +168,75 @@ func (p *partitioner) groupSizes(mask uint64) []int {
 	return []int{p.size, p.rem}
 }
 
-// groups appends to buf every valid group of size k that holds mask's
-// lowest item, in lexicographic order of its items.
-func (p *partitioner) groups(buf []candidate, mask uint64, k int) []candidate {
-	low := bits.TrailingZeros64(mask)
-	var rec func(next int, need int, g uint64, s int)
-	rec = func(next int, need int, g uint64, s int) {
-		if need == 0 {
-			if r := g & p.req; r != 0 && (r != p.req || k != p.size) {
-				return
-			}
-			buf = append(buf, candidate{g: g, score: s})
-			return
+// expand appends to buf every valid group holding mask's lowest item, each
+// size in lexicographic order of its items. A candidate's bound is twice its
+// optimistic total; when the rest of mask is one final group the total is
+// exact and costs nothing extra: with rowsum(v) the sum of v's pair scores
+// inside mask, score(g) + score(rest) = score(mask) + 2*score(g) - Σ_{v∈g} rowsum(v).
+func (p *partitioner) expand(buf []candidate, mask uint64) []candidate {
+	maskScore2, ub := 0, 0
+	for m := mask; m != 0; m &= m - 1 {
+		v := bits.TrailingZeros64(m)
+		row := p.w[v*p.n : (v+1)*p.n]
+		s := 0
+		for r := mask; r != 0; r &= r - 1 {
+			s += row[bits.TrailingZeros64(r)]
 		}
-		for j := next; j < p.n; j++ {
-			bit := uint64(1) << uint(j)
-			if mask&bit == 0 {
-				continue
-			}
-			if bits.OnesCount64(mask>>uint(j)) < need {
-				return // not enough items left
-			}
-			// Interchangeable items: take the lowest remaining first.
-			if j > 0 && p.class[j] == p.class[j-1] && mask&(bit>>1) != 0 && g&(bit>>1) == 0 {
-				continue
-			}
-			add := 0
-			for m := g; m != 0; m &= m - 1 {
-				add += p.w[bits.TrailingZeros64(m)*p.n+j]
-			}
-			rec(j+1, need-1, g|bit, s+add)
-		}
+		p.rowsum[v] = s
+		maskScore2 += s
+		ub += p.ub2[v]
 	}
-	rec(low+1, k-1, uint64(1)<<uint(low), 0)
+	p.gMask, p.gCount, p.gScore, p.gUB = mask, bits.OnesCount64(mask), maskScore2/2, ub
+	low := bits.TrailingZeros64(mask)
+	for _, k := range p.groupSizes(mask) {
+		p.gK = k
+		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.ub2[low])
+	}
+	return buf
+}
+
+// gen extends the partial group g (pair score s, rowsum total rs, bound
+// total us) with need more items from positions >= next.
+func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us int) []candidate {
+	mask := p.gMask
+	if need == 0 {
+		if r := g & p.req; r != 0 && (r != p.req || p.gK != p.size) {
+			return buf
+		}
+		c := candidate{g: g, score: s}
+		rest := mask &^ g
+		restCount := p.gCount - p.gK
+		if restCount == 0 || restCount == p.size || restCount == p.rem {
+			c.exact = true
+			if r := rest & p.req; r != 0 && (r != p.req || restCount != p.size) {
+				c.bound = 2 * infeasible
+			} else {
+				c.bound = 2 * (p.gScore + 2*s - rs)
+			}
+		} else {
+			c.bound = 2*s + p.gUB - us
+		}
+		return append(buf, c)
+	}
+	for j := next; j < p.n; j++ {
+		bit := uint64(1) << uint(j)
+		if mask&bit == 0 {
+			continue
+		}
+		if bits.OnesCount64(mask>>uint(j)) < need {
+			break // not enough items left
+		}
+		// Interchangeable items: take the lowest remaining first.
+		if j > 0 && p.class[j] == p.class[j-1] && mask&(bit>>1) != 0 && g&(bit>>1) == 0 {
+			continue
+		}
+		add := 0
+		row := p.w[j*p.n : (j+1)*p.n]
+		for m := g; m != 0; m &= m - 1 {
+			add += row[bits.TrailingZeros64(m)]
+		}
+		buf = p.gen(buf, j+1, need-1, g|bit, s+add, rs+p.rowsum[j], us+p.ub2[j])
+	}
 	return buf
 }
 
@@ -148,6 +246,9 @@ func (p *partitioner) solve(mask uint64, alpha int, depth int) (int, bool) {
 	if mask == 0 {
 		return 0, true
 	}
+	if v, ok := p.finalGroup(mask); ok {
+		return v, v > alpha
+	}
 	if e, ok := p.memo[mask]; ok {
 		if e.exact {
 			return e.v, e.v > alpha
@@ -156,29 +257,31 @@ func (p *partitioner) solve(mask uint64, alpha int, depth int) (int, bool) {
 			return e.v, false
 		}
 	}
-	rest := p.ub2Of(mask)
-	if rest/2 <= alpha {
-		return rest / 2, false
+	if ub := p.stateBound2(mask) / 2; ub <= alpha {
+		p.memo[mask] = memoEntry{v: ub}
+		return ub, false
 	}
 	for len(p.bufs) <= depth {
 		p.bufs = append(p.bufs, nil)
 	}
-	buf := p.bufs[depth][:0]
-	for _, k := range p.groupSizes(mask) {
-		buf = p.groups(buf, mask, k)
+	buf := p.expand(p.bufs[depth][:0], mask)
+	// Exact candidates need no search; the others are tried most promising
+	// first so the threshold rises early. The order only affects speed: the
+	// value is the exact maximum either way.
+	best := infeasible
+	open := buf[:0]
+	for _, c := range buf {
+		if !c.exact {
+			open = append(open, c)
+		} else if v := c.bound / 2; v > best && v > infeasible {
+			best = v
+		}
 	}
-	for i := range buf {
-		c := &buf[i]
-		c.bound = 2*c.score + p.ub2Of(mask&^c.g)
-	}
-	// Most promising first so the threshold rises early. The order only
-	// affects speed: the value is the exact maximum either way.
-	slices.SortStableFunc(buf, func(a, b candidate) int { return b.bound - a.bound })
+	slices.SortFunc(open, func(a, b candidate) int { return b.bound - a.bound })
 	p.bufs[depth] = buf
 
-	best := infeasible
-	for i := 0; i < len(buf); i++ {
-		c := p.bufs[depth][i]
+	for i := 0; i < len(open); i++ {
+		c := open[i]
 		floor := max(alpha, best)
 		if c.bound/2 <= floor {
 			break // sorted by bound: no later group can do better
@@ -217,22 +320,28 @@ func (p *partitioner) best() (partition []uint64, total int) {
 	}
 	target := total
 	for mask != 0 {
-		var cands []candidate
-		for _, k := range p.groupSizes(mask) {
-			cands = p.groups(cands, mask, k)
+		cands := p.expand(nil, mask)
+		if len(p.groupSizes(mask)) > 1 {
+			// Each size's groups come out lexicographic: merge the two runs.
+			slices.SortStableFunc(cands, func(a, b candidate) int { return p.lexCompare(a.g, b.g) })
 		}
-		slices.SortStableFunc(cands, func(a, b candidate) int { return p.lexCompare(a.g, b.g) })
 		found := false
 		for _, c := range cands {
 			need := target - c.score
-			if rest := mask &^ c.g; p.ub2Of(rest)/2 < need {
+			rest := mask &^ c.g
+			if c.exact {
+				if c.bound/2 != target {
+					continue
+				}
+			} else if c.bound/2 < target {
 				continue
-			} else if v, ok := p.solve(rest, need-1, 0); ok && v == need {
-				partition = append(partition, c.g)
-				mask, target = rest, need
-				found = true
-				break
+			} else if v, ok := p.solve(rest, need-1, 0); !ok || v != need || v == infeasible {
+				continue
 			}
+			partition = append(partition, c.g)
+			mask, target = rest, need
+			found = true
+			break
 		}
 		if !found {
 			panic("topology: partition reconstruction lost the optimum") // cannot happen: f(mask) is attained
