@@ -47,10 +47,14 @@ func zeroResults(ft reflect.Type, ret nvml.Return) []reflect.Value {
 // the driver keeps after the GPU falls off the bus, so that the agent can
 // still say which device is gone.
 var lostExempt = map[string]bool{
-	"GetUUIDFunc": true, "GetIndexFunc": true, "GetMinorNumberFunc": true,
-	"GetPciInfoFunc": true, "IsMigDeviceHandleFunc": true,
+	"GetUUIDFunc":                            true,
+	"GetIndexFunc":                           true,
+	"GetMinorNumberFunc":                     true,
+	"GetPciInfoFunc":                         true,
+	"IsMigDeviceHandleFunc":                  true,
 	"GetDeviceHandleFromMigDeviceHandleFunc": true,
-	"GetGpuInstanceIdFunc": true, "GetComputeInstanceIdFunc": true,
+	"GetGpuInstanceIdFunc":                   true,
+	"GetComputeInstanceIdFunc":               true,
 }
 
 // wrapLost makes every call of d (except identity) fail with
