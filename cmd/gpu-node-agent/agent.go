@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// source turns the discovered node into some of the served resources (GPU
+// resources today; RDMA resources plug in the same way). node is nil when
+// discovery failed. A source's error drops only its own resources.
+type source struct {
+	name  string
+	build func(node *topology.Node) ([]plugin.Resource, error)
+}
+
+// reconciler keeps the served resources in step with the hardware: it
+// rediscovers on a change signal, a rescan tick or a request (SIGHUP), and
+// re-syncs without rediscovering when only health changed.
+type reconciler struct {
+	log      *slog.Logger
+	discover func() (*topology.Node, error)
+	sources  []source
+	// sync hands the full resource list to the plugin manager.
+	sync func([]plugin.Resource)
+	// report, if set, is told every applied state (the inventory printer).
+	report func(state)
+	rescan time.Duration
+	// rediscover and resync are the change signals: layout changes (the
+	// simulator, SIGHUP) and health changes respectively.
+	rediscover []<-chan struct{}
+	resync     []<-chan struct{}
+
+	// last is the state of the last full pass, re-applied on health changes.
+	last state
+}
+
+// state is what the reconciler serves after one pass.
+type state struct {
+	resources []plugin.Resource
+	// errs are the failures of this pass, by source ("discovery" too).
+	errs map[string]error
+}
+
+// run does one pass at once, then one per signal until ctx is done.
+func (r *reconciler) run(ctx context.Context) {
+	full := fanIn(ctx, r.rediscover)
+	light := fanIn(ctx, r.resync)
+	var tick <-chan time.Time
+	if r.rescan > 0 {
+		t := time.NewTicker(r.rescan)
+		defer t.Stop()
+		tick = t.C
+	}
+	r.reconcile()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-full:
+			r.reconcile()
+		case <-tick:
+			r.reconcile()
+		case <-light:
+			r.apply(r.last)
+		}
+	}
+}
+
+// reconcile rediscovers the node and rebuilds every source's resources.
+func (r *reconciler) reconcile() {
+	st := state{errs: map[string]error{}}
+	node, err := r.discover()
+	if err != nil {
+		r.log.Error("device discovery failed", "err", err)
+		st.errs["discovery"] = err
+		node = nil
+	}
+	for _, s := range r.sources {
+		rs, err := s.build(node)
+		if err != nil {
+			// Serving nothing for this source beats serving resources that
+			// contradict the configuration (e.g. MIG single on a mixed node).
+			r.log.Error("resources not served", "source", s.name, "err", err)
+			st.errs[s.name] = err
+			continue
+		}
+		st.resources = append(st.resources, rs...)
+	}
+	r.apply(st)
+}
+
+func (r *reconciler) apply(st state) {
+	r.last = st
+	r.sync(st.resources)
+	if r.report != nil {
+		r.report(st)
+	}
+}
+
+// fanIn merges signal channels into one that coalesces bursts: one pending
+// signal stands for any number of changes, as the consumer re-reads all.
+func fanIn(ctx context.Context, chans []<-chan struct{}) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	for _, c := range chans {
+		if c == nil {
+			continue
+		}
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case _, ok := <-c:
+					if !ok {
+						return
+					}
+					select {
+					case out <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return out
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+)
+
+// envPrefix prefixes every option's environment variable: --mig-strategy is
+// GNA_MIG_STRATEGY.
+const envPrefix = "GNA_"
+
+// Config is the agent's whole configuration: defaults, then the YAML file
+// (--config), then GNA_* environment variables (and NODE_NAME), then flags,
+// each overriding the one before. The YAML keys are the flag names.
+type Config struct {
+	// Config is the YAML file that was read, if any.
+	Config string `json:"-"`
+
+	Simulate           string   `json:"simulate,omitempty"`
+	SimControlAddress  string   `json:"sim-control-address,omitempty"`
+	DevicePluginDir    string   `json:"device-plugin-dir,omitempty"`
+	HostRoot           string   `json:"host-root,omitempty"`
+	MIGStrategy        string   `json:"mig-strategy,omitempty"`
+	DeviceListStrategy string   `json:"device-list-strategy,omitempty"`
+	PassDeviceSpecs    bool     `json:"pass-device-specs,omitempty"`
+	RescanInterval     Duration `json:"rescan-interval,omitempty"`
+	MetricsAddress     string   `json:"metrics-address,omitempty"`
+	NodeName           string   `json:"node-name,omitempty"`
+	Kubeconfig         string   `json:"kubeconfig,omitempty"`
+	LogFormat          string   `json:"log-format,omitempty"`
+	LogLevel           string   `json:"log-level,omitempty"`
+	// PrintInventory prints what is served at start and on every change
+	// (the demo uses it: there is no kubelet to ask).
+	PrintInventory bool `json:"print-inventory,omitempty"`
+	// ExitAfter stops the agent after this long (0: run until signalled),
+	// for smoke tests and non-interactive demos.
+	ExitAfter Duration `json:"exit-after,omitempty"`
+
+	// Health, metrics and RDMA options get their own sections here (e.g.
+	// `Health health.Config json:"health"`) when those packages are wired.
+}
+
+// defaults is the configuration before any file, env or flag.
+func defaults() Config {
+	return Config{
+		SimControlAddress:  "127.0.0.1:9402",
+		DevicePluginDir:    "/var/lib/kubelet/device-plugins",
+		HostRoot:           "/",
+		MIGStrategy:        gpu.MIGStrategyNone,
+		DeviceListStrategy: gpu.DeviceListEnvvar,
+		RescanInterval:     Duration{30 * time.Second},
+		MetricsAddress:     ":9400",
+		LogFormat:          "text",
+		LogLevel:           "info",
+	}
+}
+
+// option is one setting, shared by flag, env var and YAML key.
+type option struct {
+	name  string
+	usage string
+	bind  func(fs *flag.FlagSet, c *Config, name, usage string)
+	// env overrides the GNA_ variable name (NODE_NAME comes from the
+	// downward API under that name).
+	env string
+}
+
+func str(f func(*Config) *string) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.StringVar(f(c), name, *f(c), usage) }
+}
+
+func boolean(f func(*Config) *bool) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.BoolVar(f(c), name, *f(c), usage) }
+}
+
+func duration(f func(*Config) *Duration) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.Var(f(c), name, usage) }
+}
+
+// options lists every setting once; flags, env and help come from it.
+var options = []option{
+	{name: "simulate", usage: "run on a simulated node: PROFILE[,mig=GPU:PROF+PROF...] or a topology snapshot FILE.json", bind: str(func(c *Config) *string { return &c.Simulate })},
+	{name: "sim-control-address", usage: "loopback address of the simulator's control endpoint (simulate only; empty disables)", bind: str(func(c *Config) *string { return &c.SimControlAddress })},
+	{name: "device-plugin-dir", usage: "kubelet device-plugin directory (holds kubelet.sock and our sockets)", bind: str(func(c *Config) *string { return &c.DevicePluginDir })},
+	{name: "host-root", usage: "where the host's / is mounted (/dev, /sys, /proc/driver are read under it)", bind: str(func(c *Config) *string { return &c.HostRoot })},
+	{name: "mig-strategy", usage: "how MIG devices are served: none, single or mixed", bind: str(func(c *Config) *string { return &c.MIGStrategy })},
+	{name: "device-list-strategy", usage: "how Allocate passes devices: envvar, volume-mounts or cdi-cri", bind: str(func(c *Config) *string { return &c.DeviceListStrategy })},
+	{name: "pass-device-specs", usage: "also return the /dev nodes each container needs", bind: boolean(func(c *Config) *bool { return &c.PassDeviceSpecs })},
+	{name: "rescan-interval", usage: "how often to rediscover devices (0 disables; SIGHUP rescans at once)", bind: duration(func(c *Config) *Duration { return &c.RescanInterval })},
+	{name: "metrics-address", usage: "address of the /metrics endpoint (empty disables)", bind: str(func(c *Config) *string { return &c.MetricsAddress })},
+	{name: "node-name", env: "NODE_NAME", usage: "this node's Kubernetes name (env NODE_NAME)", bind: str(func(c *Config) *string { return &c.NodeName })},
+	{name: "kubeconfig", usage: "kubeconfig for the API server (empty: in-cluster)", bind: str(func(c *Config) *string { return &c.Kubeconfig })},
+	{name: "log-format", usage: "log format: text or json", bind: str(func(c *Config) *string { return &c.LogFormat })},
+	{name: "log-level", usage: "log level: debug, info, warn or error", bind: str(func(c *Config) *string { return &c.LogLevel })},
+	{name: "print-inventory", usage: "print what is served at start and on every change", bind: boolean(func(c *Config) *bool { return &c.PrintInventory })},
+	{name: "exit-after", usage: "exit cleanly after this long (0: run until SIGINT/SIGTERM)", bind: duration(func(c *Config) *Duration { return &c.ExitAfter })},
+}
+
+func (o option) envName() string {
+	if o.env != "" {
+		return o.env
+	}
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(o.name, "-", "_"))
+}
+
+// flagSet binds every option, plus --config, to c.
+func flagSet(c *Config, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gpu-node-agent", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.Config, "config", c.Config, "YAML config file; keys are the flag names (env GNA_CONFIG)")
+	for _, o := range options {
+		o.bind(fs, c, o.name, o.usage+" (env "+o.envName()+")")
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// loadConfig builds the Config from defaults < file < env < flags. It does
+// not validate; call Validate. A --help request returns flag.ErrHelp.
+func loadConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	// First pass: only to learn --config and reject bad flag syntax early.
+	var probe Config
+	if err := flagSet(&probe, out).Parse(args); err != nil {
+		return Config{}, err
+	}
+	if probe.Config == "" {
+		probe.Config = getenv(envPrefix + "CONFIG")
+	}
+
+	cfg := defaults()
+	if probe.Config != "" {
+		if err := readConfigFile(probe.Config, &cfg); err != nil {
+			return Config{}, err
+		}
+	}
+	cfg.Config = probe.Config
+
+	// Env values go through the same parsers as flags.
+	envFS := flagSet(&cfg, io.Discard)
+	for _, o := range options {
+		v, ok := lookup(getenv, o.envName())
+		if !ok {
+			continue
+		}
+		if err := envFS.Set(o.name, v); err != nil {
+			return Config{}, fmt.Errorf("%s: env %s=%q: %w", o.name, o.envName(), v, err)
+		}
+	}
+
+	// Second pass: flags override everything before them.
+	fs := flagSet(&cfg, out)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return cfg, nil
+}
+
+func lookup(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+// readConfigFile merges the YAML file at path into cfg, refusing unknown
+// keys so that a typo is an error rather than a silently ignored setting.
+func readConfigFile(path string, cfg *Config) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(b, cfg); err != nil {
+		return fmt.Errorf("config: %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate checks every field, naming the option in each error.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(name, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{name}, a...)...))
+	}
+	if err := (gpu.Config{MIGStrategy: c.MIGStrategy, DeviceListStrategy: c.DeviceListStrategy}).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MIGStrategy == "" {
+		add("mig-strategy", "must not be empty")
+	}
+	if c.DeviceListStrategy == "" {
+		add("device-list-strategy", "must not be empty")
+	}
+	if c.DevicePluginDir == "" {
+		add("device-plugin-dir", "must not be empty")
+	}
+	if c.HostRoot == "" {
+		add("host-root", "must not be empty")
+	} else if c.Simulate == "" {
+		// A simulated node writes its own tree, possibly into a new dir.
+		if fi, err := os.Stat(c.HostRoot); err != nil || !fi.IsDir() {
+			add("host-root", "%q is not a directory", c.HostRoot)
+		}
+	}
+	if c.Simulate != "" {
+		if _, err := parseSimulate(c.Simulate); err != nil {
+			add("simulate", "%v", err)
+		}
+		if c.SimControlAddress != "" {
+			if err := loopbackAddress(c.SimControlAddress); err != nil {
+				add("sim-control-address", "%v", err)
+			}
+		}
+	}
+	if c.RescanInterval.Duration < 0 {
+		add("rescan-interval", "%s is negative", c.RescanInterval)
+	}
+	if c.ExitAfter.Duration < 0 {
+		add("exit-after", "%s is negative", c.ExitAfter)
+	}
+	if c.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
+			add("metrics-address", "%q is not host:port", c.MetricsAddress)
+		}
+	}
+	if c.NodeName != "" {
+		if msgs := validation.IsDNS1123Subdomain(c.NodeName); len(msgs) > 0 {
+			add("node-name", "%q is not a valid node name: %s", c.NodeName, strings.Join(msgs, "; "))
+		}
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		add("log-format", "%q is not one of text, json", c.LogFormat)
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		add("log-level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+// gpuConfig is the part of the configuration package gpu needs.
+func (c *Config) gpuConfig(hostRoot string) gpu.Config {
+	return gpu.Config{
+		MIGStrategy:        c.MIGStrategy,
+		DeviceListStrategy: c.DeviceListStrategy,
+		PassDeviceSpecs:    c.PassDeviceSpecs,
+		HostRoot:           hostRoot,
+	}
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	switch strings.ToLower(s) {
+	case "debug", "info", "warn", "error":
+		return l, l.UnmarshalText([]byte(s))
+	}
+	return l, fmt.Errorf("unknown log level %q", s)
+}
+
+// loopbackAddress refuses anything but a loopback host: the simulator's
+// control endpoint changes the node and has no authentication.
+func loopbackAddress(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address", addr)
+	}
+	return nil
+}
+
+// Duration is a time.Duration written as "30s" in YAML and flags.
+type Duration struct{ time.Duration }
+
+// String formats the duration for help text and logs.
+func (d *Duration) String() string { return d.Duration.String() }
+
+// Set parses a flag or env value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// UnmarshalJSON reads "30s" (sigs.k8s.io/yaml turns YAML into JSON first).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	if len(b) < 2 || b[0] != '"' {
+		return fmt.Errorf("duration %s must be a string such as \"30s\"", b)
+	}
+	return d.Set(s)
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.Duration.String() + `"`), nil }

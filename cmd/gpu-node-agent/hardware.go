@@ -1,0 +1,140 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// hardware is where devices are discovered: real NVML or a simulated node.
+type hardware struct {
+	log      *slog.Logger
+	hostRoot string
+	// what names the hardware for people: "NVML" or "simulated dgx-h100".
+	what string
+	// sim is the simulated node, nil on real hardware.
+	sim *sim.Node
+
+	mu  sync.Mutex
+	lib nvml.Interface
+	// ready says Init succeeded; until then every discovery retries it, so
+	// a driver that loads after the agent is picked up by a rescan.
+	ready bool
+	// warned keeps a failing NVML to one error line, not one per rescan.
+	warned bool
+
+	cleanup []func()
+}
+
+// openHardware opens what cfg says. With --simulate and the default
+// host root, the simulated tree goes into a new temporary directory that
+// close removes. Errors here are configuration errors (a bad profile or
+// snapshot); a real NVML that fails to load is not one: it is logged and
+// discovery keeps failing (no GPU resources) until it loads.
+func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
+	if cfg.Simulate == "" {
+		h := &hardware{log: log, hostRoot: cfg.HostRoot, what: "NVML", lib: nvml.New()}
+		h.mu.Lock()
+		h.initLocked()
+		h.mu.Unlock()
+		return h, nil
+	}
+
+	spec, err := parseSimulate(cfg.Simulate)
+	if err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	// Build the model first: a bad profile or layout fails before any
+	// directory is created.
+	model, err := spec.node()
+	if err != nil {
+		return nil, err
+	}
+	h := &hardware{log: log, what: "simulated " + spec.String()}
+	root := cfg.HostRoot
+	if root == "/" {
+		// Never write a simulated /sys and /dev over the real ones.
+		if root, err = os.MkdirTemp("", "gpu-node-agent-sim-"); err != nil {
+			return nil, fmt.Errorf("simulate: host root: %w", err)
+		}
+		h.cleanup = append(h.cleanup, func() { os.RemoveAll(root) })
+	} else if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("simulate: host root: %w", err)
+	}
+	node, err := sim.New(model, root, log.With("component", "sim"))
+	if err != nil {
+		h.close()
+		return nil, err
+	}
+	h.sim, h.lib, h.hostRoot, h.ready = node, node.NVML(), root, true
+	if ret := h.lib.Init(); ret != nvml.SUCCESS {
+		h.close()
+		return nil, fmt.Errorf("simulate: nvml init: %v", ret)
+	}
+	h.cleanup = append(h.cleanup, func() { h.lib.Shutdown() })
+	return h, nil
+}
+
+// initLocked loads and initialises NVML; h.mu must be held.
+func (h *hardware) initLocked() {
+	if h.ready {
+		return
+	}
+	if ret := h.lib.Init(); ret != nvml.SUCCESS {
+		// Not a silent empty node: this is an error and no GPU is served.
+		if !h.warned {
+			h.log.Error("NVML unavailable: serving no GPU resources until it loads", "err", nvml.ErrorString(ret))
+			h.warned = true
+		} else {
+			h.log.Debug("NVML still unavailable", "err", nvml.ErrorString(ret))
+		}
+		return
+	}
+	h.ready = true
+	h.cleanup = append(h.cleanup, func() { h.lib.Shutdown() })
+	h.log.Info("NVML initialised")
+}
+
+// errNVMLUnavailable is returned by discover while NVML cannot be loaded.
+var errNVMLUnavailable = errors.New("nvml unavailable")
+
+// discover reads the node's current topology.
+func (h *hardware) discover() (*topology.Node, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.initLocked()
+	if !h.ready {
+		return nil, errNVMLUnavailable
+	}
+	n, err := topology.Discover(h.lib, h.hostRoot, h.log.With("component", "discovery"))
+	if err != nil {
+		return nil, fmt.Errorf("discover: %w", err)
+	}
+	return n, nil
+}
+
+// changed is signalled when the simulated layout changes; nil (never) on
+// real hardware, which is rescanned on a timer and SIGHUP instead.
+func (h *hardware) changed() <-chan struct{} {
+	if h.sim == nil {
+		return nil
+	}
+	return h.sim.Changed()
+}
+
+// close shuts NVML down and removes a temporary host root, in reverse.
+func (h *hardware) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := len(h.cleanup) - 1; i >= 0; i-- {
+		h.cleanup[i]()
+	}
+	h.cleanup = nil
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+)
+
+// inventory prints what the agent serves, in plain text, whenever it
+// changes. It stands in for asking the kubelet where there is none (the
+// demo); the output is for people, not for parsing.
+type inventory struct {
+	out  io.Writer
+	what string
+
+	mu   sync.Mutex
+	last string
+	n    int
+}
+
+// report prints st unless it reads exactly as the last one printed.
+func (v *inventory) report(st state) {
+	text := v.render(st)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if text == v.last {
+		return
+	}
+	v.last = text
+	v.n++
+	title := "serving"
+	if v.n > 1 {
+		title = "changed, now serving"
+	}
+	fmt.Fprintf(v.out, "=== gpu-node-agent on %s: %s ===\n%s\n", v.what, title, text)
+}
+
+func (v *inventory) render(st state) string {
+	var b bytes.Buffer
+	rs := append([]plugin.Resource(nil), st.resources...)
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Name() < rs[j].Name() })
+
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tDEVICES\tHEALTHY\tPER NUMA NODE")
+	devs := make([][]plugin.Device, len(rs))
+	for i, r := range rs {
+		devs[i] = r.Devices()
+		healthy := 0
+		perNUMA := map[string]int{}
+		for _, d := range devs[i] {
+			if d.Healthy {
+				healthy++
+			}
+			perNUMA[numaString(d.NUMANodes)]++
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", r.Name(), len(devs[i]), healthy, numaSummary(perNUMA))
+	}
+	if len(rs) == 0 {
+		fmt.Fprintln(tw, "(none)\t0\t0\t")
+	}
+	tw.Flush()
+
+	fmt.Fprintln(&b)
+	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tDEVICE\tHEALTH\tNUMA")
+	for i, r := range rs {
+		for _, d := range devs[i] {
+			health := "healthy"
+			if !d.Healthy {
+				health = "UNHEALTHY"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name(), d.ID, health, numaString(d.NUMANodes))
+		}
+	}
+	tw.Flush()
+
+	if len(st.errs) > 0 {
+		names := make([]string, 0, len(st.errs))
+		for name := range st.errs {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		fmt.Fprintln(&b, "\nNOT SERVED:")
+		for _, name := range names {
+			fmt.Fprintf(&b, "  %s: %v\n", name, st.errs[name])
+		}
+	}
+	return b.String()
+}
+
+func numaString(nodes []int64) string {
+	if len(nodes) == 0 {
+		return "none"
+	}
+	s := make([]string, len(nodes))
+	for i, n := range nodes {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// numaSummary reads like "0:4 1:4" (NUMA node: devices).
+func numaSummary(per map[string]int) string {
+	keys := make([]string, 0, len(per))
+	for k := range per {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s:%d", k, per[k])
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,81 @@
+// Command gpu-node-agent serves a node's GPUs (whole and MIG) to the
+// kubelet as device-plugin resources, on real NVML or a simulated node.
+// main only wires: configuration, logging, hardware, resources, servers.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"k8s.io/klog/v2"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// run is main without the process: it returns the exit code.
+func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "version":
+			fmt.Fprintln(stdout, "gpu-node-agent", version)
+			return 0
+		case "topology":
+			return runTopology(args[1:], stdout, stderr)
+		default:
+			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: version, topology dump, topology preferred)\n", args[0])
+			return 2
+		}
+	}
+
+	cfg, err := loadConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-node-agent: %v\n", err)
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "gpu-node-agent: invalid configuration:\n%v\n", err)
+		return 2
+	}
+	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
+	// client-go and friends log through klog; send it to the same place.
+	klog.SetSlogLogger(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if cfg.ExitAfter.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.ExitAfter.Duration)
+		defer cancel()
+	}
+	if err := runAgent(ctx, cfg, log, stdout); err != nil {
+		log.Error("agent failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// newLogger builds the process logger; format and level are validated.
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	lvl, _ := parseLevel(level)
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

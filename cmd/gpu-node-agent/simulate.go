@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// simSpec is a parsed --simulate value.
+type simSpec struct {
+	// file is a topology snapshot to simulate; empty for a profile.
+	file    string
+	profile string
+	// mig holds one MIG layout per GPU, in the order given.
+	mig []simMIG
+}
+
+type simMIG struct {
+	gpu      int
+	profiles []string
+}
+
+// parseSimulate reads "PROFILE[,mig=GPU:PROF+PROF...]" or "FILE.json". MIG
+// profile names are joined with "+"; a media-extension suffix such as
+// "1g.10gb+me" is recognised and kept whole.
+func parseSimulate(s string) (simSpec, error) {
+	if strings.HasSuffix(s, ".json") {
+		return simSpec{file: s}, nil
+	}
+	parts := strings.Split(s, ",")
+	spec := simSpec{profile: parts[0]}
+	if spec.profile == "" {
+		return simSpec{}, fmt.Errorf("%q has no profile name", s)
+	}
+	seen := map[int]bool{}
+	for _, p := range parts[1:] {
+		v, ok := strings.CutPrefix(p, "mig=")
+		if !ok {
+			return simSpec{}, fmt.Errorf("%q: want mig=GPU:PROFILE+PROFILE..., got %q", s, p)
+		}
+		idx, layout, ok := strings.Cut(v, ":")
+		gpu, err := strconv.Atoi(idx)
+		if !ok || err != nil || gpu < 0 {
+			return simSpec{}, fmt.Errorf("%q: want mig=GPU:PROFILE+PROFILE... with a GPU index, got %q", s, p)
+		}
+		if seen[gpu] {
+			return simSpec{}, fmt.Errorf("%q: mig layout for gpu %d given twice", s, gpu)
+		}
+		seen[gpu] = true
+		profiles := splitProfiles(layout)
+		if len(profiles) == 0 {
+			return simSpec{}, fmt.Errorf("%q: mig layout for gpu %d is empty", s, gpu)
+		}
+		spec.mig = append(spec.mig, simMIG{gpu: gpu, profiles: profiles})
+	}
+	return spec, nil
+}
+
+// splitProfiles splits "1g.10gb+1g.10gb+me+3g.40gb" into profile names,
+// joining the "me" (media extensions) token back onto the one before it.
+func splitProfiles(layout string) []string {
+	var out []string
+	for _, tok := range strings.Split(layout, "+") {
+		switch {
+		case tok == "":
+			continue
+		case tok == "me" && len(out) > 0:
+			out[len(out)-1] += "+me"
+		default:
+			out = append(out, tok)
+		}
+	}
+	return out
+}
+
+// node builds the simulated node model the spec describes.
+func (s simSpec) node() (*topology.Node, error) {
+	if s.file != "" {
+		n, err := topology.LoadSnapshot(s.file)
+		if err != nil {
+			return nil, fmt.Errorf("simulate: %w", err)
+		}
+		return n, nil
+	}
+	opts := make([]sim.ProfileOption, 0, len(s.mig))
+	for _, m := range s.mig {
+		opts = append(opts, sim.WithMIG(m.gpu, m.profiles...))
+	}
+	n, err := sim.Profile(s.profile, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	return n, nil
+}
+
+// String names the simulated node for logs and the inventory.
+func (s simSpec) String() string {
+	if s.file != "" {
+		return "snapshot " + s.file
+	}
+	return s.profile
+}

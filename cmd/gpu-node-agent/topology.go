@@ -1,0 +1,70 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// runTopology runs "topology dump" and "topology preferred".
+func runTopology(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: gpu-node-agent topology dump|preferred [flags]")
+		return 2
+	}
+	switch args[0] {
+	case "dump":
+		if err := runTopologyDump(args[1:], stdout, stderr); err != nil {
+			if err == flag.ErrHelp {
+				return 0
+			}
+			fmt.Fprintf(stderr, "gpu-node-agent topology dump: %v\n", err)
+			return 1
+		}
+		return 0
+	case "preferred":
+		if err := runTopologyPreferred(args[1:], stdout, stderr); err != nil {
+			if err == flag.ErrHelp {
+				return 0
+			}
+			fmt.Fprintf(stderr, "gpu-node-agent topology preferred: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "gpu-node-agent topology: unknown command %q (dump, preferred)\n", args[0])
+	return 2
+}
+
+// runTopologyDump discovers the node (real NVML, or --simulate) and prints
+// its topology snapshot, the same JSON that --simulate FILE.json reads.
+func runTopologyDump(args []string, stdout, stderr io.Writer) error {
+	cfg := defaults()
+	fs := flag.NewFlagSet("topology dump", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Simulate, "simulate", "", "dump a simulated node: PROFILE[,mig=GPU:PROF+PROF...] or FILE.json")
+	fs.StringVar(&cfg.HostRoot, "host-root", cfg.HostRoot, "where the host's / is mounted")
+	fs.StringVar(&cfg.LogLevel, "log-level", "warn", "log level (logs go to stderr)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(stderr, "text", cfg.LogLevel)
+	hw, err := openHardware(&cfg, log)
+	if err != nil {
+		return err
+	}
+	defer hw.close()
+	node, err := hw.discover()
+	if err != nil {
+		return err
+	}
+	return topology.WriteSnapshot(stdout, node)
+}
