@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -40,6 +42,7 @@ type Manager struct {
 	mu         sync.Mutex
 	servers    map[string]*server
 	startFails map[string]string // resource -> last start error, to log a streak once
+	last       []Resource        // the last Sync's resources, for retryFailed
 	running    bool
 	closed     bool
 	// watching is closed once Run watches the directory; registration
@@ -106,6 +109,11 @@ func (m *Manager) Run(ctx context.Context) error {
 	m.mu.Unlock()
 	defer m.shutdown()
 
+	// The kubelet creates the directory too; an agent that starts first
+	// must still be able to watch it.
+	if err := os.MkdirAll(m.dir, 0o750); err != nil {
+		return fmt.Errorf("create device-plugin dir %s: %w", m.dir, err)
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch device-plugin dir %s: %w", m.dir, err)
@@ -115,6 +123,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		return fmt.Errorf("watch device-plugin dir %s: %w", m.dir, err)
 	}
 	close(m.watching)
+	m.retryFailed()
 	m.log.Info("watching for kubelet restarts", "kubeletSocket", m.kubeletSocket)
 	for {
 		select {
@@ -148,6 +157,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // kubeletStarted re-creates removed sockets and re-registers every server.
 func (m *Manager) kubeletStarted() {
 	m.kubeletGen.Add(1)
+	m.retryFailed()
 	m.log.Info("kubelet socket created, re-registering", "resources", m.count())
 	m.forEach(func(s *server) {
 		recreated, err := s.ensureServing()
@@ -184,6 +194,21 @@ func (m *Manager) Sync(resources []Resource) {
 	if m.closed {
 		return
 	}
+	m.last = slices.Clone(resources)
+	m.syncLocked(resources)
+}
+
+// retryFailed tries again to start servers whose start failed (a missing
+// directory, a full disk), at moments when that may have changed.
+func (m *Manager) retryFailed() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.startFails) > 0 && !m.closed {
+		m.syncLocked(m.last)
+	}
+}
+
+func (m *Manager) syncLocked(resources []Resource) {
 	want := make(map[string]Resource, len(resources))
 	for _, r := range resources {
 		if r == nil || r.Name() == "" {

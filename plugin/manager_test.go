@@ -404,3 +404,36 @@ func startFakeKubeletAt(t *testing.T, path string) {
 	}
 	l.Close()
 }
+
+// TestSyncBeforeRun covers an agent whose first Sync comes before Run and
+// before the device-plugin directory exists: Run starts the server then.
+func TestSyncBeforeRun(t *testing.T) {
+	dir := filepath.Join(shortTempDir(t), "dp")
+	m, err := NewManager(Options{Dir: dir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Sync([]Resource{&fakeResource{name: "nvidia.com/gpu", devs: gpus(1)}})
+	if len(m.Registered()) != 0 {
+		t.Fatal("server started without its directory")
+	}
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	k := startFakeKubelet(t, dir, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	if r := k.waitRegistrations(t, 1)[0]; r.ResourceName != "nvidia.com/gpu" {
+		t.Errorf("registered %q", r.ResourceName)
+	}
+	if err := m.Run(ctx); err == nil {
+		t.Error("second Run succeeded")
+	}
+}
