@@ -1,27 +1,21 @@
 package topology
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 )
 
-// loadSolverNode reads a snapshot fixture from testdata/solver.
+// loadSolverNode reads (and validates) a snapshot fixture from testdata/solver.
 func loadSolverNode(t testing.TB, name string) *Node {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "solver", name+".json"))
+	n, err := LoadSnapshot(filepath.Join("testdata", "solver", name+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n Node
-	if err := json.Unmarshal(b, &n); err != nil {
-		t.Fatalf("decode %s: %v", name, err)
-	}
-	return &n
+	return n
 }
 
 // gpuIDs maps GPU indices to the fixture's UUIDs.
