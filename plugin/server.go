@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,7 @@ func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics, kub
 	return &server{
 		name:       name,
 		kubeletGen: kubeletGen,
-		socket:     dir + "/" + socketName(name),
+		socket:     filepath.Join(dir, socketName(name)),
 		log:        log.With("resource", name),
 		metrics:    m,
 		res:        res,
