@@ -19,7 +19,9 @@ func cd(name, prefix string) *CharDev {
 	return &CharDev{Name: name, Path: "/dev/infiniband/" + name, HostPath: filepath.Join("/", prefix, "dev/infiniband", name)}
 }
 
-func up(name string, mtu int) NetDev { return NetDev{Name: name, OperState: "up", AdminUp: true, MTU: mtu} }
+func up(name string, mtu int) NetDev {
+	return NetDev{Name: name, OperState: "up", AdminUp: true, MTU: mtu}
+}
 
 func TestDiscover(t *testing.T) {
 	tests := []struct {

@@ -106,6 +106,10 @@ func writeHCA(root string, h HCA) error {
 		"numa_node": strconv.Itoa(h.NUMANode),
 	}
 	for name, v := range files {
+		// Keep attributes someone else (the simulator's PCI tree) wrote.
+		if _, err := os.Stat(filepath.Join(dev, name)); err == nil {
+			continue
+		}
 		if err := writeFile(filepath.Join(dev, name), v); err != nil {
 			return err
 		}
