@@ -1,14 +1,19 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,28 +117,58 @@ func TestRegistration(t *testing.T) {
 	}
 	eventually(t, "Registered() all true", func() bool {
 		reg := e.m.Registered()
-		return len(reg) == len(want) && !slices.Contains(slices.Collect(mapValues(reg)), false)
+		return len(reg) == len(want) && !slices.Contains(slices.Collect(maps.Values(reg)), false)
 	})
 }
 
-func mapValues[K comparable, V any](m map[K]V) func(func(V) bool) {
-	return func(yield func(V) bool) {
-		for _, v := range m {
-			if !yield(v) {
-				return
+func TestRegistrationRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fails int
+	}{
+		{"first attempt succeeds", 0},
+		{"three refusals", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs syncBuffer
+			e := newTestEnv(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			e.kubelet.mu.Lock()
+			e.kubelet.failNext = tc.fails
+			e.kubelet.mu.Unlock()
+			e.m.Sync([]Resource{&fakeResource{name: "nvidia.com/gpu", devs: gpus(1)}})
+			e.kubelet.waitRegistrations(t, 1)
+			eventually(t, "registered", func() bool { return e.m.Registered()["nvidia.com/gpu"] })
+			out := logs.String()
+			wantWarn := 0
+			if tc.fails > 0 {
+				wantWarn = 1 // a failure streak is logged once, not per attempt
 			}
-		}
+			if n := strings.Count(out, "registration with kubelet failed"); n != wantWarn {
+				t.Errorf("%d failure lines, want %d:\n%s", n, wantWarn, out)
+			}
+			if !strings.Contains(out, "failedAttempts="+strconv.Itoa(tc.fails)) {
+				t.Errorf("success line does not count %d failed attempts:\n%s", tc.fails, out)
+			}
+		})
 	}
 }
 
-func TestRegistrationRetry(t *testing.T) {
-	e := newTestEnv(t, Options{})
-	e.kubelet.mu.Lock()
-	e.kubelet.failNext = 3
-	e.kubelet.mu.Unlock()
-	e.m.Sync([]Resource{&fakeResource{name: "nvidia.com/gpu", devs: gpus(1)}})
-	e.kubelet.waitRegistrations(t, 1)
-	eventually(t, "registered", func() bool { return e.m.Registered()["nvidia.com/gpu"] })
+// syncBuffer is a bytes.Buffer safe for the manager's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func TestOptionsChangeReregisters(t *testing.T) {
@@ -299,7 +334,7 @@ func TestKubeletRestart(t *testing.T) {
 			sort.Strings(names)
 			allRegistered := func() bool {
 				reg := e.m.Registered()
-				return len(reg) == len(res) && !slices.Contains(slices.Collect(mapValues(reg)), false)
+				return len(reg) == len(res) && !slices.Contains(slices.Collect(maps.Values(reg)), false)
 			}
 
 			var took []time.Duration
@@ -435,5 +470,96 @@ func TestSyncBeforeRun(t *testing.T) {
 	}
 	if err := m.Run(ctx); err == nil {
 		t.Error("second Run succeeded")
+	}
+}
+
+// TestSlowStreamDoesNotBlockSync has a stream that reads nothing while many
+// lists are synced: Sync must not wait for it, and when it reads it gets
+// the latest list (intermediate ones may be skipped).
+func TestSlowStreamDoesNotBlockSync(t *testing.T) {
+	const name = "nvidia.com/gpu"
+	e := newTestEnv(t, Options{})
+	e.m.Sync([]Resource{&fakeResource{name: name, devs: gpus(8)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := e.client(t, name).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "stream open", func() bool { return e.m.servers[name].watcherCount() == 1 })
+	const syncs = 500
+	var last []Device
+	for i := range syncs {
+		last = gpus(8)
+		last[i%8].Healthy = false
+		e.m.Sync([]Resource{&fakeResource{name: name, devs: last}})
+	}
+	want := describe(newDeviceList(last).devs)
+	received := 0
+	for {
+		got := recvList(t, s)
+		received++
+		if slices.Equal(got, want) {
+			break
+		}
+		if received > syncs+1 {
+			t.Fatalf("never received the last list %v", want)
+		}
+	}
+	t.Logf("stream received %d lists for %d syncs", received, syncs)
+}
+
+// TestConcurrentSync runs Syncs of changing resource sets from several
+// goroutines while a stream reads (for -race), then checks a final Sync wins.
+func TestConcurrentSync(t *testing.T) {
+	e := newTestEnv(t, Options{})
+	names := []string{"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "rdma/hca"}
+	e.m.Sync([]Resource{&fakeResource{name: names[0], devs: gpus(4)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := e.client(t, names[0]).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := s.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 50 {
+				set := []Resource{&fakeResource{name: names[0], devs: gpus(1 + (g+i)%4)}}
+				for j, n := range names[1:] {
+					if (g+i+j)%2 == 0 {
+						set = append(set, &fakeResource{name: n, devs: gpus(2)})
+					}
+				}
+				e.m.Sync(set)
+				e.m.Registered()
+			}
+		})
+	}
+	wg.Wait()
+	e.m.Sync([]Resource{&fakeResource{name: names[0], devs: gpus(3)}, &fakeResource{name: names[3], devs: gpus(1)}})
+	got := slices.Sorted(maps.Keys(e.m.Registered()))
+	if want := []string{names[0], names[3]}; !slices.Equal(got, want) {
+		t.Errorf("served %v after final Sync, want %v", got, want)
+	}
+	ents, err := os.ReadDir(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var socks []string
+	for _, ent := range ents {
+		if strings.HasPrefix(ent.Name(), socketPrefix) {
+			socks = append(socks, ent.Name())
+		}
+	}
+	if want := []string{socketName(names[0]), socketName(names[3])}; !slices.Equal(socks, want) {
+		t.Errorf("sockets %v, want %v", socks, want)
 	}
 }
