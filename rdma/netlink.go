@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -97,8 +98,52 @@ func (n *Netlink) Link(name string) (LinkInfo, error) {
 	return linkInfo(l.Attrs()), nil
 }
 
-// Subscribe implements Links.
+// resubscribeDelay is the pause before resubscribing after the netlink
+// socket failed (e.g. ENOBUFS when events overflowed it).
+const resubscribeDelay = time.Second
+
+// Subscribe implements Links. If the subscription fails later, onError is
+// told and it resubscribes after a second; errors from the socket being
+// closed on shutdown are not reported.
 func (n *Netlink) Subscribe(ctx context.Context, events chan<- LinkInfo, onError func(error)) error {
+	report := func(err error) {
+		if ctx.Err() == nil && onError != nil {
+			onError(err)
+		}
+	}
+	updates, done, err := n.subscribe(report)
+	if err != nil {
+		return fmt.Errorf("subscribe to link events: %w", err)
+	}
+	go func() {
+		for {
+			n.forward(ctx, updates, events)
+			close(done)
+			for range updates {
+				// Drain until the library closes the channel, so its
+				// receive goroutine never blocks on a send and leaks.
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			report(errors.New("link event subscription closed, resubscribing"))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(resubscribeDelay):
+			}
+			updates, done, err = n.subscribe(report)
+			if err != nil {
+				report(fmt.Errorf("resubscribe to link events: %w", err))
+				updates, done = make(chan netlink.LinkUpdate), make(chan struct{})
+				close(updates)
+			}
+		}
+	}()
+	return nil
+}
+
+func (n *Netlink) subscribe(onError func(error)) (chan netlink.LinkUpdate, chan struct{}, error) {
 	updates := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	ns := n.ns
@@ -107,35 +152,38 @@ func (n *Netlink) Subscribe(ctx context.Context, events chan<- LinkInfo, onError
 		ErrorCallback: onError,
 	})
 	if err != nil {
-		return fmt.Errorf("subscribe to link events: %w", err)
+		close(done)
+		return nil, nil, err
 	}
-	go func() {
-		defer close(done)
-		for {
+	return updates, done, nil
+}
+
+// forward converts updates to LinkInfo until ctx is done or the library
+// closes updates (socket failure).
+func (n *Netlink) forward(ctx context.Context, updates <-chan netlink.LinkUpdate, events chan<- LinkInfo) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-updates:
+			if !ok {
+				return
+			}
+			if u.Link == nil || u.Attrs() == nil {
+				continue
+			}
+			info := linkInfo(u.Attrs())
+			if u.Header.Type == unix.RTM_DELLINK {
+				info.OperState = "not-present"
+				info.AdminUp = false
+			}
 			select {
+			case events <- info:
 			case <-ctx.Done():
 				return
-			case u, ok := <-updates:
-				if !ok {
-					return // the library closes the channel when the socket fails
-				}
-				if u.Link == nil || u.Attrs() == nil {
-					continue
-				}
-				info := linkInfo(u.Attrs())
-				if u.Header.Type == unix.RTM_DELLINK {
-					info.OperState = "not-present"
-					info.AdminUp = false
-				}
-				select {
-				case events <- info:
-				case <-ctx.Done():
-					return
-				}
 			}
 		}
-	}()
-	return nil
+	}
 }
 
 func linkInfo(a *netlink.LinkAttrs) LinkInfo {

@@ -217,12 +217,22 @@ func writePortState(dir string, up bool) error {
 	if !up {
 		state, phys = "1: DOWN", "2: Polling"
 	}
-	// Write to a temporary file and rename, so a concurrent reader never
-	// sees a half-written attribute.
-	if err := writeFileAtomic(filepath.Join(dir, "state"), state); err != nil {
-		return err
+	// Each file is replaced by rename, so a concurrent reader never sees a
+	// half-written attribute. The order keeps "state is DOWN" the reason a
+	// reader sees throughout a transition: state goes down first and comes
+	// up last.
+	files := []string{"state", "phys_state"}
+	vals := []string{state, phys}
+	if up {
+		files[0], files[1] = files[1], files[0]
+		vals[0], vals[1] = vals[1], vals[0]
 	}
-	return writeFileAtomic(filepath.Join(dir, "phys_state"), phys)
+	for i, f := range files {
+		if err := writeFileAtomic(filepath.Join(dir, f), vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SetNetDevOperState rewrites /sys/class/net/<name>/operstate.
