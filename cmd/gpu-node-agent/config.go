@@ -124,7 +124,7 @@ func flagSet(c *Config, out io.Writer) *flag.FlagSet {
 		o.bind(fs, c, o.name, o.usage+" (env "+o.envName()+")")
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n\nFlags:\n")
+		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent demo [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	return fs
@@ -228,10 +228,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.RescanInterval.Duration < 0 {
-		add("rescan-interval", "%s is negative", c.RescanInterval)
+		add("rescan-interval", "%s is negative", c.RescanInterval.Duration)
 	}
 	if c.ExitAfter.Duration < 0 {
-		add("exit-after", "%s is negative", c.ExitAfter)
+		add("exit-after", "%s is negative", c.ExitAfter.Duration)
 	}
 	if c.MetricsAddress != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
@@ -291,7 +291,7 @@ func loopbackAddress(addr string) error {
 type Duration struct{ time.Duration }
 
 // String formats the duration for help text and logs.
-func (d *Duration) String() string { return d.Duration.String() }
+func (d Duration) String() string { return d.Duration.String() }
 
 // Set parses a flag or env value.
 func (d *Duration) Set(s string) error {

@@ -34,8 +34,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 			return 0
 		case "topology":
 			return runTopology(args[1:], stdout, stderr)
+		case "demo":
+			return runDemo(args[1:], stdout, stderr, getenv)
 		default:
-			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: version, topology dump, topology preferred)\n", args[0])
+			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: demo, version, topology dump, topology preferred)\n", args[0])
 			return 2
 		}
 	}
@@ -58,11 +60,6 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if cfg.ExitAfter.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.ExitAfter.Duration)
-		defer cancel()
-	}
 	if err := runAgent(ctx, cfg, log, stdout); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1

@@ -27,16 +27,34 @@ type allHealthy struct{}
 
 func (allHealthy) Healthy(string) bool { return true }
 
+// agent is a configured agent, opened but not yet running.
+type agent struct {
+	cfg Config
+	log *slog.Logger
+	hw  *hardware
+	reg *prometheus.Registry
+	mgr *plugin.Manager
+	rec *reconciler
+}
+
 // runAgent serves until ctx is done, then stops every server (removing the
 // sockets) and returns. It fails only on errors that leave nothing to
 // serve: bad hardware settings or a server that can't start.
 func runAgent(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) error {
-	hw, err := openHardware(&cfg, log)
+	a, err := openAgent(cfg, log, stdout)
 	if err != nil {
 		return err
 	}
-	defer hw.close()
+	return a.run(ctx)
+}
 
+// openAgent opens the hardware and builds every part; nothing is served
+// until run. On error everything opened is closed again.
+func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (*agent, error) {
+	hw, err := openHardware(&cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	reg := prometheus.NewRegistry()
 	mgr, err := plugin.NewManager(plugin.Options{
 		Dir:        cfg.DevicePluginDir,
@@ -44,15 +62,9 @@ func runAgent(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Write
 		Registerer: reg,
 	})
 	if err != nil {
-		return fmt.Errorf("device-plugin manager: %w", err)
+		hw.close()
+		return nil, fmt.Errorf("device-plugin manager: %w", err)
 	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 
 	gcfg := cfg.gpuConfig(hw.hostRoot)
 	var health gpu.HealthView = allHealthy{}
@@ -70,12 +82,33 @@ func runAgent(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Write
 		}},
 		sync:       mgr.Sync,
 		rescan:     cfg.RescanInterval.Duration,
-		rediscover: []<-chan struct{}{hw.changed(), signals(ctx, hup)},
+		rediscover: []<-chan struct{}{hw.changed()},
 	}
 	if cfg.PrintInventory {
 		rec.report = (&inventory{out: stdout, what: hw.what}).report
 	}
-	log.Info("gpu-node-agent starting", "version", version, "hardware", hw.what, "hostRoot", hw.hostRoot,
+	return &agent{cfg: cfg, log: log, hw: hw, reg: reg, mgr: mgr, rec: rec}, nil
+}
+
+// run serves until ctx is done or a part fails, then closes the hardware.
+func (a *agent) run(ctx context.Context) error {
+	defer a.hw.close()
+	cfg, log := a.cfg, a.log
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if cfg.ExitAfter.Duration > 0 {
+		// Counted from here, not from process start, so that a slow
+		// simulator start can't eat the whole run.
+		ctx, cancel = context.WithTimeout(ctx, cfg.ExitAfter.Duration)
+		defer cancel()
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	a.rec.rediscover = append(a.rec.rediscover, signals(ctx, hup))
+
+	log.Info("gpu-node-agent starting", "version", version, "hardware", a.hw.what, "hostRoot", a.hw.hostRoot,
 		"devicePluginDir", cfg.DevicePluginDir, "migStrategy", cfg.MIGStrategy, "deviceListStrategy", cfg.DeviceListStrategy)
 
 	// Every long-running part gets the same ctx; the first to fail stops
@@ -92,14 +125,14 @@ func runAgent(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Write
 			}
 		}()
 	}
-	start("device-plugin manager", func() error { return mgr.Run(ctx) })
-	start("reconcile", func() error { rec.run(ctx); return nil })
+	start("device-plugin manager", func() error { return a.mgr.Run(ctx) })
+	start("reconcile", func() error { a.rec.run(ctx); return nil })
 	if cfg.MetricsAddress != "" {
-		start("metrics", func() error { return serveMetrics(ctx, cfg.MetricsAddress, reg, log) })
+		start("metrics", func() error { return serveMetrics(ctx, cfg.MetricsAddress, a.reg, log) })
 	}
-	if hw.sim != nil && cfg.SimControlAddress != "" {
+	if a.hw.sim != nil && cfg.SimControlAddress != "" {
 		start("simulator control", func() error {
-			return sim.ServeControl(ctx, cfg.SimControlAddress, hw.sim.ControlHandler(), log.With("component", "sim"))
+			return sim.ServeControl(ctx, cfg.SimControlAddress, a.hw.sim.ControlHandler(), log.With("component", "sim"))
 		})
 	}
 	wg.Wait()

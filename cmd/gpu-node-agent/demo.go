@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// demoSimulate is the node `make demo` shows: a DGX H100 whose GPU 0 is cut
+// into four MIG devices of three sizes and GPU 1 into seven 1g.10gb ones.
+const demoSimulate = "dgx-h100,mig=0:3g.40gb+2g.20gb+1g.10gb+1g.10gb,mig=1:1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb"
+
+// runDemo runs the agent on the demo node with the mixed MIG strategy,
+// sockets in a temporary directory and the inventory printed on stdout.
+// There is no kubelet, so the inventory says what would be offered to one.
+// args are agent flags and override the demo's.
+func runDemo(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	dir, err := os.MkdirTemp("", "gpu-node-agent-demo-")
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-node-agent demo: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+
+	fmt.Fprintf(stdout, `gpu-node-agent demo: a simulated DGX H100 (8 GPUs, 2 NUMA nodes) with MIG on GPUs 0 and 1,
+served with --mig-strategy mixed. Device-plugin sockets are in %s.
+There is no kubelet here, so the log's registration retries are expected; what the agent
+would offer a kubelet is printed below, again on every change. While it runs, try:
+  curl -s -X POST 127.0.0.1:9402/mig -d '{"gpu":1,"profiles":["3g.40gb","3g.40gb"]}'
+  curl -s -X POST 127.0.0.1:9402/mig -d '{"gpu":0,"profiles":[]}'
+Ctrl-C stops it.
+
+`, dir)
+	demo := []string{
+		"--simulate", demoSimulate,
+		"--mig-strategy", "mixed",
+		"--device-plugin-dir", dir,
+		"--print-inventory",
+		"--metrics-address", "127.0.0.1:9400",
+		"--sim-control-address", "127.0.0.1:9402",
+	}
+	return run(append(demo, args...), stdout, stderr, getenv)
+}
