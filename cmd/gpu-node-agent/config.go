@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
 // envPrefix prefixes every option's environment variable: --mig-strategy is
@@ -218,8 +220,14 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Simulate != "" {
-		if _, err := parseSimulate(c.Simulate); err != nil {
+		if spec, err := parseSimulate(c.Simulate); err != nil {
 			add("simulate", "%v", err)
+		} else if spec.file != "" {
+			if _, err := os.Stat(spec.file); err != nil {
+				add("simulate", "snapshot %v", err)
+			}
+		} else if !slices.Contains(sim.Profiles(), spec.profile) {
+			add("simulate", "unknown profile %q (known: %s)", spec.profile, strings.Join(sim.Profiles(), ", "))
 		}
 		if c.SimControlAddress != "" {
 			if err := loopbackAddress(c.SimControlAddress); err != nil {

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+)
+
+// waitFor polls cond until it holds or the (generous) deadline passes; the
+// deadline only bounds a broken run, it asserts nothing about speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func socketFor(dir, resource string) string {
+	return filepath.Join(dir, "gpu-node-agent-"+strings.ReplaceAll(resource, "/", "-")+".sock")
+}
+
+func dialPlugin(t *testing.T, path string) pluginapi.DevicePluginClient {
+	t.Helper()
+	waitFor(t, path, func() bool { _, err := os.Stat(path); return err == nil })
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return pluginapi.NewDevicePluginClient(conn)
+}
+
+// shortTempDir keeps socket paths under the 107-byte sun_path limit.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gna")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// TestAgentServesSimulatedNode runs the agent in-process on a simulated
+// DGX H100 and talks to its sockets as the kubelet would: ListAndWatch,
+// Allocate, and a MIG layout change at run time.
+func TestAgentServesSimulatedNode(t *testing.T) {
+	dir := shortTempDir(t)
+	cfg := defaults()
+	cfg.Simulate = "dgx-h100"
+	cfg.MIGStrategy = gpu.MIGStrategyMixed
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = ""
+	cfg.RescanInterval.Duration = 0
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simRoot := a.hw.hostRoot
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+
+	gpuClient := dialPlugin(t, socketFor(dir, "nvidia.com/gpu"))
+	stream, err := gpuClient.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Devices) != 8 {
+		t.Fatalf("nvidia.com/gpu: %d devices, want 8", len(first.Devices))
+	}
+	perNUMA := map[int64]int{}
+	for _, d := range first.Devices {
+		if d.Health != pluginapi.Healthy {
+			t.Errorf("device %s is %s", d.ID, d.Health)
+		}
+		if d.Topology == nil || len(d.Topology.Nodes) != 1 {
+			t.Errorf("device %s: topology %v, want one NUMA node", d.ID, d.Topology)
+			continue
+		}
+		perNUMA[d.Topology.Nodes[0].ID]++
+	}
+	if perNUMA[0] != 4 || perNUMA[1] != 4 {
+		t.Errorf("devices per NUMA node = %v, want 4 on each of 0 and 1", perNUMA)
+	}
+
+	ids := []string{first.Devices[0].ID, first.Devices[1].ID}
+	resp, err := gpuClient.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].Envs["NVIDIA_VISIBLE_DEVICES"]; got != strings.Join(ids, ",") {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES = %q, want %q", got, strings.Join(ids, ","))
+	}
+	_, err = gpuClient.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"GPU-nope"}}}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("unknown device: error %v, want InvalidArgument", err)
+	}
+
+	// MIG on GPU 0 at run time: one whole GPU leaves nvidia.com/gpu and a
+	// new resource appears, without restarting anything.
+	if err := a.hw.sim.SetMIGLayout(0, []string{"3g.40gb", "3g.40gb"}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(next.Devices) != 7 {
+		t.Errorf("after MIG on GPU 0: nvidia.com/gpu has %d devices, want 7", len(next.Devices))
+	}
+	migStream, err := dialPlugin(t, socketFor(dir, "nvidia.com/mig-3g.40gb")).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	migList, err := migStream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(migList.Devices) != 2 {
+		t.Errorf("nvidia.com/mig-3g.40gb: %d devices, want 2", len(migList.Devices))
+	}
+
+	// Graceful stop removes the sockets and the temporary host root.
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	done <- nil // for the deferred receive
+	for _, r := range []string{"nvidia.com/gpu", "nvidia.com/mig-3g.40gb"} {
+		if _, err := os.Stat(socketFor(dir, r)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("socket for %s left behind: %v", r, err)
+		}
+	}
+	if _, err := os.Stat(simRoot); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary host root %s left behind: %v", simRoot, err)
+	}
+}
+
+// TestDemo runs exactly what `make demo` runs, bounded, and checks the
+// inventory it prints.
+func TestDemo(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"demo", "--exit-after=2s", "--sim-control-address=127.0.0.1:0", "--metrics-address=127.0.0.1:0"}, &stdout, &stderr, func(string) string { return "" })
+	if code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, stderr.String())
+	}
+	out := stdout.String()
+	t.Logf("demo output:\n%s", out)
+	for _, want := range []string{
+		// GPUs 0 and 1 (NUMA 0) are MIG-enabled; the other six are whole.
+		`nvidia\.com/gpu\s+6\s+6\s+0:2 1:4`,
+		`nvidia\.com/mig-1g\.10gb\s+9\s+9\s+0:9`,
+		`nvidia\.com/mig-2g\.20gb\s+1\s+1\s+0:1`,
+		`nvidia\.com/mig-3g\.40gb\s+1\s+1\s+0:1`,
+		`nvidia\.com/gpu\s+GPU-\S+\s+healthy\s+1`,
+		`nvidia\.com/mig-3g\.40gb\s+MIG-\S+\s+healthy\s+0`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "NOT SERVED") {
+		t.Errorf("demo reports unserved resources")
+	}
+}
+
+func TestRunRejectsBadConfigBeforeServing(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "plugins")
+	var stderr bytes.Buffer
+	code := run([]string{"--simulate", "dgx-h100", "--mig-strategy", "foo", "--device-plugin-dir", dir}, io.Discard, &stderr, func(string) string { return "" })
+	if code == 0 {
+		t.Fatal("exit code 0 for a bad mig-strategy")
+	}
+	if !strings.Contains(stderr.String(), `mig-strategy: "foo" is not one of none, single, mixed`) {
+		t.Errorf("stderr = %q", stderr.String())
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("device-plugin dir created before validation: %v", err)
+	}
+}
+
+func TestRunUnknownProfile(t *testing.T) {
+	var stderr bytes.Buffer
+	code := run([]string{"--simulate", "dgx-h999", "--device-plugin-dir", shortTempDir(t), "--metrics-address="}, io.Discard, &stderr, func(string) string { return "" })
+	if code != 2 || !strings.Contains(stderr.String(), `simulate: unknown profile "dgx-h999" (known: dgx-1v, dgx-2, dgx-a100, dgx-b200, dgx-h100, dgx-h200, pcie-8gpu)`) {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"version"}, &out, io.Discard, nil); code != 0 || out.String() != "gpu-node-agent dev\n" {
+		t.Errorf("exit %d, output %q", code, out.String())
+	}
+}
