@@ -1,0 +1,214 @@
+package sim
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+func newSim(tb testing.TB, profile string) *Node {
+	tb.Helper()
+	spec, err := Profile(profile)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n, err := New(spec, tb.TempDir(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// TestSimNICsDiscoverable reads the simulated NICs back with package
+// rdma's discovery and checks they match the spec, including each NIC's
+// PCIe distance to every GPU (rdma.Distance against the profile's own).
+func TestSimNICsDiscoverable(t *testing.T) {
+	tests := []struct {
+		profile string
+		// nearest lists, per NIC, the GPUs on its PCIe switch.
+		nearest map[string][]int
+	}{
+		{profile: "dgx-a100", nearest: map[string][]int{
+			"mlx5_0": {0, 1}, "mlx5_1": {0, 1}, "mlx5_2": {2, 3}, "mlx5_3": {2, 3},
+			"mlx5_4": {4, 5}, "mlx5_5": {4, 5}, "mlx5_6": {6, 7}, "mlx5_7": {6, 7},
+		}},
+		{profile: "dgx-h100", nearest: map[string][]int{
+			"mlx5_0": {0}, "mlx5_1": {1}, "mlx5_2": {2}, "mlx5_3": {3},
+			"mlx5_4": {4}, "mlx5_5": {5}, "mlx5_6": {6}, "mlx5_7": {7},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.profile, func(t *testing.T) {
+			n := newSim(t, tt.profile)
+			spec := n.Spec()
+			devs, err := rdma.Discover(context.Background(), rdma.DiscoverOptions{Root: n.HostRoot()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(devs) != len(spec.NICs) {
+				t.Fatalf("discovered %d devices, spec has %d NICs", len(devs), len(spec.NICs))
+			}
+			got := rdma.ToTopology(devs, spec.GPUs)
+			want := slices.Clone(spec.NICs)
+			sort.Slice(want, func(i, j int) bool { return want[i].Name < want[j].Name })
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("discovered NICs differ from the spec (-spec +discovered):\n%s", diff)
+			}
+			for _, d := range devs {
+				var single []int
+				for _, l := range rdma.ToTopology([]rdma.Device{d}, spec.GPUs)[0].GPUs {
+					if l.PCIe == topology.PCIeSingleSwitch {
+						single = append(single, l.GPU)
+					}
+				}
+				if !slices.Equal(single, tt.nearest[d.Name]) {
+					t.Errorf("%s: GPUs on its switch = %v, want %v", d.Name, single, tt.nearest[d.Name])
+				}
+				p := d.Ports[0]
+				if p.State != "ACTIVE" || p.PhysState != "LinkUp" || p.LinkLayer != rdma.LinkLayerInfiniBand {
+					t.Errorf("%s port = %s/%s/%s, want ACTIVE/LinkUp/InfiniBand", d.Name, p.State, p.PhysState, p.LinkLayer)
+				}
+				if d.UVerbs == nil || p.UMAD == nil || p.ISSM == nil || d.RDMACM == nil {
+					t.Errorf("%s char devices: uverbs %v umad %v issm %v rdma_cm %v, want all", d.Name, d.UVerbs, p.UMAD, p.ISSM, d.RDMACM)
+				}
+				if d.PCI.Driver != "mlx5_core" || d.PCI.Vendor != "15b3" {
+					t.Errorf("%s pci = %+v, want mlx5_core 15b3", d.Name, d.PCI)
+				}
+				if len(p.NetDevs) != 1 || p.NetDevs[0].OperState != "up" {
+					t.Errorf("%s port netdevs = %+v, want one up", d.Name, p.NetDevs)
+				}
+			}
+		})
+	}
+}
+
+func TestSetPortState(t *testing.T) {
+	n := newSim(t, "dgx-h100")
+	port := func(name string) (rdma.Port, error) {
+		devs, err := rdma.Discover(context.Background(), rdma.DiscoverOptions{Root: n.HostRoot()})
+		if err != nil {
+			return rdma.Port{}, err
+		}
+		for _, d := range devs {
+			if d.Name == name {
+				return d.Ports[0], nil
+			}
+		}
+		t.Fatalf("%s not discovered", name)
+		return rdma.Port{}, nil
+	}
+	tests := []struct {
+		name      string
+		nic       string
+		up        bool
+		wantErr   string
+		wantState string
+		wantOper  string
+	}{
+		{name: "down", nic: "mlx5_3", up: false, wantState: "DOWN/Polling", wantOper: "down"},
+		{name: "up again", nic: "mlx5_3", up: true, wantState: "ACTIVE/LinkUp", wantOper: "up"},
+		{name: "explicit port", nic: "mlx5_3:1", up: false, wantState: "DOWN/Polling", wantOper: "down"},
+		{name: "unknown nic", nic: "mlx5_42", wantErr: `nic "mlx5_42": no such nic`},
+		{name: "bad port", nic: "mlx5_3:x", wantErr: `nic "mlx5_3:x": bad port "x"`},
+		{name: "missing port", nic: "mlx5_3:2", wantErr: "mlx5_3 port 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := n.setPortState(tt.nic, tt.up)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("setPortState error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := port(strings.Split(tt.nic, ":")[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.State + "/" + p.PhysState; got != tt.wantState {
+				t.Errorf("port state = %s, want %s", got, tt.wantState)
+			}
+			if got := p.NetDevs[0].OperState; got != tt.wantOper {
+				t.Errorf("netdev operstate = %s, want %s", got, tt.wantOper)
+			}
+		})
+	}
+}
+
+// BenchmarkPortDownToObservation measures the time from setPortState
+// taking a simulated port down to the rdma Watcher's callback reporting
+// it, at the default poll interval and a short one. The simulated netdevs
+// are not kernel links, so only polling sees the change: latency is
+// uniform over one interval (about half of it on average).
+//
+//	go test ./sim -run '^$' -bench PortDownToObservation -benchtime 20x
+func BenchmarkPortDownToObservation(b *testing.B) {
+	for _, interval := range []time.Duration{rdma.DefaultPollInterval, 100 * time.Millisecond} {
+		b.Run("interval="+interval.String(), func(b *testing.B) {
+			n := newSim(b, "dgx-h100")
+			devs, err := rdma.Discover(context.Background(), rdma.DiscoverOptions{Root: n.HostRoot()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			type obs struct {
+				id      string
+				healthy bool
+				at      time.Time
+			}
+			ch := make(chan obs, 64)
+			w, err := rdma.NewWatcher(rdma.WatcherOptions{Root: n.HostRoot(), Devices: devs, Interval: interval,
+				Observe: func(id string, healthy bool, _ string) { ch <- obs{id, healthy, time.Now()} }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = w.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			for range devs { // initial state of every port
+				<-ch
+			}
+			wait := func(healthy bool) time.Time {
+				for o := range ch {
+					if o.id == "mlx5_2" && o.healthy == healthy {
+						return o.at
+					}
+				}
+				return time.Time{}
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				// Ports fail at random moments relative to the poll ticks.
+				time.Sleep(rand.N(interval))
+				start := time.Now()
+				if err := n.setPortState("mlx5_2", false); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, wait(false).Sub(start))
+				if err := n.setPortState("mlx5_2", true); err != nil {
+					b.Fatal(err)
+				}
+				wait(true)
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+			b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
+			b.ReportMetric(ms(lat[(len(lat)*99+99)/100-1]), "p99-ms")
+			b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
+		})
+	}
+}
