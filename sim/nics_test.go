@@ -212,3 +212,55 @@ func BenchmarkPortDownToObservation(b *testing.B) {
 		})
 	}
 }
+
+// TestSimRoCEStorageNICs adds DGX-style storage NICs (one dual-port RoCE
+// ConnectX on a CPU root port of socket 1, one PCI function per port) to a
+// profile and checks they come out as Ethernet ports whose netdev backs
+// the RoCE GIDs, without issm, at the right distance from the GPUs.
+func TestSimRoCEStorageNICs(t *testing.T) {
+	spec, err := Profile("dgx-a100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for fn, nd := range []string{"enp193s0f0np0", "enp193s0f1np1"} {
+		spec.NICs = append(spec.NICs, topology.NIC{
+			Name: "mlx5_" + string(rune('8'+fn)), NUMANode: 1, LinkLayer: rdma.LinkLayerEthernet,
+			PCIBusID: "0000:c1:00." + string(rune('0'+fn)), PCIPath: []string{"0000:c0:01.1", "0000:c1:00." + string(rune('0'+fn))},
+			NetDevs: []string{nd},
+		})
+	}
+	n, err := New(spec, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := rdma.Discover(context.Background(), rdma.DiscoverOptions{Root: n.HostRoot()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 10 {
+		t.Fatalf("discovered %d devices, want 10", len(devs))
+	}
+	nics := rdma.ToTopology(devs, spec.GPUs)
+	for i, d := range devs[8:] {
+		p := d.Ports[0]
+		want := []string{"enp193s0f0np0", "enp193s0f1np1"}[i]
+		if p.LinkLayer != rdma.LinkLayerEthernet || p.ISSM != nil || p.UMAD == nil {
+			t.Errorf("%s: link layer %s issm %v umad %v, want Ethernet, no issm, umad", d.Name, p.LinkLayer, p.ISSM, p.UMAD)
+		}
+		if len(p.NetDevs) != 1 || p.NetDevs[0].Name != want || p.NetDevs[0].MTU != 9000 {
+			t.Errorf("%s: port netdevs %+v, want %s with MTU 9000", d.Name, p.NetDevs, want)
+		}
+		for _, l := range nics[8+i].GPUs {
+			wantLevel := topology.PCIeCrossCPU
+			if l.GPU >= 4 {
+				wantLevel = topology.PCIeSameCPU
+			}
+			if l.PCIe != wantLevel {
+				t.Errorf("%s to gpu %d: %s, want %s", d.Name, l.GPU, l.PCIe, wantLevel)
+			}
+		}
+	}
+	if got := rdma.Distance(devs[8].PCI.Path, 1, devs[9].PCI.Path, 1); got != topology.PCIeSameBoard {
+		t.Errorf("the two storage ports: %s, want same-board", got)
+	}
+}
