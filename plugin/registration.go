@@ -21,12 +21,14 @@ const registerTimeout = 10 * time.Second
 // a connect in that gap is refused), then at most every 30 s so an absent
 // kubelet costs nothing. kubelet.sock being re-created resets it.
 func newBackoff() wait.Backoff {
-	return wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
+	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
 }
 
 // registerLoop registers the server with the kubelet now, again whenever
 // requestRegistration is called, and retries failures with backoff until it
-// succeeds. A failure streak is logged once, at its start, and its end once.
+// succeeds. A failure streak is logged once, at its second attempt (a single
+// refused connect right after kubelet.sock appears is routine and only
+// logged at debug level), and its end once.
 func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watching <-chan struct{}) {
 	defer close(s.loopDone)
 	select {
@@ -60,7 +62,10 @@ func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watchin
 			default:
 				s.registered.Store(false)
 				s.metrics.setRegistered(s.name, false)
-				if failures == 0 {
+				switch failures {
+				case 0:
+					s.log.Debug("registration with kubelet failed, retrying", "err", err)
+				case 1:
 					s.log.Warn("registration with kubelet failed, retrying with backoff", "err", err)
 				}
 				failures++
