@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -212,4 +213,31 @@ func migProfileFor(cfg gpus.Config, name string) (migProfile, error) {
 		gi:   nvml.GpuInstanceProfileInfo{Id: giID, SliceCount: uint32(g), InstanceCount: 7, MemorySizeMB: uint64(gb) * 1024},
 		ci:   nvml.ComputeInstanceProfileInfo{Id: ciIDs[g], SliceCount: uint32(g), InstanceCount: 1},
 	}, nil
+}
+
+// realisticMIG returns cfg with its GPU instance memory sizes capped at the
+// eighth of the GPU's memory they stand for. The mocks give some profiles a
+// little more memory than that (B200's 1g: 23552 of 184320 MiB), which real
+// GPUs never report, and which would make NVIDIA's naming rule round them up
+// to the next eighth ("1g.45gb" instead of "1g.23gb"). The mock's maps are
+// shared package state, so they are copied, not changed.
+func realisticMIG(cfg gpus.Config) gpus.Config {
+	src := cfg.MIGProfiles.GpuInstanceProfiles
+	if len(src) == 0 || cfg.MemoryMB == 0 {
+		return cfg
+	}
+	dst := make(map[int]nvml.GpuInstanceProfileInfo, len(src))
+	total := float64(cfg.MemoryMB)
+	for id, p := range src {
+		eighths := math.Round(float64(p.MemorySizeMB) * 8 / total)
+		if eighths < 1 {
+			eighths = 1
+		}
+		if limit := uint64(eighths * total / 8); p.MemorySizeMB > limit {
+			p.MemorySizeMB = limit
+		}
+		dst[id] = p
+	}
+	cfg.MIGProfiles.GpuInstanceProfiles = dst
+	return cfg
 }

@@ -37,8 +37,10 @@ var (
 // knownConfigs are the GPU models the simulator can impersonate, looked up by
 // the model name a snapshot carries.
 var knownConfigs = []gpus.Config{
-	gpus.A100_SXM4_40GB, gpus.A100_SXM4_80GB, gpus.A100_PCIE_40GB, gpus.A100_PCIE_80GB,
-	gpus.A30_PCIE_24GB, gpus.H100_SXM5_80GB, gpus.H200_SXM5_141GB, gpus.B200_SXM5_180GB,
+	realisticMIG(gpus.A100_SXM4_40GB), realisticMIG(gpus.A100_SXM4_80GB),
+	realisticMIG(gpus.A100_PCIE_40GB), realisticMIG(gpus.A100_PCIE_80GB),
+	realisticMIG(gpus.A30_PCIE_24GB), realisticMIG(gpus.H100_SXM5_80GB),
+	realisticMIG(gpus.H200_SXM5_141GB), realisticMIG(gpus.B200_SXM5_180GB),
 	v100SXM2, v100SXM3,
 }
 
@@ -67,22 +69,22 @@ var dgx1vLinks = [][3]int{
 
 var profiles = map[string]profileDef{
 	"dgx-a100": {
-		gpu: gpus.A100_SXM4_40GB, count: 8, nvswitchLinks: 12, nvswitches: 6,
+		gpu: realisticMIG(gpus.A100_SXM4_40GB), count: 8, nvswitchLinks: 12, nvswitches: 6,
 		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 2, subtreesPerHostBridge: 1},
 		nicLinkLayer: "InfiniBand",
 	},
 	"dgx-h100": {
-		gpu: gpus.H100_SXM5_80GB, count: 8, nvswitchLinks: 18, nvswitches: 4,
+		gpu: realisticMIG(gpus.H100_SXM5_80GB), count: 8, nvswitchLinks: 18, nvswitches: 4,
 		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
 	},
 	"dgx-h200": {
-		gpu: gpus.H200_SXM5_141GB, count: 8, nvswitchLinks: 18, nvswitches: 4,
+		gpu: realisticMIG(gpus.H200_SXM5_141GB), count: 8, nvswitchLinks: 18, nvswitches: 4,
 		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
 	},
 	"dgx-b200": {
-		gpu: gpus.B200_SXM5_180GB, count: 8, nvswitchLinks: 18, nvswitches: 2,
+		gpu: realisticMIG(gpus.B200_SXM5_180GB), count: 8, nvswitchLinks: 18, nvswitches: 2,
 		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
 	},
@@ -97,7 +99,7 @@ var profiles = map[string]profileDef{
 		nicLinkLayer: "InfiniBand",
 	},
 	"pcie-8gpu": {
-		gpu: gpus.A100_PCIE_80GB, count: 8,
+		gpu: realisticMIG(gpus.A100_PCIE_80GB), count: 8,
 		shape: treeShape{gpusPerLeaf: 2, leavesPerTop: 2, subtreesPerHostBridge: 1},
 	},
 }
