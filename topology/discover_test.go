@@ -4,8 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
