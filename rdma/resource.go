@@ -51,11 +51,12 @@ type portRef struct {
 }
 
 // Resources builds one plugin.Resource per config entry, named
-// rdma/<name>. Exclusive resources advertise one device per selected port;
-// a port may belong to only one exclusive resource. Shared resources
-// advertise Slots devices that each give all selected ports. health may be
-// nil (everything healthy); cdi switches Allocate to CDI device names
-// (CDIKind) instead of device specs.
+// rdma/<name>. Exclusive resources advertise one device per selected port,
+// and such a port may be in no other resource. Shared resources (which may
+// overlap each other) advertise Slots devices that each give all selected
+// ports. health may be nil (everything healthy); cdi switches Allocate to
+// CDI device names (CDIVendor/CDIClass=<port ID>, see WriteCDISpec)
+// instead of device specs.
 func Resources(devs []Device, cfgs []ResourceConfig, health HealthView, cdi bool, opts ...Option) ([]plugin.Resource, error) {
 	var o options
 	for _, opt := range opts {
@@ -67,7 +68,10 @@ func Resources(devs []Device, cfgs []ResourceConfig, health HealthView, cdi bool
 	if health == nil {
 		health = allHealthy{}
 	}
+	// A port of an exclusive resource belongs to that resource alone: a
+	// shared resource handing it out too would break the exclusivity.
 	claimed := map[string]string{} // port ID -> exclusive resource
+	users := map[string]string{}   // port ID -> first resource using it
 	out := make([]plugin.Resource, 0, len(cfgs))
 	for i, cfg := range cfgs {
 		var refs []portRef
@@ -79,16 +83,26 @@ func Resources(devs []Device, cfgs []ResourceConfig, health HealthView, cdi bool
 				}
 			}
 		}
-		base := baseResource{name: ResourcePrefix + cfg.Name, ports: refs, health: health, cdi: cdi}
-		if cfg.mode() == ModeShared {
-			out = append(out, &sharedResource{baseResource: base, slots: cfg.slots()})
-			continue
-		}
+		name := ResourcePrefix + cfg.Name
+		exclusive := cfg.mode() == ModeExclusive
 		for _, r := range refs {
 			if other, ok := claimed[r.id]; ok {
 				return nil, fmt.Errorf("rdma.resources[%d]: port %s is already in exclusive resource %s", i, r.id, other)
 			}
-			claimed[r.id] = base.name
+			if other, ok := users[r.id]; ok && exclusive {
+				return nil, fmt.Errorf("rdma.resources[%d]: exclusive resource %s selects port %s, which resource %s also uses", i, name, r.id, other)
+			}
+			if exclusive {
+				claimed[r.id] = name
+			}
+			if _, ok := users[r.id]; !ok {
+				users[r.id] = name
+			}
+		}
+		base := baseResource{name: name, ports: refs, health: health, cdi: cdi}
+		if !exclusive {
+			out = append(out, &sharedResource{baseResource: base, slots: cfg.slots()})
+			continue
 		}
 		ex := &exclusiveResource{baseResource: base, byID: map[string]portRef{}, gpus: o.gpus, recent: o.recent}
 		for _, r := range refs {

@@ -110,9 +110,17 @@ func TestResourcesRejectsOverlappingExclusive(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "port mlx5_0 is already in exclusive resource rdma/a") {
 		t.Errorf("Resources error = %v, want overlap error", err)
 	}
-	// Shared resources may overlap with anything.
-	if _, err := Resources(devs, []ResourceConfig{{Name: "a"}, {Name: "b", Mode: ModeShared}}, nil, false); err != nil {
-		t.Errorf("Resources with shared overlap: %v", err)
+	if _, err := Resources(devs, []ResourceConfig{{Name: "a"}, {Name: "b", Mode: ModeShared}}, nil, false); err == nil ||
+		!strings.Contains(err.Error(), "rdma.resources[1]: port mlx5_0 is already in exclusive resource rdma/a") {
+		t.Errorf("Resources with exclusive then shared overlap = %v, want error", err)
+	}
+	if _, err := Resources(devs, []ResourceConfig{{Name: "s", Mode: ModeShared}, {Name: "a"}}, nil, false); err == nil ||
+		!strings.Contains(err.Error(), "exclusive resource rdma/a selects port mlx5_0, which resource rdma/s also uses") {
+		t.Errorf("Resources with shared then exclusive overlap = %v, want error", err)
+	}
+	// Shared resources may overlap each other.
+	if _, err := Resources(devs, []ResourceConfig{{Name: "s1", Mode: ModeShared}, {Name: "s2", Mode: ModeShared}}, nil, false); err != nil {
+		t.Errorf("Resources with two shared resources on one port: %v", err)
 	}
 	if _, err := Resources(devs, []ResourceConfig{{Name: "a", Mode: "foo"}}, nil, false); err == nil || !strings.Contains(err.Error(), `rdma.resources[0].mode: "foo"`) {
 		t.Errorf("Resources with bad mode = %v, want validation error", err)
