@@ -11,7 +11,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 )
 
-// preferredResource is a whole-GPU resource with a topology solver behind
+// preferredResource is a GPU or MIG resource with a topology solver behind
 // it. It is a separate type so that the plugin server, which finds optional
 // hooks by interface assertion, advertises GetPreferredAllocation only when
 // a solver exists.

@@ -32,7 +32,6 @@ var controlNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uv
 // device is one allocatable GPU or MIG device.
 type device struct {
 	id   string
-	mig  bool
 	numa []int64
 	// healthIDs must all be healthy: the device itself and, for MIG, its
 	// parent GPU, since a sick parent takes every slice down with it.
@@ -51,7 +50,6 @@ type resource struct {
 	name    string
 	devices []device
 	byID    map[string]*device
-	hasMIG  bool
 	cfg     Config
 	health  HealthView
 }
@@ -62,7 +60,6 @@ func newResource(name string, devs []device, cfg Config, health HealthView) *res
 	r := &resource{name: name, devices: devs, byID: make(map[string]*device, len(devs)), cfg: cfg, health: health}
 	for i := range r.devices {
 		r.byID[r.devices[i].id] = &r.devices[i]
-		r.hasMIG = r.hasMIG || r.devices[i].mig
 	}
 	return r
 }

@@ -3,9 +3,11 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -13,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
 const (
@@ -231,9 +234,8 @@ func TestPreferredAllocatorOnlyWithSolver(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range rs {
-		_, ok := r.(plugin.PreferredAllocator)
-		if want := r.Name() == ResourceGPU; ok != want {
-			t.Errorf("%s: PreferredAllocator = %v, want %v (MIG resources have no topology solver)", r.Name(), ok, want)
+		if _, ok := r.(plugin.PreferredAllocator); !ok {
+			t.Errorf("%s is not a PreferredAllocator with a solver", r.Name())
 		}
 	}
 }
@@ -308,5 +310,54 @@ func TestLoadMIGCapsSkipsJunk(t *testing.T) {
 	}
 	if missing := loadMIGCaps(t.TempDir()); !errors.Is(missing.err, os.ErrNotExist) {
 		t.Errorf("absent file: err = %v", missing.err)
+	}
+}
+
+// TestAllocateOnSimHostRoot allocates against the /dev and /proc tree the
+// simulator writes, so the device specs follow what a real driver exposes.
+func TestAllocateOnSimHostRoot(t *testing.T) {
+	model, err := sim.Profile("dgx-h100", sim.WithMIG(1, "3g.40gb", "1g.10gb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := sim.New(model, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := node.Spec()
+	rs, err := Resources(spec, Config{MIGStrategy: MIGStrategyMixed, PassDeviceSpecs: true, HostRoot: node.HostRoot()}, healthMap{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu1 := spec.GPUs[1]
+	mig := gpu1.MIG[0]
+	resp, err := findResource(t, rs, "nvidia.com/mig-3g.40gb").Allocate(context.Background(), []string{mig.UUID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := specPaths(resp.Devices)
+	if len(got) != 6 {
+		t.Fatalf("device specs = %v, want /dev/nvidia%d, two capability nodes and the three control nodes", got, gpu1.Minor)
+	}
+	if got[0] != fmt.Sprintf("/dev/nvidia%d", gpu1.Minor) {
+		t.Errorf("first spec = %s, want the parent GPU /dev/nvidia%d", got[0], gpu1.Minor)
+	}
+	for _, p := range got[1:3] {
+		if !strings.HasPrefix(p, "/dev/nvidia-caps/nvidia-cap") {
+			t.Errorf("spec %s is not a MIG capability node", p)
+		}
+	}
+	if !slices.Equal(got[3:], []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) {
+		t.Errorf("control nodes = %v", got[3:])
+	}
+
+	// A whole GPU gets its own node and the control nodes.
+	whole := spec.GPUs[4].UUID
+	resp, err = findResource(t, rs, ResourceGPU).Allocate(context.Background(), []string{whole})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := specPaths(resp.Devices); !slices.Equal(got, []string{fmt.Sprintf("/dev/nvidia%d", spec.GPUs[4].Minor), "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) {
+		t.Errorf("whole GPU specs = %v", got)
 	}
 }

@@ -26,8 +26,8 @@ type HealthView interface {
 	Healthy(id string) bool
 }
 
-// PreferredSolver chooses the best set of whole GPUs for a request;
-// *topology.Allocator implements it. Pass a nil interface (not a typed nil
+// PreferredSolver chooses the best set of devices (GPU or MIG UUIDs, one
+// kind per request) for a request; *topology.Allocator implements it. Pass a nil interface (not a typed nil
 // pointer) when there is no solver.
 type PreferredSolver interface {
 	Preferred(available, mustInclude []string, size int) ([]string, error)
@@ -37,8 +37,8 @@ type PreferredSolver interface {
 // strategy. Resources without devices are left out, so a MIG change can make
 // a resource disappear. Each device is healthy only when health says so for
 // it and, for a MIG device, for its parent GPU too; a GPU discovery marked
-// lost is never healthy. Whole-GPU resources implement
-// plugin.PreferredAllocator only when solver is non-nil. It fails when the
+// lost is never healthy. Resources implement plugin.PreferredAllocator
+// only when solver is non-nil. It fails when the
 // node's MIG layout does not fit the strategy (see MIGStrategySingle).
 func Resources(node *topology.Node, cfg Config, health HealthView, solver PreferredSolver) ([]plugin.Resource, error) {
 	if node == nil {
@@ -67,7 +67,7 @@ func Resources(node *topology.Node, cfg Config, health HealthView, solver Prefer
 	out := make([]plugin.Resource, 0, len(names))
 	for _, name := range names {
 		r := newResource(name, groups[name], cfg, health)
-		if solver != nil && !r.hasMIG {
+		if solver != nil {
 			out = append(out, &preferredResource{resource: r, solver: solver})
 			continue
 		}
@@ -196,7 +196,6 @@ func gpuDevice(g *topology.GPU) device {
 func migDevice(g *topology.GPU, m *topology.MIGDevice, caps migCaps) device {
 	d := device{
 		id:        m.UUID,
-		mig:       true,
 		numa:      numa(g.NUMANode),
 		healthIDs: []string{m.UUID, g.UUID},
 		lost:      g.Lost,
