@@ -69,6 +69,8 @@ type Monitor struct {
 	nodeFit   bool
 
 	changes     chan struct{}
+	subsMu      sync.Mutex
+	subs        []chan struct{} // internal consumers (the tainter)
 	wake        chan struct{}
 	nodeChanged chan struct{}
 
@@ -148,7 +150,7 @@ func (m *Monitor) SetNode(node *topology.Node) {
 	m.mu.Unlock()
 	signal(m.nodeChanged)
 	if changed {
-		signal(m.changes)
+		m.notify()
 	}
 }
 
@@ -179,8 +181,30 @@ func (m *Monitor) Run(ctx context.Context) error {
 }
 
 // Changes signals (coalesced, never blocking the monitor) whenever a
-// device's effective health or the node's fitness changes.
+// device's effective health or the node's fitness changes. It always
+// returns the same channel, meant for one consumer (the agent's reconcile
+// loop); the tainter has its own subscription.
 func (m *Monitor) Changes() <-chan struct{} { return m.changes }
+
+// subscribe returns a further coalesced change channel for an internal
+// consumer, so it never steals Changes' signals.
+func (m *Monitor) subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	m.subsMu.Lock()
+	m.subs = append(m.subs, ch)
+	m.subsMu.Unlock()
+	return ch
+}
+
+// notify signals Changes and every subscriber.
+func (m *Monitor) notify() {
+	signal(m.changes)
+	m.subsMu.Lock()
+	for _, ch := range m.subs {
+		signal(ch)
+	}
+	m.subsMu.Unlock()
+}
 
 // Observe feeds one observation into the state machine. Checks call it,
 // and so can external sources (RDMA port health) with their own Check
@@ -220,7 +244,7 @@ func (m *Monitor) Observe(o Observation) {
 		signal(m.wake)
 	}
 	if changed {
-		signal(m.changes)
+		m.notify()
 	}
 }
 
@@ -422,7 +446,7 @@ func (m *Monitor) evaluate() time.Time {
 	changed := m.publishLocked(now)
 	m.mu.Unlock()
 	if changed {
-		signal(m.changes)
+		m.notify()
 	}
 	return next
 }

@@ -181,6 +181,10 @@ func (c *Collector) CollectNow(ctx context.Context) {
 	if podsDone != nil {
 		pods = <-podsDone
 	}
+	if ctx.Err() != nil {
+		// Stopping: keep the last complete snapshot rather than a partial one.
+		return
+	}
 	metrics := c.render(node, results, pods)
 	c.snapshot.Store(&metrics)
 	c.duration.Observe(time.Since(start).Seconds())
@@ -227,7 +231,7 @@ wait:
 		case <-timer.C:
 			break wait
 		case <-ctx.Done():
-			break wait
+			return nil
 		}
 	}
 	// A reader that finished between the deadline and here still counts.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
@@ -12,8 +13,7 @@ import (
 // dcgmCompatLint lists the promlint findings that dcgm-exporter
 // compatibility forces on DCGM_ metrics, and nothing else: its counters
 // have no lower-case _total suffix (one is even named _COUNTER) and its
-// labels modelName and UUID-free camelCase names are part of the contract
-// dashboards rely on. Any other finding, and any finding on the agent's
+// camelCase labels (modelName) are part of the contract dashboards rely on. Any other finding, and any finding on the agent's
 // own gpu_node_agent_ metrics, fails the test.
 var dcgmCompatLint = map[string]bool{
 	`counter metrics should have "_total" suffix`:                   true,
@@ -33,6 +33,8 @@ func testRegistry(t *testing.T, c prometheus.Collector) *prometheus.Registry {
 
 func TestPromlint(t *testing.T) {
 	mn := newMockNode(t, 8, migLayout{0: {"3g.40gb", "2g.20gb", "1g.10gb"}})
+	// One failing read so the error counter has a series to lint.
+	mn.devs[7].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 	reg := NewRegistry("v0.0.0-test")
 	c, err := NewCollector(mn.lib, Config{Hostname: "node-1", XIDs: fakeXIDs{}, PodResourcesSocket: "/nonexistent/kubelet.sock"}, reg, discardLogger())
 	if err != nil {

@@ -1,0 +1,132 @@
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// prometheusBinary is Debian's prometheus (mk/metrics.mk installs it).
+const prometheusBinary = "/usr/bin/prometheus"
+
+// freePort asks the kernel for an unused loopback port for prometheus's
+// own web listener (it cannot report a port 0 choice back).
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// promAPI GETs a Prometheus HTTP API path and decodes its JSON answer.
+func promAPI(ctx context.Context, base, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// TestPrometheusScrapesEndpoint runs a real Prometheus against the
+// endpoint: the target must be up and DCGM_ and agent series queryable.
+func TestPrometheusScrapesEndpoint(t *testing.T) {
+	if _, err := os.Stat(prometheusBinary); err != nil {
+		t.Skipf("%s not installed (make deps-prometheus installs it): %v", prometheusBinary, err)
+	}
+	target := strings.TrimPrefix(startServer(t, ServerConfig{}, nil), "http://")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: gpu-node-agent
+    static_configs:
+      - targets: [%q]
+`, target)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	web := freePort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, prometheusBinary,
+		"--config.file="+cfg,
+		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+web,
+		"--log.level=warn")
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start prometheus: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("prometheus output:\n%s", logs.String())
+		}
+	})
+	base := "http://" + web
+
+	var targets struct {
+		Data struct {
+			ActiveTargets []struct {
+				Health    string `json:"health"`
+				LastError string `json:"lastError"`
+				ScrapeURL string `json:"scrapeUrl"`
+			} `json:"activeTargets"`
+		} `json:"data"`
+	}
+	var query struct {
+		Data struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	up, series := false, 0
+	for ctx.Err() == nil && (!up || series == 0) {
+		time.Sleep(200 * time.Millisecond)
+		if err := promAPI(ctx, base, "/api/v1/targets", &targets); err != nil {
+			continue // prometheus still starting
+		}
+		up = len(targets.Data.ActiveTargets) == 1 && targets.Data.ActiveTargets[0].Health == "up"
+		q := url.QueryEscape(`DCGM_FI_DEV_GPU_TEMP{job="gpu-node-agent"}`)
+		if err := promAPI(ctx, base, "/api/v1/query?query="+q, &query); err == nil {
+			series = len(query.Data.Result)
+		}
+	}
+	if !up {
+		t.Fatalf("target never up: %+v", targets.Data.ActiveTargets)
+	}
+	if series != 2 {
+		t.Fatalf("DCGM_FI_DEV_GPU_TEMP series in prometheus = %d, want 2", series)
+	}
+	if got := query.Data.Result[0].Metric["modelName"]; got != "NVIDIA H100 80GB HBM3" {
+		t.Errorf("modelName label in prometheus = %q", got)
+	}
+	q := url.QueryEscape(`gpu_node_agent_build_info`)
+	if err := promAPI(ctx, base, "/api/v1/query?query="+q, &query); err != nil || len(query.Data.Result) != 1 {
+		t.Errorf("gpu_node_agent_build_info in prometheus: %d series, err %v", len(query.Data.Result), err)
+	}
+}
