@@ -15,7 +15,8 @@ import (
 // link to the NIC's PCI function (which writeHostTree created under the
 // same switch as its GPUs), its netdevs under device/net and
 // /sys/class/net, infiniband_verbs/uverbsN and infiniband_mad/umadN (plus
-// issmN on InfiniBand ports), and /dev/infiniband/* placeholders including
+// issmN on InfiniBand ports), and /dev/infiniband/* nodes (character
+// devices when the process may mknod, else empty files) including
 // rdma_cm. NICs without a PCI path are skipped, as writeHostTree does.
 func (n *Node) installNICs() {
 	if err := n.writeNICs(); err != nil {
@@ -30,7 +31,9 @@ func (n *Node) writeNICs() error {
 	if len(nics) == 0 {
 		return nil
 	}
-	tree := fakesys.Tree{RDMACM: true}
+	// Real character devices (when allowed) so a container runtime accepts
+	// them as device specs in end-to-end runs.
+	tree := fakesys.Tree{RDMACM: true, DeviceNodes: true}
 	for i, nic := range nics {
 		path := nic.PCIPath
 		if len(path) == 0 && nic.PCIBusID != "" {

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Tree is the RDMA part of a host.
@@ -18,6 +20,12 @@ type Tree struct {
 	HCAs []HCA
 	// RDMACM creates /dev/infiniband/rdma_cm.
 	RDMACM bool
+	// DeviceNodes makes /dev/infiniband/* character devices with the
+	// kernel's numbers (uverbsN 231:192+N, umadN 231:N, issmN 231:64+N,
+	// rdma_cm 10:255, a misc minor no driver owns) so a container runtime
+	// accepts them as device specs. It needs CAP_MKNOD; without it, or when
+	// false, the nodes are empty regular files.
+	DeviceNodes bool
 }
 
 // HCA is one RDMA device and the PCI function behind it.
@@ -67,12 +75,12 @@ type NetDev struct {
 // simulator's GPU bridges) are kept.
 func Write(root string, t Tree) error {
 	for _, h := range t.HCAs {
-		if err := writeHCA(root, h); err != nil {
+		if err := writeHCA(root, h, t.DeviceNodes); err != nil {
 			return fmt.Errorf("write hca %s: %w", h.Name, err)
 		}
 	}
 	if t.RDMACM {
-		if err := writeFile(filepath.Join(root, "dev", "infiniband", "rdma_cm"), ""); err != nil {
+		if err := writeDevNode(root, "rdma_cm", t.DeviceNodes); err != nil {
 			return err
 		}
 	}
@@ -92,7 +100,7 @@ func DevicePath(pciPath []string) string {
 	return filepath.Join(append([]string{"sys", "devices", HostBridge(pciPath[0])}, pciPath...)...)
 }
 
-func writeHCA(root string, h HCA) error {
+func writeHCA(root string, h HCA, nodes bool) error {
 	if len(h.PCIPath) == 0 {
 		return errors.New("no pci path")
 	}
@@ -168,14 +176,14 @@ func writeHCA(root string, h HCA) error {
 		if err := writePort(root, ibRel, p); err != nil {
 			return err
 		}
-		if err := writeCharClass(root, devRel, "infiniband_mad", p.UMAD, h.Name, p.Number); err != nil {
+		if err := writeCharClass(root, devRel, "infiniband_mad", p.UMAD, h.Name, p.Number, nodes); err != nil {
 			return err
 		}
-		if err := writeCharClass(root, devRel, "infiniband_mad", p.ISSM, h.Name, p.Number); err != nil {
+		if err := writeCharClass(root, devRel, "infiniband_mad", p.ISSM, h.Name, p.Number, nodes); err != nil {
 			return err
 		}
 	}
-	return writeCharClass(root, devRel, "infiniband_verbs", h.UVerbs, h.Name, 0)
+	return writeCharClass(root, devRel, "infiniband_verbs", h.UVerbs, h.Name, 0, nodes)
 }
 
 func writePort(root, ibRel string, p Port) error {
@@ -274,7 +282,7 @@ func writeNetDev(root, devRel string, n NetDev, ports []Port) error {
 
 // writeCharClass writes a class entry (uverbsN, umadN, issmN) below the
 // PCI function, the /sys/class link to it and the /dev/infiniband node.
-func writeCharClass(root, devRel, class, name, ibdev string, port int) error {
+func writeCharClass(root, devRel, class, name, ibdev string, port int, nodes bool) error {
 	if name == "" {
 		return nil
 	}
@@ -290,7 +298,56 @@ func writeCharClass(root, devRel, class, name, ibdev string, port int) error {
 	if err := symlinkRel(root, filepath.Join("sys", "class", class, name), rel); err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(root, "dev", "infiniband", name), "")
+	return writeDevNode(root, name, nodes)
+}
+
+// devNumbers are the major and minor of an RDMA character device name.
+func devNumbers(name string) (major, minor uint32, ok bool) {
+	num := func(prefix string) (uint32, bool) {
+		n, err := strconv.ParseUint(strings.TrimPrefix(name, prefix), 10, 32)
+		return uint32(n), err == nil && strings.HasPrefix(name, prefix)
+	}
+	if n, ok := num("uverbs"); ok {
+		return 231, 192 + n, true
+	}
+	if n, ok := num("umad"); ok {
+		return 231, n, true
+	}
+	if n, ok := num("issm"); ok {
+		return 231, 64 + n, true
+	}
+	if name == "rdma_cm" {
+		return 10, 255, true
+	}
+	return 0, 0, false
+}
+
+// writeDevNode creates /dev/infiniband/<name>: a character device when
+// nodes is set and allowed, else an empty file.
+func writeDevNode(root, name string, nodes bool) error {
+	path := filepath.Join(root, "dev", "infiniband", name)
+	if !nodes {
+		return writeFile(path, "")
+	}
+	major, minor, ok := devNumbers(name)
+	if !ok {
+		return fmt.Errorf("device node %s: unknown RDMA device name", name)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return nil
+	}
+	_ = os.Remove(path)
+	err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
+	if errors.Is(err, unix.EPERM) {
+		return writeFile(path, "")
+	}
+	if err != nil {
+		return fmt.Errorf("mknod %s: %w", path, err)
+	}
+	return nil
 }
 
 // symlinkRel makes root/link point at root/target with a relative target,
