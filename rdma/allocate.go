@@ -10,8 +10,8 @@ import (
 )
 
 // CDI vendor and class of RDMA port devices: a port is
-// "gpu-node-agent.io/rdma=<port ID>". The spec that defines them holds
-// each port's PortCharDevs (see CDIDevices).
+// "gpu-node-agent.io/rdma=<port ID>". WriteCDISpec writes the spec that
+// defines them.
 const (
 	CDIVendor = "gpu-node-agent.io"
 	CDIClass  = "rdma"
@@ -37,19 +37,6 @@ func (d Device) PortCharDevs(p Port) []CharDev {
 	for _, c := range []*CharDev{d.UVerbs, p.UMAD, p.ISSM, d.RDMACM} {
 		if c != nil {
 			out = append(out, *c)
-		}
-	}
-	return out
-}
-
-// CDIDevices maps each port's CDI device name (without the kind) to its
-// character devices, for writing the CDI spec that CDI-mode allocations
-// refer to.
-func CDIDevices(devs []Device) map[string][]CharDev {
-	out := map[string][]CharDev{}
-	for _, d := range devs {
-		for _, p := range d.Ports {
-			out[d.PortID(p.Number)] = d.PortCharDevs(p)
 		}
 	}
 	return out

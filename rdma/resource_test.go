@@ -204,18 +204,3 @@ func TestAllocate(t *testing.T) {
 		})
 	}
 }
-
-func TestCDIDevices(t *testing.T) {
-	devs := fixtureDevices(t, "multiport")
-	got := CDIDevices(devs)
-	var names []string
-	for _, c := range got["mlx4_0:2"] {
-		names = append(names, c.Name)
-	}
-	if want := []string{"uverbs0", "umad1", "issm1", "rdma_cm"}; !slices.Equal(names, want) {
-		t.Errorf("CDIDevices[mlx4_0:2] = %v, want %v", names, want)
-	}
-	if len(got) != 2 {
-		t.Errorf("CDIDevices has %d entries, want 2", len(got))
-	}
-}
