@@ -51,6 +51,15 @@ type Config struct {
 	// HostRoot is where the host's / is visible (e.g. /host in a pod); device
 	// nodes and /proc/driver files are looked up under it.
 	HostRoot string
+	// Recorder, if set, is told the GPUs behind every successful Allocate
+	// (e.g. *rdma.Recent, so RDMA can prefer NICs near them).
+	Recorder AllocationRecorder
+}
+
+// AllocationRecorder is told the GPU UUIDs just allocated to a container:
+// whole GPUs, or the parent GPUs of MIG devices, each once.
+type AllocationRecorder interface {
+	Record(gpuUUIDs []string)
 }
 
 // Validate checks the strategies, naming the option that is wrong.

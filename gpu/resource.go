@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -31,7 +32,9 @@ var controlNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uv
 
 // device is one allocatable GPU or MIG device.
 type device struct {
-	id   string
+	id string
+	// gpu is the UUID of the physical GPU: the device itself or its parent.
+	gpu  string
 	numa []int64
 	// healthIDs must all be healthy: the device itself and, for MIG, its
 	// parent GPU, since a sick parent takes every slice down with it.
@@ -130,6 +133,15 @@ func (r *resource) Allocate(_ context.Context, ids []string) (*pluginapi.Contain
 			return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", r.name, err)
 		}
 		resp.Devices = specs
+	}
+	if r.cfg.Recorder != nil {
+		var gpus []string
+		for _, d := range devs {
+			if !slices.Contains(gpus, d.gpu) {
+				gpus = append(gpus, d.gpu)
+			}
+		}
+		r.cfg.Recorder.Record(gpus)
 	}
 	return resp, nil
 }

@@ -361,3 +361,32 @@ func TestAllocateOnSimHostRoot(t *testing.T) {
 		t.Errorf("whole GPU specs = %v", got)
 	}
 }
+
+type recorder struct{ got [][]string }
+
+func (r *recorder) Record(ids []string) { r.got = append(r.got, slices.Clone(ids)) }
+
+func TestAllocateRecordsGPUs(t *testing.T) {
+	rec := &recorder{}
+	cfg := Config{MIGStrategy: MIGStrategyMixed, HostRoot: t.TempDir(), Recorder: rec}
+	rs, err := Resources(loadNode(t, "h100-mig-mixed.json"), cfg, healthMap{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gpu0 = "GPU-00000000-0000-0000-0000-000000000000"
+	// Two MIG devices on GPU 0 record GPU 0 once.
+	if _, err := findResource(t, rs, "nvidia.com/mig-1g.10gb").Allocate(context.Background(), []string{mig1g, "MIG-00000000-0002-0000-0000-000000000000"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := findResource(t, rs, ResourceGPU).Allocate(context.Background(), []string{gpu5UUID, gpu2UUID}); err != nil {
+		t.Fatal(err)
+	}
+	// A refused request records nothing.
+	if _, err := findResource(t, rs, ResourceGPU).Allocate(context.Background(), []string{"GPU-nope"}); err == nil {
+		t.Fatal("unknown device allocated")
+	}
+	want := [][]string{{gpu0}, {gpu5UUID, gpu2UUID}}
+	if fmt.Sprint(rec.got) != fmt.Sprint(want) {
+		t.Errorf("recorded %v, want %v", rec.got, want)
+	}
+}

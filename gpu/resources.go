@@ -186,6 +186,7 @@ func numa(n int) []int64 {
 func gpuDevice(g *topology.GPU) device {
 	return device{
 		id:        g.UUID,
+		gpu:       g.UUID,
 		numa:      numa(g.NUMANode),
 		healthIDs: []string{g.UUID},
 		lost:      g.Lost,
@@ -196,6 +197,7 @@ func gpuDevice(g *topology.GPU) device {
 func migDevice(g *topology.GPU, m *topology.MIGDevice, caps migCaps) device {
 	d := device{
 		id:        m.UUID,
+		gpu:       g.UUID,
 		numa:      numa(g.NUMANode),
 		healthIDs: []string{m.UUID, g.UUID},
 		lost:      g.Lost,
