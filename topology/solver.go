@@ -227,16 +227,11 @@ func (a *Allocator) lookup(id string) (item, bool) {
 // resolve maps ids to items in solver order, dropping lost devices (returned
 // separately).
 func (a *Allocator) resolve(ids []string) (items []item, lost []string, err error) {
-	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		it, ok := a.lookup(id)
 		if !ok {
 			return nil, nil, fmt.Errorf("unknown device %q", id)
 		}
-		if seen[id] {
-			return nil, nil, fmt.Errorf("device %q listed twice", id)
-		}
-		seen[id] = true
 		if len(items) > 0 && items[0].isMIG != it.isMIG {
 			return nil, nil, fmt.Errorf("device %q: GPU and MIG devices cannot be mixed in one request", id)
 		}
@@ -252,6 +247,17 @@ func (a *Allocator) resolve(ids []string) (items []item, lost []string, err erro
 		}
 		return cmp.Compare(x.mig, y.mig)
 	})
+	for i := 1; i < len(items); i++ {
+		if items[i].gpu == items[i-1].gpu && items[i].mig == items[i-1].mig {
+			return nil, nil, fmt.Errorf("device %q listed twice", items[i].id)
+		}
+	}
+	slices.Sort(lost)
+	for i := 1; i < len(lost); i++ {
+		if lost[i] == lost[i-1] {
+			return nil, nil, fmt.Errorf("device %q listed twice", lost[i])
+		}
+	}
 	return items, lost, nil
 }
 
@@ -277,13 +283,10 @@ func (a *Allocator) explain(available, mustInclude []string, size int, full bool
 	if size < 1 || size > n {
 		return nil, fmt.Errorf("size %d out of range: %d devices available", size, n)
 	}
-	pos := make(map[string]int, n)
-	for i, it := range items {
-		pos[it.id] = i
-	}
 	var req uint64
 	for _, id := range mustInclude {
-		i, ok := pos[id]
+		i := slices.IndexFunc(items, func(it item) bool { return it.id == id })
+		ok := i >= 0
 		switch {
 		case ok && req&(1<<uint(i)) != 0:
 			return nil, fmt.Errorf("must-include device %q listed twice", id)
@@ -310,15 +313,15 @@ func (a *Allocator) explain(available, mustInclude []string, size int, full bool
 		}
 	}
 	e := &Explanation{Size: size, Skipped: lost}
-	for _, it := range items {
-		e.Available = append(e.Available, it.id)
-	}
-	for i := range n {
-		if req&(1<<uint(i)) != 0 {
-			e.MustInclude = append(e.MustInclude, items[i].id)
-		}
-	}
 	if full {
+		for _, it := range items {
+			e.Available = append(e.Available, it.id)
+		}
+		for i := range n {
+			if req&(1<<uint(i)) != 0 {
+				e.MustInclude = append(e.MustInclude, items[i].id)
+			}
+		}
 		for i := range n {
 			for j := i + 1; j < n; j++ {
 				e.Pairs = append(e.Pairs, ScoredPair{A: items[i].id, B: items[j].id, Score: w[i*n+j]})

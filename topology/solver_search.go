@@ -44,6 +44,12 @@ type partitioner struct {
 	bufs [][]candidate
 	// Scratch for expand/gen: the state being expanded.
 	rowsum                  []int
+	gBestExact              int
+	dyn                     []int // per item: its best size-1 partners in the state being expanded
+	gFind, gFound           bool  // find mode: stop at the first exact match of gTarget
+	gTarget                 int
+	gMatch                  candidate
+	recon                   []candidate // reconstruction buffer
 	gMask                   uint64
 	gCount, gK, gScore, gUB int
 }
@@ -58,7 +64,7 @@ type memoEntry struct {
 type candidate struct {
 	g     uint64
 	score int
-	bound int  // 2*score + ub2(mask without g): the child's optimistic total, doubled
+	bound int  // 2*score + the rest's bound: the child's optimistic total, doubled
 	exact bool // bound is the child's exact total (the rest is one final group)
 }
 
@@ -69,17 +75,20 @@ func newPartitioner(w []int, n, size int, req uint64, class []int) *partitioner 
 		ub2:    make([]int, n),
 		nbrs:   make([][]int, n),
 		rowsum: make([]int, n),
-		memo:   make(map[uint64]memoEntry, 256),
+		dyn:    make([]int, n),
+		memo:   make(map[uint64]memoEntry, 16),
 	}
+	flat := make([]int, 0, n*n)
 	for i := 0; i < n; i++ {
-		nb := make([]int, 0, n-1)
+		nb := flat[len(flat):len(flat):cap(flat)]
 		for j := 0; j < n; j++ {
 			if j != i {
 				nb = append(nb, j)
 			}
 		}
 		slices.SortStableFunc(nb, func(x, y int) int { return w[i*n+y] - w[i*n+x] })
-		p.nbrs[i] = nb
+		p.nbrs[i] = nb[:len(nb):len(nb)]
+		flat = flat[:len(flat)+len(nb)]
 		for k := 0; k < size-1 && k < len(nb); k++ {
 			p.ub2[i] += w[i*n+nb[k]]
 		}
@@ -113,6 +122,7 @@ func (p *partitioner) stateBound2(mask uint64) int {
 			k++
 		}
 		total += full
+		p.dyn[v] = full
 		if pending {
 			loss[nloss] = full - short
 			nloss++
@@ -168,12 +178,50 @@ func (p *partitioner) groupSizes(mask uint64) []int {
 	return []int{p.size, p.rem}
 }
 
-// expand appends to buf every valid group holding mask's lowest item, each
-// size in lexicographic order of its items. A candidate's bound is twice its
-// optimistic total; when the rest of mask is one final group the total is
-// exact and costs nothing extra: with rowsum(v) the sum of v's pair scores
-// inside mask, score(g) + score(rest) = score(mask) + 2*score(g) - Σ_{v∈g} rowsum(v).
-func (p *partitioner) expand(buf []candidate, mask uint64) []candidate {
+// expand appends to buf the valid groups holding mask's lowest item whose
+// total is not yet known (the rest of mask still needs partitioning), each
+// with twice its optimistic total as bound, and returns the best exact
+// total among the others: when the rest of mask is one final group the
+// total is exact and costs nothing extra, since with rowsum(v) the sum of
+// v's pair scores inside mask,
+// score(g) + score(rest) = score(mask) + 2*score(g) - Σ_{v∈g} rowsum(v).
+// Exact candidates are never stored: for size n/2 there are C(n-1, n/2-1).
+func (p *partitioner) expand(buf []candidate, mask uint64, haveDyn bool) ([]candidate, int) {
+	p.prepare(mask, haveDyn)
+	p.gFind, p.gBestExact = false, infeasible
+	low := bits.TrailingZeros64(mask)
+	for _, k := range p.groupSizes(mask) {
+		p.gK = k
+		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low])
+	}
+	return buf, p.gBestExact
+}
+
+// find is expand for reconstruction: it returns the lexicographically
+// first exact candidate whose total is target (ok false if none) and the
+// non-exact candidates that may still reach target and come before it.
+func (p *partitioner) find(buf []candidate, mask uint64, target int) (open []candidate, first candidate, ok bool) {
+	p.prepare(mask, false)
+	p.gFind, p.gTarget = true, target
+	low := bits.TrailingZeros64(mask)
+	for _, k := range p.groupSizes(mask) {
+		p.gK, p.gFound = k, false
+		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low])
+		if p.gFound && (!ok || p.lexCompare(p.gMatch.g, first.g) < 0) {
+			first, ok = p.gMatch, true
+		}
+	}
+	p.gFound = false
+	return buf, first, ok
+}
+
+// prepare computes the per-state sums expand and find need. Candidate
+// bounds use each item's best partners within this state (p.dyn), which
+// bound them in any smaller state too.
+func (p *partitioner) prepare(mask uint64, haveDyn bool) {
+	if !haveDyn {
+		p.stateBound2(mask)
+	}
 	maskScore2, ub := 0, 0
 	for m := mask; m != 0; m &= m - 1 {
 		v := bits.TrailingZeros64(m)
@@ -184,15 +232,9 @@ func (p *partitioner) expand(buf []candidate, mask uint64) []candidate {
 		}
 		p.rowsum[v] = s
 		maskScore2 += s
-		ub += p.ub2[v]
+		ub += p.dyn[v]
 	}
 	p.gMask, p.gCount, p.gScore, p.gUB = mask, bits.OnesCount64(mask), maskScore2/2, ub
-	low := bits.TrailingZeros64(mask)
-	for _, k := range p.groupSizes(mask) {
-		p.gK = k
-		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.ub2[low])
-	}
-	return buf
 }
 
 // gen extends the partial group g (pair score s, rowsum total rs, bound
@@ -213,8 +255,18 @@ func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us i
 			} else {
 				c.bound = 2 * (p.gScore + 2*s - rs)
 			}
-		} else {
-			c.bound = 2*s + p.gUB - us
+			if p.gFind {
+				if c.bound/2 == p.gTarget && c.bound/2 != infeasible {
+					p.gFound, p.gMatch = true, c
+				}
+			} else {
+				p.gBestExact = max(p.gBestExact, c.bound/2)
+			}
+			return buf
+		}
+		c.bound = 2*s + p.gUB - us
+		if p.gFind && c.bound/2 < p.gTarget {
+			return buf
 		}
 		return append(buf, c)
 	}
@@ -235,7 +287,10 @@ func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us i
 		for m := g; m != 0; m &= m - 1 {
 			add += row[bits.TrailingZeros64(m)]
 		}
-		buf = p.gen(buf, j+1, need-1, g|bit, s+add, rs+p.rowsum[j], us+p.ub2[j])
+		buf = p.gen(buf, j+1, need-1, g|bit, s+add, rs+p.rowsum[j], us+p.dyn[j])
+		if p.gFound {
+			return buf // find mode: later groups come after the match
+		}
 	}
 	return buf
 }
@@ -264,21 +319,12 @@ func (p *partitioner) solve(mask uint64, alpha int, depth int) (int, bool) {
 	for len(p.bufs) <= depth {
 		p.bufs = append(p.bufs, nil)
 	}
-	buf := p.expand(p.bufs[depth][:0], mask)
 	// Exact candidates need no search; the others are tried most promising
 	// first so the threshold rises early. The order only affects speed: the
 	// value is the exact maximum either way.
-	best := infeasible
-	open := buf[:0]
-	for _, c := range buf {
-		if !c.exact {
-			open = append(open, c)
-		} else if v := c.bound / 2; v > best && v > infeasible {
-			best = v
-		}
-	}
+	open, best := p.expand(p.bufs[depth][:0], mask, true) // stateBound2 above filled p.dyn
 	slices.SortFunc(open, func(a, b candidate) int { return b.bound - a.bound })
-	p.bufs[depth] = buf
+	p.bufs[depth] = open
 
 	for i := 0; i < len(open); i++ {
 		c := open[i]
@@ -320,32 +366,25 @@ func (p *partitioner) best() (partition []uint64, total int) {
 	}
 	target := total
 	for mask != 0 {
-		cands := p.expand(nil, mask)
-		if len(p.groupSizes(mask)) > 1 {
-			// Each size's groups come out lexicographic: merge the two runs.
-			slices.SortStableFunc(cands, func(a, b candidate) int { return p.lexCompare(a.g, b.g) })
-		}
-		found := false
-		for _, c := range cands {
-			need := target - c.score
-			rest := mask &^ c.g
-			if c.exact {
-				if c.bound/2 != target {
-					continue
-				}
-			} else if c.bound/2 < target {
-				continue
-			} else if v, ok := p.solve(rest, need-1, 0); !ok || v != need || v == infeasible {
-				continue
+		open, first, ok := p.find(p.recon[:0], mask, target)
+		p.recon = open
+		slices.SortFunc(open, func(a, b candidate) int { return p.lexCompare(a.g, b.g) })
+		chosen, found := first, ok
+		for _, c := range open {
+			if ok && p.lexCompare(c.g, first.g) > 0 {
+				break
 			}
-			partition = append(partition, c.g)
-			mask, target = rest, need
-			found = true
-			break
+			need := target - c.score
+			if v, solved := p.solve(mask&^c.g, need-1, 0); solved && v == need {
+				chosen, found = c, true
+				break
+			}
 		}
 		if !found {
 			panic("topology: partition reconstruction lost the optimum") // cannot happen: f(mask) is attained
 		}
+		partition = append(partition, chosen.g)
+		mask, target = mask&^chosen.g, target-chosen.score
 	}
 	return partition, total
 }
