@@ -1,0 +1,316 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	// KubeletRootDir is the kubelet's root directory. The kubelet's device
+	// manager hardcodes /var/lib/kubelet/device-plugins, and the agent's
+	// DaemonSet mounts the host's /var/lib/kubelet paths, so the node uses
+	// the real location; Stop unmounts and removes what it left there.
+	KubeletRootDir = "/var/lib/kubelet"
+	// DevicePluginDir is where the kubelet serves kubelet.sock.
+	DevicePluginDir = KubeletRootDir + "/device-plugins"
+)
+
+// startContainerd runs containerd with its own root, state, socket and CNI
+// configuration inside the cluster directory.
+func (c *Cluster) startContainerd(ctx context.Context) error {
+	dir := filepath.Join(c.Dir, "containerd")
+	cniDir := filepath.Join(dir, "cni")
+	for _, d := range []string{dir, cniDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	// containerd reports NetworkReady once one CNI network config loads.
+	// Test pods use hostNetwork, so the bridge is never used by them; it
+	// is a real config so a pod without hostNetwork would still work.
+	cni := `{
+  "cniVersion": "0.4.0",
+  "name": "e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": "gna-e2e0", "isGateway": true, "ipMasq": false,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}`
+	if err := os.WriteFile(filepath.Join(cniDir, "10-e2e.conflist"), []byte(cni), 0o644); err != nil {
+		return fmt.Errorf("write cni config: %w", err)
+	}
+	c.ContainerdSocket = filepath.Join(dir, "containerd.sock")
+	cniBin := "/usr/lib/cni"
+	if _, err := os.Stat(filepath.Join(cniBin, "bridge")); err != nil {
+		if _, err2 := os.Stat("/opt/cni/bin/bridge"); err2 == nil {
+			cniBin = "/opt/cni/bin"
+		}
+	}
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+[grpc]
+  address = %q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = %q
+    conf_dir = %q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.ContainerdSocket, filepath.Join(dir, "opt"),
+		PauseImage, cniBin, cniDir)
+	configPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
+		return fmt.Errorf("write containerd config: %w", err)
+	}
+	p, err := startProcess("containerd", c.LogDir, c.bins.containerd, "--config", configPath, "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	c.containerd = p
+	return waitFor(ctx, "containerd", p, func(ctx context.Context) error {
+		_, err := c.ctrCommand(ctx, "version")
+		return err
+	})
+}
+
+// stopContainerd kills every container it runs, stops it, and ends the
+// shims it started (they outlive containerd by design).
+func (c *Cluster) stopContainerd() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	if out, err := c.ctrCommand(ctx, "tasks", "ls", "-q"); err == nil {
+		for _, id := range strings.Fields(out) {
+			_, _ = c.ctrCommand(ctx, "tasks", "kill", "--all", "--signal", "SIGKILL", id)
+		}
+		for _, id := range strings.Fields(out) {
+			for i := 0; i < 20; i++ {
+				if _, err := c.ctrCommand(ctx, "tasks", "delete", "--force", id); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	errs = append(errs, c.containerd.stop(15*time.Second))
+	errs = append(errs, killShims(c.ContainerdSocket))
+	return errors.Join(errs...)
+}
+
+// killShims kills containerd-shim processes started for the containerd
+// listening on socket (their command line names it with -address).
+func killShims(socket string) error {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return fmt.Errorf("list processes: %w", err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) == 0 || !strings.Contains(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		for i, a := range args {
+			if a == "-address" && i+1 < len(args) && args[i+1] == socket {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	return nil
+}
+
+// kubeletConfig is the KubeletConfiguration the node runs with.
+func (c *Cluster) kubeletConfig(port, healthzPort int) string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+  x509:
+    clientCAFile: %s
+authorization:
+  mode: AlwaysAllow
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://%s
+podLogsDir: %s
+registerNode: true
+nodeStatusUpdateFrequency: 2s
+syncFrequency: 10s
+fileCheckFrequency: 10s
+evictionHard:
+  memory.available: 50Mi
+  nodefs.available: 1%%
+  nodefs.inodesFree: 1%%
+  imagefs.available: 1%%
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+protectKernelDefaults: false
+rotateCertificates: false
+serverTLSBootstrap: false
+`, port, healthzPort, c.pki.CAFile, c.ContainerdSocket, filepath.Join(c.Dir, "pod-logs"))
+}
+
+// StartKubelet starts the kubelet (again, after StopKubelet) and waits
+// until the node is Ready.
+func (c *Cluster) StartKubelet(ctx context.Context) error {
+	if c.kubeletArgs == nil {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		healthz, err := freePort()
+		if err != nil {
+			return err
+		}
+		dir := filepath.Join(c.Dir, "kubelet")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create kubelet dir: %w", err)
+		}
+		cfgPath := filepath.Join(dir, "config.yaml")
+		if err := os.WriteFile(cfgPath, []byte(c.kubeletConfig(port, healthz)), 0o644); err != nil {
+			return fmt.Errorf("write kubelet config: %w", err)
+		}
+		kubeconfig := filepath.Join(dir, "kubeconfig")
+		if err := writeKubeconfig(kubeconfig, c.APIServerURL, c.pki.CAFile, c.pki.KubeletCert, c.pki.KubeletKey); err != nil {
+			return err
+		}
+		args := []string{
+			"--config", cfgPath,
+			"--kubeconfig", kubeconfig,
+			"--root-dir", KubeletRootDir,
+			"--cert-dir", filepath.Join(dir, "pki"),
+			"--hostname-override", c.NodeName,
+			"--node-ip", "127.0.0.1",
+			"--v", "2",
+		}
+		if len(c.opts.NodeLabels) > 0 {
+			var labels []string
+			for k, v := range c.opts.NodeLabels {
+				labels = append(labels, k+"="+v)
+			}
+			sort.Strings(labels)
+			args = append(args, "--node-labels", strings.Join(labels, ","))
+		}
+		c.kubeletArgs = args
+		c.kubeletHealthz = fmt.Sprintf("http://127.0.0.1:%d/healthz", healthz)
+	}
+	p, err := startProcess("kubelet", c.LogDir, c.bins.path("kubelet"), c.kubeletArgs...)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.kubelet = p
+	c.mu.Unlock()
+	if err := waitFor(ctx, "kubelet /healthz", p, httpOK(c.kubeletHealthz)); err != nil {
+		return err
+	}
+	return waitFor(ctx, "node "+c.NodeName+" Ready", p, func(ctx context.Context) error {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				if cond.Status == corev1.ConditionTrue && cond.LastHeartbeatTime.After(p.started) {
+					return nil
+				}
+				return fmt.Errorf("node Ready=%s: %s", cond.Status, cond.Message)
+			}
+		}
+		return errors.New("node has no Ready condition yet")
+	})
+}
+
+// StopKubelet stops the kubelet; pods keep running in containerd, as on a
+// real node whose kubelet restarts.
+func (c *Cluster) StopKubelet() error {
+	c.mu.Lock()
+	p := c.kubelet
+	c.mu.Unlock()
+	return p.stop(20 * time.Second)
+}
+
+// RestartKubelet stops and starts the kubelet and waits for the node to
+// be Ready again.
+func (c *Cluster) RestartKubelet(ctx context.Context) error {
+	if err := c.StopKubelet(); err != nil {
+		return err
+	}
+	return c.StartKubelet(ctx)
+}
+
+// cleanupNode removes what the kubelet left on the host: mounts and state
+// under /var/lib/kubelet and the pod cgroups.
+func (c *Cluster) cleanupNode() error {
+	var errs []error
+	errs = append(errs, unmountUnder(KubeletRootDir))
+	if err := os.RemoveAll(KubeletRootDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", KubeletRootDir, err))
+	}
+	if c.ownDir {
+		errs = append(errs, unmountUnder(c.Dir))
+	}
+	removeCgroups("kubepods")
+	return errors.Join(errs...)
+}
+
+// removeCgroups removes the (by now empty) cgroup trees named name under
+// every cgroup v1 controller and the v2 root, deepest first; best effort.
+func removeCgroups(name string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + name)
+	if st, err := os.Stat("/sys/fs/cgroup/" + name); err == nil && st.IsDir() {
+		roots = append(roots, "/sys/fs/cgroup/"+name)
+	}
+	for _, root := range roots {
+		var dirs []string
+		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(dirs[i])
+		}
+	}
+}

@@ -1,0 +1,215 @@
+// Package agentproc starts the built gpu-node-agent binary for tests, sends
+// its output to the test log and stops it when the test ends; it also talks
+// to the simulator's control endpoint.
+package agentproc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BinaryEnv overrides the path of the agent binary.
+const BinaryEnv = "GPU_NODE_AGENT_BIN"
+
+// RepoRoot returns the repository root (the parent of the test module).
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	// file is <root>/test/internal/agentproc/agent.go
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
+}
+
+// Binary returns the agent binary path ($GPU_NODE_AGENT_BIN or
+// <repo>/bin/gpu-node-agent) and fails the test when it does not exist:
+// `make build` (or `make e2e`) builds it.
+func Binary(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv(BinaryEnv)
+	if p == "" {
+		p = filepath.Join(RepoRoot(), "bin", "gpu-node-agent")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("agent binary: %v (run `make build` first, or set %s)", err, BinaryEnv)
+	}
+	return p
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Agent is a running agent process.
+type Agent struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	out  *lineLog
+}
+
+// Start runs the agent binary with args; the process is stopped (SIGTERM,
+// then SIGKILL after 10 s) when the test ends.
+func Start(t testing.TB, args ...string) *Agent {
+	t.Helper()
+	bin := Binary(t)
+	cmd := exec.Command(bin, args...)
+	out := &lineLog{t: t, prefix: "agent: "}
+	cmd.Stdout = out
+	cmd.Stderr = out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	a := &Agent{cmd: cmd, done: make(chan struct{}), out: out}
+	go func() {
+		a.err = cmd.Wait()
+		close(a.done)
+	}()
+	t.Cleanup(func() {
+		if err := a.Stop(10 * time.Second); err != nil {
+			t.Logf("stop agent: %v", err)
+		}
+		out.close()
+	})
+	t.Logf("started %s %s (pid %d)", bin, strings.Join(args, " "), cmd.Process.Pid)
+	return a
+}
+
+// Exited is closed when the process has exited.
+func (a *Agent) Exited() <-chan struct{} { return a.done }
+
+// Err is the exit error; valid once Exited is closed.
+func (a *Agent) Err() error { return a.err }
+
+// Output returns everything the agent printed so far.
+func (a *Agent) Output() string { return a.out.String() }
+
+// Stop sends SIGTERM and waits up to grace before killing the process.
+func (a *Agent) Stop(grace time.Duration) error {
+	select {
+	case <-a.done:
+		return nil
+	default:
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+		return nil
+	case <-time.After(grace):
+		_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
+		<-a.done
+		return fmt.Errorf("agent did not exit within %s of SIGTERM; killed", grace)
+	}
+}
+
+// lineLog forwards process output to t.Log line by line and keeps a copy.
+type lineLog struct {
+	t      testing.TB
+	prefix string
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	all    bytes.Buffer
+	closed bool
+}
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all.Write(p)
+	if l.closed {
+		return len(p), nil
+	}
+	l.buf.Write(p)
+	for {
+		line, err := l.buf.ReadString('\n')
+		if err == io.EOF {
+			l.buf.WriteString(line)
+			break
+		}
+		l.t.Log(l.prefix + strings.TrimRight(line, "\n"))
+	}
+	return len(p), nil
+}
+
+func (l *lineLog) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.all.String()
+}
+
+// SimControl is a client of the simulator's control endpoint
+// (--sim-control-address).
+type SimControl struct {
+	// Base is "http://host:port".
+	Base   string
+	Client *http.Client
+}
+
+// MIGRequest is the body of POST /mig: the new MIG layout of one GPU
+// (an empty Profiles list disables MIG on it).
+type MIGRequest struct {
+	GPU      int      `json:"gpu"`
+	Profiles []string `json:"profiles"`
+}
+
+// SetMIG applies a MIG layout to one GPU while the agent runs.
+func (c SimControl) SetMIG(ctx context.Context, gpu int, profiles []string) error {
+	return c.post(ctx, "/mig", MIGRequest{GPU: gpu, Profiles: profiles})
+}
+
+// Post sends body as JSON to path and fails on a non-2xx answer; for the
+// control endpoints other tests use (faults, counters).
+func (c SimControl) Post(ctx context.Context, path string, body any) error {
+	return c.post(ctx, path, body)
+}
+
+func (c SimControl) post(ctx context.Context, path string, body any) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("encode %s request: %w", path, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+path, bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("build %s request: %w", path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	hc := c.Client
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("post %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("post %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
