@@ -156,6 +156,14 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	for i := range n.devices {
 		n.installDevice(i)
 	}
+	if err := n.writeHostTree(); err != nil {
+		return nil, fmt.Errorf("simulated node: host tree under %s: %w", hostRoot, err)
+	}
+	n.installFaults()
+	n.installCounters()
+	n.installNICs()
+	// MIG devices come after the install hooks so that their MIG hooks
+	// apply to the initial layout as to later ones.
 	for i, g := range spec.GPUs {
 		if !g.MIGEnabled {
 			continue
@@ -164,12 +172,9 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 			return nil, fmt.Errorf("simulated node: gpu %d: %w", i, err)
 		}
 	}
-	if err := n.writeHostTree(); err != nil {
-		return nil, fmt.Errorf("simulated node: host tree under %s: %w", hostRoot, err)
+	if err := n.writeMIGCaps(); err != nil {
+		return nil, fmt.Errorf("simulated node: mig capability files under %s: %w", hostRoot, err)
 	}
-	n.installFaults()
-	n.installCounters()
-	n.installNICs()
 	for i, d := range n.devices {
 		fillUnsupported(&d.Device)
 		n.wrapLost(&d.Device, i)

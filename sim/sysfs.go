@@ -64,10 +64,7 @@ func (n *Node) writeHostTree() error {
 			return err
 		}
 	}
-	if err := n.writeMIGMinors(); err != nil {
-		return err
-	}
-	return n.writeMIGCaps()
+	return n.writeMIGMinors()
 }
 
 // addPCIDevice creates the sysfs directories of a PCI path (root port first,
