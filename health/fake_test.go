@@ -107,7 +107,7 @@ func (f *fakeNVML) newDevice(g *fakeGPU) *mock.Device {
 		return ret
 	}
 	d.GetUUIDFunc = func() (string, nvml.Return) { defer lock()(); return g.uuid, lostOr(nvml.SUCCESS) }
-	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { defer lock()(); return nvml.PciInfo{}, lostOr(nvml.SUCCESS) }
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { defer lock()(); return nvml.Memory{}, lostOr(nvml.SUCCESS) }
 	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return {
 		defer lock()()
 		if g.noEvents {

@@ -22,10 +22,10 @@ func (c *lostCheck) resolve(uuid string) (nvml.Device, Observation) {
 	dev, ret := c.lib.DeviceGetHandleByUUID(uuid)
 	what := "handle"
 	if ret == nvml.SUCCESS {
-		// Look-ups can be served from the driver's cache; a PCI info
-		// query reaches the device.
-		_, ret = dev.GetPciInfo()
-		what = "pci info"
+		// The driver keeps a lost GPU's identity (handle, UUID, PCI
+		// info); a memory query has to reach the device.
+		_, ret = dev.GetMemoryInfo()
+		what = "memory info"
 	}
 	switch ret {
 	case nvml.SUCCESS:
