@@ -64,7 +64,7 @@ func containerResponse(refs []portRef, cdi bool) *pluginapi.ContainerAllocateRes
 			ibdevs = append(ibdevs, r.dev.Name)
 		}
 		hcas = append(hcas, r.dev.Name+":"+strconv.FormatUint(uint64(r.port.Number), 10))
-		for _, n := range portNetDevNames(*r.dev, r.port) {
+		for _, n := range portNetDevNames(*r.dev, r.port, false) {
 			if !slices.Contains(netdevs, n) {
 				netdevs = append(netdevs, n)
 			}

@@ -41,8 +41,9 @@ type Port struct {
 	LinkLayer string // ports/N/link_layer: "InfiniBand" or "Ethernet"
 	// Rate is the port rate in bytes/second (ports/N/rate).
 	Rate uint64
-	// NetDevs are the interfaces backing this port: RoCE gid_attrs/ndevs
-	// plus device/net entries whose dev_port matches.
+	// NetDevs are the interfaces backing this port: the device/net entries
+	// whose dev_port matches, then any further RoCE gid_attrs/ndevs
+	// interfaces (marked Virtual).
 	NetDevs []NetDev
 	UMAD    *CharDev // infiniband_mad/umadN for this port
 	ISSM    *CharDev // infiniband_mad/issmN, InfiniBand ports only
@@ -81,6 +82,11 @@ type NetDev struct {
 	// AdminUp is IFF_UP (netlink only; true when only sysfs was read).
 	AdminUp bool
 	MTU     int
+	// Virtual marks an interface seen only in the port's RoCE GID table (a
+	// VLAN, macvlan or bond on top of it). Selectors match it, but it does
+	// not decide the port's health and is not listed in RDMA_NETDEVS: an
+	// unused VLAN being down says nothing about the link.
+	Virtual bool
 }
 
 // CharDev is a character device handed to containers.

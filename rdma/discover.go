@@ -168,12 +168,6 @@ func readDevice(sfs sysfs.FS, sysRoot, name string, chars charDevs) (Device, err
 		}
 		portDir := filepath.Join(sysRoot, "class", "infiniband", name, "ports", strconv.FormatUint(uint64(n), 10))
 		seen := map[string]bool{}
-		for _, nd := range readGIDNetDevs(portDir) {
-			if !seen[nd] {
-				seen[nd] = true
-				p.NetDevs = append(p.NetDevs, NetDev{Name: nd})
-			}
-		}
 		for _, nd := range devNet {
 			// dev_port is 0-based; without it a single-port device owns
 			// all of device/net.
@@ -182,6 +176,12 @@ func readDevice(sfs sysfs.FS, sysRoot, name string, chars charDevs) (Device, err
 					seen[nd.name] = true
 					p.NetDevs = append(p.NetDevs, NetDev{Name: nd.name})
 				}
+			}
+		}
+		for _, nd := range readGIDNetDevs(portDir) {
+			if !seen[nd] {
+				seen[nd] = true
+				p.NetDevs = append(p.NetDevs, NetDev{Name: nd, Virtual: true})
 			}
 		}
 		d.Ports = append(d.Ports, p)
@@ -380,6 +380,8 @@ func (s netDevStater) state(name string) NetDev {
 
 func (s netDevStater) fill(nds []NetDev) {
 	for i := range nds {
+		virtual := nds[i].Virtual
 		nds[i] = s.state(nds[i].Name)
+		nds[i].Virtual = virtual
 	}
 }

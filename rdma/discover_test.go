@@ -54,7 +54,7 @@ func TestDiscover(t *testing.T) {
 				NetDevs: []NetDev{up("enp225s0f0np0", 9000)},
 				Ports: []Port{{Number: 1, State: "ACTIVE", PhysState: "LinkUp", LinkLayer: "Ethernet", Rate: 12_500_000_000,
 					// vlan100 has no sysfs entry in the fixture: name only.
-					NetDevs: []NetDev{up("enp225s0f0np0", 9000), {Name: "vlan100"}}, UMAD: cd("umad4", "/run/sim")}},
+					NetDevs: []NetDev{up("enp225s0f0np0", 9000), {Name: "vlan100", Virtual: true}}, UMAD: cd("umad4", "/run/sim")}},
 				UVerbs: cd("uverbs4", "/run/sim"), RDMACM: cd("rdma_cm", "/run/sim"),
 			}},
 		},

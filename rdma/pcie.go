@@ -136,14 +136,14 @@ func ToTopology(devs []Device, gpus []topology.GPU) []topology.NIC {
 	return nics
 }
 
-// netDevNames lists every netdev of a device, device/net first, without
-// duplicates.
+// netDevNames lists the netdevs of a device, device/net first, without
+// duplicates or Virtual ones.
 func netDevNames(d Device) []string {
 	var names []string
 	seen := map[string]bool{}
 	add := func(nds []NetDev) {
 		for _, n := range nds {
-			if !seen[n.Name] {
+			if !n.Virtual && !seen[n.Name] {
 				seen[n.Name] = true
 				names = append(names, n.Name)
 			}

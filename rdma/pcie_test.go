@@ -85,7 +85,7 @@ func TestToTopology(t *testing.T) {
 		Name:    "mlx5_0",
 		PCI:     PCIFunction{Address: "0000:05:00.0", NUMANode: 0, Path: []string{"0000:00:01.1", "0000:01:00.0", "0000:02:02.0", "0000:05:00.0"}},
 		NetDevs: []NetDev{{Name: "ib0"}},
-		Ports:   []Port{{Number: 1, LinkLayer: LinkLayerInfiniBand, NetDevs: []NetDev{{Name: "ib0"}, {Name: "ib0.8001"}}}},
+		Ports:   []Port{{Number: 1, LinkLayer: LinkLayerInfiniBand, NetDevs: []NetDev{{Name: "ib0"}, {Name: "ib0.8001"}, {Name: "vlan7", Virtual: true}}}},
 	}}
 	gpus := []topology.GPU{
 		{Index: 0, NUMANode: 0, PCIPath: []string{"0000:00:01.1", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"}},

@@ -177,7 +177,7 @@ func TestAllocate(t *testing.T) {
 			name: "shared slot gives every selected port, no issm on roce", resource: 1, ids: []string{"roce-3"},
 			want: &pluginapi.ContainerAllocateResponse{
 				Devices: []*pluginapi.DeviceSpec{spec("uverbs4"), spec("umad4"), spec("rdma_cm")},
-				Envs:    map[string]string{EnvDevices: "mlx5_4", EnvNCCLHCA: "=mlx5_4:1", EnvNetDevs: "enp225s0f0np0,vlan100"},
+				Envs:    map[string]string{EnvDevices: "mlx5_4", EnvNCCLHCA: "=mlx5_4:1", EnvNetDevs: "enp225s0f0np0"},
 			},
 		},
 		{name: "unknown id", resource: 0, ids: []string{"mlx5_7"}, wantErr: `allocate rdma/ib: unknown device "mlx5_7"`},

@@ -23,7 +23,7 @@ func (s Selectors) Match(d Device, p Port) bool {
 		return false
 	}
 	if len(s.IfNames) > 0 {
-		names := portNetDevNames(d, p)
+		names := portNetDevNames(d, p, true)
 		if !slices.ContainsFunc(s.IfNames, func(v string) bool { return slices.Contains(names, v) }) {
 			return false
 		}
@@ -31,16 +31,18 @@ func (s Selectors) Match(d Device, p Port) bool {
 	return true
 }
 
-// portNetDevNames lists the port's netdevs, falling back to the device's
-// when the port has none of its own.
-func portNetDevNames(d Device, p Port) []string {
+// portNetDevNames lists the port's netdevs (Virtual ones only when asked),
+// falling back to the device's when the port has none of its own.
+func portNetDevNames(d Device, p Port, virtual bool) []string {
 	nds := p.NetDevs
 	if len(nds) == 0 {
 		nds = d.NetDevs
 	}
-	names := make([]string, len(nds))
-	for i, n := range nds {
-		names[i] = n.Name
+	var names []string
+	for _, n := range nds {
+		if virtual || !n.Virtual {
+			names = append(names, n.Name)
+		}
 	}
 	return names
 }

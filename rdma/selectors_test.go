@@ -10,7 +10,7 @@ func TestSelectorsMatch(t *testing.T) {
 	}
 	roce := Device{Name: "mlx5_4",
 		PCI:   PCIFunction{Address: "0000:e1:00.0", Vendor: "15b3", DeviceID: "101d", Driver: "mlx5_core", NUMANode: 1},
-		Ports: []Port{{Number: 1, LinkLayer: LinkLayerEthernet, NetDevs: []NetDev{{Name: "enp225s0f0np0"}}}},
+		Ports: []Port{{Number: 1, LinkLayer: LinkLayerEthernet, NetDevs: []NetDev{{Name: "enp225s0f0np0"}, {Name: "vlan100", Virtual: true}}}},
 	}
 	tests := []struct {
 		name     string
@@ -26,7 +26,8 @@ func TestSelectorsMatch(t *testing.T) {
 		{name: "link type ib", sel: Selectors{LinkTypes: []string{"infiniband"}}, wantIB: true},
 		{name: "link type ether", sel: Selectors{LinkTypes: []string{"ether"}}, wantRoCE: true},
 		{name: "ifname from device/net", sel: Selectors{IfNames: []string{"ib0"}}, wantIB: true},
-		{name: "ifname from gid ndevs", sel: Selectors{IfNames: []string{"enp225s0f0np0"}}, wantRoCE: true},
+		{name: "ifname of the port", sel: Selectors{IfNames: []string{"enp225s0f0np0"}}, wantRoCE: true},
+		{name: "ifname of a vlan from gid ndevs", sel: Selectors{IfNames: []string{"vlan100"}}, wantRoCE: true},
 		{name: "short pci address", sel: Selectors{PCIAddresses: []string{"0C:00.0"}}, wantIB: true},
 		{name: "numa", sel: Selectors{NUMANodes: []int{1}}, wantRoCE: true},
 		{name: "fields are ANDed", sel: Selectors{LinkTypes: []string{"ib"}, NUMANodes: []int{1}}},

@@ -83,7 +83,7 @@ func NewWatcher(opts WatcherOptions) (*Watcher, error) {
 			w.ports = append(w.ports, watchedPort{
 				id:      d.PortID(p.Number),
 				dir:     filepath.Join(sysRoot, "class", "infiniband", d.Name, "ports", strconv.FormatUint(uint64(p.Number), 10)),
-				netdevs: portNetDevNames(d, p),
+				netdevs: portNetDevNames(d, p, false),
 			})
 		}
 	}

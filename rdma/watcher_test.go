@@ -171,3 +171,22 @@ func TestWatcherWithoutDevices(t *testing.T) {
 		t.Error("NewWatcher without Observe succeeded")
 	}
 }
+
+// TestWatcherIgnoresVirtualNetDevs: a VLAN on a RoCE port (seen only in
+// the GID table) being down does not make the port unhealthy; the port's
+// own netdev does.
+func TestWatcherIgnoresVirtualNetDevs(t *testing.T) {
+	links := &eventLinks{links: map[string]LinkInfo{
+		"vlan100":       {Name: "vlan100", OperState: "down"},
+		"enp225s0f0np0": {Name: "enp225s0f0np0", OperState: "up", AdminUp: true},
+	}, ready: make(chan struct{})}
+	obs := startWatcher(t, fixtureRoot("roce"), links, time.Hour)
+	if o := next(t, obs); o != (observation{"mlx5_4", true, ""}) {
+		t.Fatalf("initial = %+v, want mlx5_4 healthy despite vlan100 down", o)
+	}
+	<-links.ready
+	links.set(LinkInfo{Name: "enp225s0f0np0", OperState: "down", AdminUp: true})
+	if o := next(t, obs); o != (observation{"mlx5_4", false, "netdev enp225s0f0np0 operstate is down"}) {
+		t.Errorf("after the port netdev went down: %+v", o)
+	}
+}
