@@ -20,6 +20,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // waitFor polls cond until it holds or the (generous) deadline passes; the
@@ -224,5 +225,23 @@ func TestVersion(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"version"}, &out, io.Discard, nil); code != 0 || out.String() != "gpu-node-agent dev\n" {
 		t.Errorf("exit %d, output %q", code, out.String())
+	}
+}
+
+func TestTopologyDump(t *testing.T) {
+	var out, stderr bytes.Buffer
+	code := run([]string{"topology", "dump", "--simulate", "dgx-h100,mig=2:3g.40gb+3g.40gb"}, &out, &stderr, nil)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	node, err := topology.ParseSnapshot(out.Bytes())
+	if err != nil {
+		t.Fatalf("dump is not a snapshot: %v\n%s", err, out.String())
+	}
+	if len(node.GPUs) != 8 || len(node.GPUs[2].MIG) != 2 || node.GPUs[2].MIG[0].Profile != "3g.40gb" {
+		t.Errorf("dump: %d GPUs, GPU 2 MIG %+v", len(node.GPUs), node.GPUs[2].MIG)
+	}
+	if code := run([]string{"topology", "dump", "--mig-strategy", "mixed"}, io.Discard, io.Discard, nil); code == 0 {
+		t.Error("topology dump accepted an agent-only flag")
 	}
 }

@@ -40,11 +40,7 @@ type hardware struct {
 // discovery keeps failing (no GPU resources) until it loads.
 func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 	if cfg.Simulate == "" {
-		h := &hardware{log: log, hostRoot: cfg.HostRoot, what: "NVML", lib: nvml.New()}
-		h.mu.Lock()
-		h.initLocked()
-		h.mu.Unlock()
-		return h, nil
+		return nvmlHardware(nvml.New(), cfg.HostRoot, log), nil
 	}
 
 	spec, err := parseSimulate(cfg.Simulate)
@@ -80,6 +76,15 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 	}
 	h.cleanup = append(h.cleanup, func() { h.lib.Shutdown() })
 	return h, nil
+}
+
+// nvmlHardware is real hardware behind lib (nvml.New() outside tests).
+func nvmlHardware(lib nvml.Interface, hostRoot string, log *slog.Logger) *hardware {
+	h := &hardware{log: log, hostRoot: hostRoot, what: "NVML", lib: lib}
+	h.mu.Lock()
+	h.initLocked()
+	h.mu.Unlock()
+	return h
 }
 
 // initLocked loads and initialises NVML; h.mu must be held.

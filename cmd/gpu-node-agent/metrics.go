@@ -13,12 +13,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// serveMetrics serves reg on addr at /metrics until ctx is done.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+// listenMetrics opens the metrics address; separate from serving so that a
+// port in use fails the start, before anything else runs.
+func listenMetrics(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
 	}
+	return ln, nil
+}
+
+// serveMetrics serves reg at /metrics on ln until ctx is done.
+func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -111,6 +112,16 @@ func (a *agent) run(ctx context.Context) error {
 	log.Info("gpu-node-agent starting", "version", version, "hardware", a.hw.what, "hostRoot", a.hw.hostRoot,
 		"devicePluginDir", cfg.DevicePluginDir, "migStrategy", cfg.MIGStrategy, "deviceListStrategy", cfg.DeviceListStrategy)
 
+	// Listen before anything is served, so a port in use fails the start.
+	var metricsLn net.Listener
+	if cfg.MetricsAddress != "" {
+		ln, err := listenMetrics(cfg.MetricsAddress)
+		if err != nil {
+			return err
+		}
+		metricsLn = ln
+	}
+
 	// Every long-running part gets the same ctx; the first to fail stops
 	// the rest.
 	var wg sync.WaitGroup
@@ -127,8 +138,8 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	start("device-plugin manager", func() error { return a.mgr.Run(ctx) })
 	start("reconcile", func() error { a.rec.run(ctx); return nil })
-	if cfg.MetricsAddress != "" {
-		start("metrics", func() error { return serveMetrics(ctx, cfg.MetricsAddress, a.reg, log) })
+	if metricsLn != nil {
+		start("metrics", func() error { return serveMetrics(ctx, metricsLn, a.reg, log) })
 	}
 	if a.hw.sim != nil && cfg.SimControlAddress != "" {
 		start("simulator control", func() error {

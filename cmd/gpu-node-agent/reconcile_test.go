@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/prometheus/client_golang/prometheus"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// fakeResource is a plugin.Resource with a fixed name and device count.
+type fakeResource struct {
+	name string
+	n    int
+}
+
+func (f fakeResource) Name() string { return f.name }
+func (f fakeResource) Devices() []plugin.Device {
+	return make([]plugin.Device, f.n)
+}
+func (f fakeResource) Allocate(context.Context, []string) (*pluginapi.ContainerAllocateResponse, error) {
+	return &pluginapi.ContainerAllocateResponse{}, nil
+}
+
+// syncRecorder records every Sync as resource names.
+type syncRecorder struct {
+	mu    sync.Mutex
+	syncs [][]string
+	ch    chan struct{}
+}
+
+func newSyncRecorder() *syncRecorder { return &syncRecorder{ch: make(chan struct{}, 16)} }
+
+func (s *syncRecorder) sync(rs []plugin.Resource) {
+	names := []string{}
+	for _, r := range rs {
+		names = append(names, r.Name())
+	}
+	s.mu.Lock()
+	s.syncs = append(s.syncs, names)
+	s.mu.Unlock()
+	s.ch <- struct{}{}
+}
+
+func TestReconcileSourcesFailIndependently(t *testing.T) {
+	discoverErr := errors.New("nvml unavailable")
+	tests := []struct {
+		name        string
+		discoverErr error
+		gpuErr      error
+		want        []string
+		wantErrs    []string
+	}{
+		{name: "all good", want: []string{"nvidia.com/gpu", "rdma/ib"}},
+		{name: "gpu source refuses: rdma still served", gpuErr: errors.New("mig-strategy single: ..."), want: []string{"rdma/ib"}, wantErrs: []string{"gpu"}},
+		{name: "discovery fails: sources get nil and serve what they can", discoverErr: discoverErr, want: []string{"rdma/ib"}, wantErrs: []string{"discovery"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newSyncRecorder()
+			var reported state
+			r := &reconciler{
+				log: slog.New(slog.DiscardHandler),
+				discover: func() (*topology.Node, error) {
+					if tc.discoverErr != nil {
+						return nil, tc.discoverErr
+					}
+					return &topology.Node{}, nil
+				},
+				sources: []source{
+					{name: "gpu", build: func(n *topology.Node) ([]plugin.Resource, error) {
+						if n == nil {
+							return nil, nil
+						}
+						if tc.gpuErr != nil {
+							return nil, tc.gpuErr
+						}
+						return []plugin.Resource{fakeResource{"nvidia.com/gpu", 8}}, nil
+					}},
+					{name: "rdma", build: func(*topology.Node) ([]plugin.Resource, error) {
+						return []plugin.Resource{fakeResource{"rdma/ib", 2}}, nil
+					}},
+				},
+				sync:   rec.sync,
+				report: func(st state) { reported = st },
+			}
+			r.reconcile()
+			if got := strings.Join(rec.syncs[0], ","); got != strings.Join(tc.want, ",") {
+				t.Errorf("synced %s, want %s", got, strings.Join(tc.want, ","))
+			}
+			if len(reported.errs) != len(tc.wantErrs) {
+				t.Errorf("reported errors %v, want for %v", reported.errs, tc.wantErrs)
+			}
+			for _, name := range tc.wantErrs {
+				if reported.errs[name] == nil {
+					t.Errorf("no error reported for %s", name)
+				}
+			}
+		})
+	}
+}
+
+// TestReconcileSignals: a rediscover signal runs discovery again, a resync
+// signal only re-syncs the last resources.
+func TestReconcileSignals(t *testing.T) {
+	rec := newSyncRecorder()
+	var mu sync.Mutex
+	discoveries := 0
+	rediscover := make(chan struct{})
+	resync := make(chan struct{})
+	r := &reconciler{
+		log: slog.New(slog.DiscardHandler),
+		discover: func() (*topology.Node, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			discoveries++
+			return &topology.Node{}, nil
+		},
+		sources: []source{{name: "gpu", build: func(*topology.Node) ([]plugin.Resource, error) {
+			return []plugin.Resource{fakeResource{"nvidia.com/gpu", 1}}, nil
+		}}},
+		sync:       rec.sync,
+		rediscover: []<-chan struct{}{rediscover, nil},
+		resync:     []<-chan struct{}{resync},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.run(ctx); close(done) }()
+
+	<-rec.ch // initial pass
+	resync <- struct{}{}
+	<-rec.ch
+	mu.Lock()
+	if discoveries != 1 {
+		t.Errorf("after a resync signal: %d discoveries, want 1", discoveries)
+	}
+	mu.Unlock()
+	rediscover <- struct{}{}
+	<-rec.ch
+	mu.Lock()
+	if discoveries != 2 {
+		t.Errorf("after a rediscover signal: %d discoveries, want 2", discoveries)
+	}
+	mu.Unlock()
+	cancel()
+	<-done
+	if len(rec.syncs) != 3 {
+		t.Errorf("%d syncs, want 3", len(rec.syncs))
+	}
+}
+
+// TestNVMLUnavailable: an NVML that can't load is one error line, no GPU
+// node, and is retried on every discovery until it loads.
+func TestNVMLUnavailable(t *testing.T) {
+	var mu sync.Mutex
+	loaded := false
+	lib := &mock.Interface{
+		InitFunc: func() nvml.Return {
+			mu.Lock()
+			defer mu.Unlock()
+			if !loaded {
+				return nvml.ERROR_LIBRARY_NOT_FOUND
+			}
+			return nvml.SUCCESS
+		},
+		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
+		ErrorStringFunc:    func(r nvml.Return) string { return "library not found" },
+	}
+	var logs bytes.Buffer
+	h := nvmlHardware(lib, t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
+	defer h.close()
+	for i := 0; i < 3; i++ {
+		if _, err := h.discover(); !errors.Is(err, errNVMLUnavailable) {
+			t.Fatalf("discovery %d: error = %v, want errNVMLUnavailable", i, err)
+		}
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("%d error lines for a failing NVML, want 1:\n%s", n, logs.String())
+	}
+	mu.Lock()
+	loaded = true
+	mu.Unlock()
+	node, err := h.discover()
+	if err != nil {
+		t.Fatalf("after NVML loads: %v", err)
+	}
+	if len(node.GPUs) != 0 {
+		t.Errorf("gpus = %d, want 0", len(node.GPUs))
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "gpu_node_agent_test_total", Help: "test"})
+	reg.MustRegister(c)
+	c.Inc()
+	ln, err := listenMetrics("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveMetrics(ctx, ln, reg, slog.New(slog.DiscardHandler)) }()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "gpu_node_agent_test_total 1") {
+		t.Errorf("metrics body lacks the counter:\n%s", body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serveMetrics: %v", err)
+	}
+	if _, err := listenMetrics("127.0.0.1:bad"); err == nil || !strings.Contains(err.Error(), "metrics: listen on") {
+		t.Errorf("bad address: %v", err)
+	}
+}
