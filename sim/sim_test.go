@@ -281,3 +281,72 @@ func TestProfileFixtures(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestMIGInstancesConsistent checks that the GPU and compute instances NVML
+// lists agree with the MIG devices, as tools like mig-parted and dcgm
+// expect.
+func TestMIGInstancesConsistent(t *testing.T) {
+	n := newTestNode(t, "dgx-a100", WithMIG(1, "1g.5gb", "1g.5gb+me", "2g.10gb", "3g.20gb"))
+	d, _ := n.NVML().DeviceGetHandleByIndex(1)
+	count, ret := d.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS || count != 7 {
+		t.Fatalf("GetMaxMigDeviceCount = %d, %v; want 7", count, ret)
+	}
+	listed := 0
+	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := d.GetGpuInstanceProfileInfo(id)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gis, ret := d.GetGpuInstances(&info)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("GetGpuInstances(profile %d) = %v", id, ret)
+		}
+		listed += len(gis)
+	}
+	if listed != 4 {
+		t.Errorf("GetGpuInstances over all profiles listed %d instances, want 4", listed)
+	}
+	for i := 0; i < 4; i++ {
+		m, ret := d.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("mig %d: %v", i, ret)
+		}
+		if isMIG, _ := m.IsMigDeviceHandle(); !isMIG {
+			t.Errorf("mig %d: IsMigDeviceHandle false", i)
+		}
+		if parent, ret := m.GetDeviceHandleFromMigDeviceHandle(); ret != nvml.SUCCESS || parent != d {
+			t.Errorf("mig %d: parent handle %v, %v", i, parent, ret)
+		}
+		giID, _ := m.GetGpuInstanceId()
+		ciID, _ := m.GetComputeInstanceId()
+		gi, ret := d.GetGpuInstanceById(giID)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("mig %d: GetGpuInstanceById(%d) = %v", i, giID, ret)
+		}
+		giInfo, _ := gi.GetInfo()
+		profile, _ := d.GetGpuInstanceProfileInfo(int(giInfo.ProfileId))
+		attrs, _ := m.GetAttributes()
+		if profile.SliceCount != attrs.GpuInstanceSliceCount || profile.MemorySizeMB != attrs.MemorySizeMB {
+			t.Errorf("mig %d: gi profile %d slices/%d MiB, attributes %d/%d", i, profile.SliceCount, profile.MemorySizeMB, attrs.GpuInstanceSliceCount, attrs.MemorySizeMB)
+		}
+		ci, ret := gi.GetComputeInstanceById(ciID)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("mig %d: GetComputeInstanceById(%d) = %v", i, ciID, ret)
+		}
+		ciInfo, _ := ci.GetInfo()
+		if int(ciInfo.Id) != ciID || ciInfo.GpuInstance != gi {
+			t.Errorf("mig %d: compute instance info %+v", i, ciInfo)
+		}
+		mem, _ := m.GetMemoryInfo()
+		if mem.Total != attrs.MemorySizeMB<<20 {
+			t.Errorf("mig %d: memory %d, want %d MiB", i, mem.Total>>20, attrs.MemorySizeMB)
+		}
+	}
+	if _, ret := d.GetMigDeviceHandleByIndex(4); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("GetMigDeviceHandleByIndex(4) = %v, want ERROR_NOT_FOUND", ret)
+	}
+	if _, ret := d.CreateGpuInstance(&nvml.GpuInstanceProfileInfo{}); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("CreateGpuInstance = %v; layouts change only through SetMIGLayout", ret)
+	}
+}
