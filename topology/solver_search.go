@@ -48,6 +48,7 @@ type partitioner struct {
 	dyn                     []int // per item: its best size-1 partners in the state being expanded
 	gFind, gFound           bool  // find mode: stop at the first exact match of gTarget
 	gTarget                 int
+	gMinPair                int // lowest pair score in the state being expanded
 	gMatch                  candidate
 	recon                   []candidate // reconstruction buffer
 	gMask                   uint64
@@ -222,19 +223,26 @@ func (p *partitioner) prepare(mask uint64, haveDyn bool) {
 	if !haveDyn {
 		p.stateBound2(mask)
 	}
-	maskScore2, ub := 0, 0
+	maskScore2, ub, minPair := 0, 0, math.MaxInt
 	for m := mask; m != 0; m &= m - 1 {
 		v := bits.TrailingZeros64(m)
 		row := p.w[v*p.n : (v+1)*p.n]
 		s := 0
 		for r := mask; r != 0; r &= r - 1 {
-			s += row[bits.TrailingZeros64(r)]
+			u := bits.TrailingZeros64(r)
+			s += row[u]
+			if u != v && row[u] < minPair {
+				minPair = row[u]
+			}
 		}
 		p.rowsum[v] = s
 		maskScore2 += s
 		ub += p.dyn[v]
 	}
-	p.gMask, p.gCount, p.gScore, p.gUB = mask, bits.OnesCount64(mask), maskScore2/2, ub
+	if minPair == math.MaxInt || minPair < 0 {
+		minPair = 0
+	}
+	p.gMask, p.gCount, p.gScore, p.gUB, p.gMinPair = mask, bits.OnesCount64(mask), maskScore2/2, ub, minPair
 }
 
 // gen extends the partial group g (pair score s, rowsum total rs, bound
@@ -265,6 +273,11 @@ func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us i
 			return buf
 		}
 		c.bound = 2*s + p.gUB - us
+		if p.rem > 0 && restCount%p.size == p.rem {
+			// The rest still holds the leftover group: each of its rem items
+			// loses at least size-rem partners, each worth >= the lowest pair.
+			c.bound -= p.rem * (p.size - p.rem) * p.gMinPair
+		}
 		if p.gFind && c.bound/2 < p.gTarget {
 			return buf
 		}
@@ -323,6 +336,14 @@ func (p *partitioner) solve(mask uint64, alpha int, depth int) (int, bool) {
 	// first so the threshold rises early. The order only affects speed: the
 	// value is the exact maximum either way.
 	open, best := p.expand(p.bufs[depth][:0], mask, true) // stateBound2 above filled p.dyn
+	// Drop what cannot beat the threshold before sorting the rest.
+	floor, kept := max(alpha, best), open[:0]
+	for _, c := range open {
+		if c.bound/2 > floor {
+			kept = append(kept, c)
+		}
+	}
+	open = kept
 	slices.SortFunc(open, func(a, b candidate) int { return b.bound - a.bound })
 	p.bufs[depth] = open
 
@@ -346,12 +367,52 @@ func (p *partitioner) solve(mask uint64, alpha int, depth int) (int, bool) {
 }
 
 // value returns the exact f(mask).
+//
+// A greedy dive first finds a good partition, so that the exact search
+// starts with its value as the threshold instead of solving its first
+// subproblems with none.
 func (p *partitioner) value(mask uint64) int {
-	v, ok := p.solve(mask, infeasible-1, 0)
+	alpha := infeasible - 1
+	if l := p.dive(mask); l != infeasible {
+		alpha = l - 1
+	}
+	v, ok := p.solve(mask, alpha, 0)
 	if !ok {
 		return infeasible
 	}
 	return v
+}
+
+// dive returns the value of a greedy partition of mask (infeasible if it
+// finds none): at each state it takes the group with the highest bound.
+func (p *partitioner) dive(mask uint64) int {
+	total, fallback := 0, infeasible
+	for mask != 0 {
+		if v, ok := p.finalGroup(mask); ok {
+			if v == infeasible {
+				break
+			}
+			return max(fallback, total+v)
+		}
+		p.stateBound2(mask)
+		open, bestExact := p.expand(p.recon[:0], mask, true)
+		p.recon = open
+		if bestExact != infeasible {
+			fallback = max(fallback, total+bestExact)
+		}
+		bi := -1
+		for i := range open {
+			if bi < 0 || open[i].bound > open[bi].bound {
+				bi = i
+			}
+		}
+		if bi < 0 {
+			break
+		}
+		total += open[bi].score
+		mask &^= open[bi].g
+	}
+	return fallback
 }
 
 // best returns the first partition, in BestEffort's enumeration order,
