@@ -3,9 +3,11 @@ package sim
 import (
 	"context"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -262,5 +264,95 @@ func TestSimRoCEStorageNICs(t *testing.T) {
 	}
 	if got := rdma.Distance(devs[8].PCI.Path, 1, devs[9].PCI.Path, 1); got != topology.PCIeSameBoard {
 		t.Errorf("the two storage ports: %s, want same-board", got)
+	}
+}
+
+// portHealth is a minimal health view fed by the watcher, standing in for
+// the health monitor.
+type portHealth struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (p *portHealth) Healthy(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.m[id]
+	return !ok || v
+}
+
+// TestPortDownReachesResourceDevices runs the chain the agent wires: a
+// simulated port goes down, the Watcher reports it, and the rdma/ib
+// resource's device list (what ListAndWatch sends) shows it unhealthy,
+// then healthy again.
+func TestPortDownReachesResourceDevices(t *testing.T) {
+	n := newSim(t, "dgx-a100")
+	devs, err := rdma.Discover(context.Background(), rdma.DiscoverOptions{Root: n.HostRoot(), HostDevPrefix: n.HostRoot()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := &portHealth{m: map[string]bool{}}
+	changed := make(chan struct{}, 1)
+	res, err := rdma.Resources(devs, []rdma.ResourceConfig{{Name: "ib", Selectors: rdma.Selectors{LinkTypes: []string{"infiniband"}}}}, health, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := rdma.NewWatcher(rdma.WatcherOptions{Root: n.HostRoot(), Devices: devs, Interval: 10 * time.Millisecond,
+		Observe: func(id string, healthy bool, _ string) {
+			health.mu.Lock()
+			health.m[id] = healthy
+			health.mu.Unlock()
+			select {
+			case changed <- struct{}{}:
+			default: // a wake-up is already pending
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	unhealthy := func() []string {
+		var out []string
+		for _, d := range res[0].Devices() {
+			if !d.Healthy {
+				out = append(out, d.ID)
+			}
+		}
+		return out
+	}
+	waitFor := func(want []string) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for !slices.Equal(unhealthy(), want) {
+			select {
+			case <-changed:
+			case <-deadline:
+				t.Fatalf("unhealthy devices = %v, want %v", unhealthy(), want)
+			}
+		}
+	}
+	waitFor(nil)
+	if len(res[0].Devices()) != 8 {
+		t.Fatalf("rdma/ib has %d devices, want 8", len(res[0].Devices()))
+	}
+	if err := n.setPortState("mlx5_5", false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor([]string{"mlx5_5"})
+	if err := n.setPortState("mlx5_5", true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(nil)
+	// The allocation points at the simulator's device nodes.
+	resp, err := res[0].Allocate(ctx, []string{"mlx5_5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := resp.Devices[0].HostPath, filepath.Join(n.HostRoot(), "dev/infiniband/uverbs5"); got != want {
+		t.Errorf("host path %s, want %s", got, want)
 	}
 }
