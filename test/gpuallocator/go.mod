@@ -5,6 +5,7 @@ go 1.26.7
 require (
 	github.com/NVIDIA/go-gpuallocator v0.6.0
 	github.com/gpu-node-agent/gpu-node-agent v0.0.0
+	golang.org/x/sys v0.49.0
 )
 
 require (
@@ -30,7 +31,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/term v0.46.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
