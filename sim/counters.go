@@ -182,7 +182,7 @@ func (n *Node) installCounters() {
 		}
 	}
 
-	n.addMIGHook(func(gpu int, d *mock.Device) {
+	migHook := func(gpu int, d *mock.Device) {
 		s := states[gpu]
 		uuid, _ := d.GetUUID()
 		total := func() uint64 {
@@ -198,7 +198,26 @@ func (n *Node) installCounters() {
 			used := total / 100 * uint64(s.util(t)-10)
 			return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 		}
-	})
+	}
+	n.addMIGHook(migHook)
+	// The spec's MIG devices were built before this hook existed. The hook
+	// is idempotent (it keeps the device's total), so running it again on
+	// them is harmless should New ever run hooks on them too.
+	type existing struct {
+		gpu int
+		dev *mock.Device
+	}
+	var migs []existing
+	n.mu.RLock()
+	for i, g := range n.gpus {
+		for _, m := range g.mig {
+			migs = append(migs, existing{i, m.dev})
+		}
+	}
+	n.mu.RUnlock()
+	for _, m := range migs {
+		migHook(m.gpu, m.dev)
+	}
 }
 
 // setFieldUint stores v as an unsigned long long field value, in the
