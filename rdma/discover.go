@@ -36,7 +36,8 @@ type DiscoverOptions struct {
 // exclusive netns mode and the configuration does not accept it.
 var ErrExclusiveNetns = errors.New(`rdma netns mode is "exclusive": RDMA devices stay in the host network namespace and pods cannot open them; run "rdma system set netns shared" or set rdma.allowExclusiveNetns`)
 
-// Discover lists the RDMA devices under opts.Root, sorted by name. A host
+// Discover lists the RDMA devices under opts.Root, sorted by name with
+// numbers in numeric order (mlx5_2 before mlx5_10). A host
 // without /sys/class/infiniband has no RDMA: that is an empty result, not
 // an error. A device whose attributes cannot be read is logged and
 // skipped so it does not hide the others.
@@ -59,7 +60,7 @@ func Discover(ctx context.Context, opts DiscoverOptions) ([]Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", classDir, err)
 	}
-	sort.Strings(names)
+	sort.Slice(names, func(i, j int) bool { return naturalLess(names[i], names[j]) })
 	if len(names) == 0 {
 		log.Info("no RDMA devices", "reason", "directory empty", "path", classDir)
 		return nil, nil
@@ -384,4 +385,29 @@ func (s netDevStater) fill(nds []NetDev) {
 		nds[i] = s.state(nds[i].Name)
 		nds[i].Virtual = virtual
 	}
+}
+
+// naturalLess orders names by their text and then the number they end in,
+// so mlx5_2 sorts before mlx5_10.
+func naturalLess(a, b string) bool {
+	pa, na := splitNumber(a)
+	pb, nb := splitNumber(b)
+	if pa != pb || na < 0 || nb < 0 {
+		return a < b
+	}
+	return na < nb
+}
+
+// splitNumber splits "mlx5_10" into "mlx5_" and 10; n is -1 when the name
+// does not end in digits.
+func splitNumber(s string) (prefix string, n int) {
+	i := len(s)
+	for i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+		i--
+	}
+	v, err := strconv.Atoi(s[i:])
+	if err != nil {
+		return s, -1
+	}
+	return s[:i], v
 }

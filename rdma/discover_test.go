@@ -241,3 +241,22 @@ func TestDiscoverNetlink(t *testing.T) {
 		})
 	}
 }
+
+func TestNaturalLess(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"mlx5_2", "mlx5_10", true},
+		{"mlx5_10", "mlx5_2", false},
+		{"mlx4_0", "mlx5_0", true},
+		{"mlx5_bond_0", "mlx5_0", false},
+		{"rxe0", "rxe0", false},
+		{"ibp12s0", "mlx5_0", true},
+	}
+	for _, tt := range tests {
+		if got := naturalLess(tt.a, tt.b); got != tt.want {
+			t.Errorf("naturalLess(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
+		}
+	}
+}
