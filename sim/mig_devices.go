@@ -18,8 +18,13 @@ import (
 func (n *Node) installMIG(i int) {
 	d := n.devices[i]
 	g := n.gpus[i]
-	capable := len(g.cfg.MIGProfiles.GpuInstanceProfiles) > 0
-	maxDevices := 0
+	// A snapshot may say a GPU of a model the mocks do not know is MIG
+	// capable; it then gets the common maximum of seven MIG devices.
+	capable := len(g.cfg.MIGProfiles.GpuInstanceProfiles) > 0 || n.spec.GPUs[i].MIGCapable
+	maxDevices := 7
+	if len(g.cfg.MIGProfiles.GpuInstanceProfiles) > 0 {
+		maxDevices = 0
+	}
 	for _, p := range g.cfg.MIGProfiles.GpuInstanceProfiles {
 		maxDevices = max(maxDevices, int(p.InstanceCount))
 	}
@@ -155,7 +160,7 @@ func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, e
 				SharedOfaCount:            p.ci.SharedOfaCount,
 				GpuInstanceSliceCount:     p.gi.SliceCount,
 				ComputeInstanceSliceCount: p.ci.SliceCount,
-				MemorySizeMB:              p.gi.MemorySizeMB,
+				MemorySizeMB:              info.MemoryMiB,
 			},
 			gi: gi,
 			ci: ci,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
@@ -234,11 +235,15 @@ func deterministicUUID(prefix string, parts ...any) string {
 	return fmt.Sprintf("%s-%x-%x-%x-%x-%x", prefix, h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
 }
 
-// configFor finds the mock GPU configuration for a model name, or makes a
-// MIG-less one from what the snapshot says.
+// configFor finds the mock GPU configuration for a model name, or makes
+// one without MIG profiles from what the snapshot says (its MIG devices are
+// then simulated from their names and sizes alone).
 func configFor(g topology.GPU) gpus.Config {
 	for _, c := range knownConfigs {
-		if c.Name == g.Model {
+		// go-nvml names its SXM4 A100 "Mock NVIDIA A100-SXM4-40GB"; a dump
+		// of a real one says "NVIDIA A100-SXM4-40GB" and keeps that name.
+		if c.Name == g.Model || (g.Model != "" && strings.TrimPrefix(c.Name, "Mock ") == g.Model) {
+			c.Name = g.Model
 			return c
 		}
 	}

@@ -392,3 +392,30 @@ func TestDiscoverMinimalSnapshot(t *testing.T) {
 		t.Errorf("pair 0-2: got %d %q, want 0 cross-cpu", l.NVLinks, l.PCIe)
 	}
 }
+
+// TestDiscoverRealDumpWithMIG simulates what `topology dump` prints on real
+// machines: driver model names (not the mocks' "Mock ..." ones), real
+// memory sizes, and a model the mocks do not know, each with MIG devices.
+func TestDiscoverRealDumpWithMIG(t *testing.T) {
+	spec, err := topology.ParseSnapshot([]byte(`{"gpus":[
+		{"index":0,"uuid":"GPU-10000000-0000-0000-0000-000000000000","numaNode":0,"pciBusID":"0000:07:00.0",
+		 "model":"NVIDIA A100-SXM4-40GB","memoryMiB":40536,"migCapable":true,"migEnabled":true,
+		 "mig":[{"uuid":"MIG-10000000-0000-0000-0000-000000000001","profile":"1g.5gb","gi":9,"ci":0,"memoryMiB":4864,"index":0},
+		        {"uuid":"MIG-10000000-0000-0000-0000-000000000002","profile":"3g.20gb","gi":2,"ci":0,"memoryMiB":19968,"index":1}]},
+		{"index":1,"uuid":"GPU-10000000-0000-0000-0000-000000000001","numaNode":1,"pciBusID":"0000:87:00.0",
+		 "model":"NVIDIA GH200 96GB HBM3","memoryMiB":97871,"migCapable":true,"migEnabled":true,
+		 "mig":[{"uuid":"MIG-20000000-0000-0000-0000-000000000001","profile":"1g.12gb","gi":11,"ci":0,"memoryMiB":11776,"index":0}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := discover(t, simulate(t, spec))
+	for i, g := range got.GPUs {
+		want := spec.GPUs[i]
+		if g.Model != want.Model || !g.MIGCapable || !g.MIGEnabled {
+			t.Errorf("gpu %d: model %q capable %t enabled %t", i, g.Model, g.MIGCapable, g.MIGEnabled)
+		}
+		if !reflect.DeepEqual(g.MIG, want.MIG) {
+			t.Errorf("gpu %d mig:\n got  %+v\n want %+v", i, g.MIG, want.MIG)
+		}
+	}
+}
