@@ -60,6 +60,12 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// After the first signal starts a graceful stop, a second one
+		// kills the process the default way.
+		<-ctx.Done()
+		stop()
+	}()
 	if err := runAgent(ctx, cfg, log, stdout); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
