@@ -64,6 +64,8 @@ type Cluster struct {
 	kubelet           *process
 	kubeletArgs       []string
 	kubeletHealthz    string
+	nodeIPAdded       bool
+	limitations       []string
 	stopped           bool
 }
 
@@ -112,6 +114,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		{"kube-apiserver", c.startAPIServer, false},
 		{"kube-controller-manager", c.startControllerManager, true},
 		{"kube-scheduler", c.startScheduler, true},
+		{"node IP", c.setupNodeIP, true},
 		{"containerd", c.startContainerd, true},
 		{"pause image", c.importPause, true},
 		{"kubelet", c.StartKubelet, true},
@@ -203,7 +206,7 @@ func (c *Cluster) Stop() error {
 		}
 	}
 	if c.opts.Node {
-		errs = append(errs, c.cleanupNode())
+		errs = append(errs, c.cleanupNode(), c.removeNodeIP())
 	}
 	if c.ownDir && os.Getenv("GNA_E2E_KEEP") == "" {
 		errs = append(errs, unmountUnder(c.Dir))
@@ -212,6 +215,21 @@ func (c *Cluster) Stop() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Limitations lists where this environment made the harness deviate from
+// a stock node (empty on a normal machine).
+func (c *Cluster) Limitations() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.limitations...)
+}
+
+func (c *Cluster) note(msg string) {
+	c.mu.Lock()
+	c.limitations = append(c.limitations, msg)
+	c.mu.Unlock()
+	c.opts.Log("NOTE: %s", msg)
 }
 
 // repoRoot is the repository root (the parent of the test module).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -25,7 +26,73 @@ const (
 	KubeletRootDir = "/var/lib/kubelet"
 	// DevicePluginDir is where the kubelet serves kubelet.sock.
 	DevicePluginDir = KubeletRootDir + "/device-plugins"
+	// NodeIP is the node's InternalIP, added to the loopback interface:
+	// the kubelet refuses a 127/8 node IP, and the API server reaches the
+	// kubelet (logs, exec) at the node's address. An address on lo carries
+	// no traffic off the machine; 192.0.2.0/24 is TEST-NET-1.
+	NodeIP = "192.0.2.10"
 )
+
+// setupNodeIP adds NodeIP to the loopback interface.
+func (c *Cluster) setupNodeIP(ctx context.Context) error {
+	ip, err := lookPath("ip", "iproute2")
+	if err != nil {
+		return err
+	}
+	_ = exec.CommandContext(ctx, ip, "addr", "del", NodeIP+"/32", "dev", "lo").Run()
+	if out, err := exec.CommandContext(ctx, ip, "addr", "add", NodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return fmt.Errorf("ip addr add %s/32 dev lo: %w: %s", NodeIP, err, strings.TrimSpace(string(out)))
+	}
+	c.nodeIPAdded = true
+	return nil
+}
+
+func (c *Cluster) removeNodeIP() error {
+	if !c.nodeIPAdded {
+		return nil
+	}
+	if out, err := exec.Command("ip", "addr", "del", NodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return fmt.Errorf("ip addr del %s/32 dev lo: %w: %s", NodeIP, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// hasCapSysResource reports whether this process may lower oom_score_adj.
+func hasCapSysResource() bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err == nil && v&(1<<24) != 0 // CAP_SYS_RESOURCE = 24
+		}
+	}
+	return false
+}
+
+// runcBinary is the runc containerd runs: runc itself, or where this
+// environment lacks CAP_SYS_RESOURCE, runc behind runc-oom-clamp (see
+// test/cmd/runc-oom-clamp), recorded in Limitations.
+func (c *Cluster) runcBinary(ctx context.Context) (string, error) {
+	runc, err := lookPath("runc", "runc")
+	if err != nil {
+		return "", err
+	}
+	if hasCapSysResource() {
+		return runc, nil
+	}
+	out := filepath.Join(c.Dir, "bin", "runc-oom-clamp")
+	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", "-X main.runcPath="+runc, "-o", out, "./cmd/runc-oom-clamp")
+	cmd.Dir = filepath.Join(repoRoot(), "test")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build runc-oom-clamp: %w: %s", err, b)
+	}
+	c.note("no CAP_SYS_RESOURCE here: runc cannot set negative oom_score_adj (pod sandboxes get -998), so runc runs behind runc-oom-clamp, which raises negative values to 0")
+	return out, nil
+}
 
 // startContainerd runs containerd with its own root, state, socket and CNI
 // configuration inside the cluster directory.
@@ -53,6 +120,10 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 		return fmt.Errorf("write cni config: %w", err)
 	}
 	c.ContainerdSocket = filepath.Join(dir, "containerd.sock")
+	runc, err := c.runcBinary(ctx)
+	if err != nil {
+		return err
+	}
 	cniBin := "/usr/lib/cni"
 	if _, err := os.Stat(filepath.Join(cniBin, "bridge")); err != nil {
 		if _, err2 := os.Stat("/opt/cni/bin/bridge"); err2 == nil {
@@ -76,11 +147,12 @@ state = %q
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        BinaryName = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.ContainerdSocket, filepath.Join(dir, "opt"),
-		PauseImage, cniBin, cniDir)
+		PauseImage, runc, cniBin, cniDir)
 	configPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
@@ -153,7 +225,7 @@ func killShims(socket string) error {
 func (c *Cluster) kubeletConfig(port, healthzPort int) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -187,7 +259,7 @@ serializeImagePulls: false
 protectKernelDefaults: false
 rotateCertificates: false
 serverTLSBootstrap: false
-`, port, healthzPort, c.pki.CAFile, c.ContainerdSocket, filepath.Join(c.Dir, "pod-logs"))
+`, NodeIP, port, healthzPort, c.pki.CAFile, c.ContainerdSocket, filepath.Join(c.Dir, "pod-logs"))
 }
 
 // StartKubelet starts the kubelet (again, after StopKubelet) and waits
@@ -220,7 +292,7 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 			"--root-dir", KubeletRootDir,
 			"--cert-dir", filepath.Join(dir, "pki"),
 			"--hostname-override", c.NodeName,
-			"--node-ip", "127.0.0.1",
+			"--node-ip", NodeIP,
 			"--v", "2",
 		}
 		if len(c.opts.NodeLabels) > 0 {

@@ -1,0 +1,55 @@
+// Package e2e runs the agent as a DaemonSet on a real single-node cluster
+// (see package cluster) and checks what the kubelet, the scheduler and pods
+// see. One cluster is shared by the tests of this package, in order.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+)
+
+// shared is the cluster every test of the package uses.
+var shared *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "e2e: the single-node cluster needs root (kubelet, containerd, runc)")
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	c, err := cluster.Up(ctx, cluster.Options{
+		Node:       true,
+		NodeLabels: nodeLabels,
+		Log: func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, "e2e cluster: "+format+"\n", args...)
+		},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: start cluster: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e cluster: up in %s, dir %s\n", time.Since(start).Round(time.Millisecond), c.Dir)
+	shared = c
+	code := m.Run()
+	if code != 0 {
+		c.DumpLogs(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }, 40)
+	}
+	if err := c.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: stop cluster: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
