@@ -390,3 +390,39 @@ func TestAllocateRecordsGPUs(t *testing.T) {
 		t.Errorf("recorded %v, want %v", rec.got, want)
 	}
 }
+
+func BenchmarkAllocate(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{name: "envvar", cfg: Config{}},
+		{name: "cdi-cri", cfg: Config{DeviceListStrategy: DeviceListCDICRI}},
+		{name: "envvar+device-specs", cfg: Config{PassDeviceSpecs: true}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			model, err := sim.Profile("dgx-h100")
+			if err != nil {
+				b.Fatal(err)
+			}
+			node, err := sim.New(model, b.TempDir(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg := tc.cfg
+			cfg.HostRoot = node.HostRoot()
+			rs, err := Resources(node.Spec(), cfg, healthMap{}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids := []string{model.GPUs[0].UUID, model.GPUs[1].UUID, model.GPUs[2].UUID, model.GPUs[3].UUID}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := rs[0].Allocate(ctx, ids); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -15,3 +15,11 @@ measure-rss: build ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_PROF
 
 measure-devices: ## table of devices served per simulator profile, MIG layout and strategy
 	$(GO) test -count=1 -v -run 'TestResourcesOnSimProfiles$$' ./gpu | sed -n '/devices served per profile/,/^--- /p'
+
+.PHONY: measure-allocate measure-mig-change
+
+measure-allocate: ## gpu Allocate cost per device-list strategy (ns/op)
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkAllocate$$' -benchtime 2000x ./gpu
+
+measure-mig-change: ## MIG change on the running agent to the ListAndWatch update: p50/p99 over 100 changes
+	$(GO) test -count=1 -run '^$$' -bench MIGChangeToListAndWatch -benchtime 100x ./cmd/gpu-node-agent

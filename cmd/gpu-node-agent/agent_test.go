@@ -25,7 +25,7 @@ import (
 
 // waitFor polls cond until it holds or the (generous) deadline passes; the
 // deadline only bounds a broken run, it asserts nothing about speed.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
@@ -40,7 +40,7 @@ func socketFor(dir, resource string) string {
 	return filepath.Join(dir, "gpu-node-agent-"+strings.ReplaceAll(resource, "/", "-")+".sock")
 }
 
-func dialPlugin(t *testing.T, path string) pluginapi.DevicePluginClient {
+func dialPlugin(t testing.TB, path string) pluginapi.DevicePluginClient {
 	t.Helper()
 	waitFor(t, path, func() bool { _, err := os.Stat(path); return err == nil })
 	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -52,7 +52,7 @@ func dialPlugin(t *testing.T, path string) pluginapi.DevicePluginClient {
 }
 
 // shortTempDir keeps socket paths under the 107-byte sun_path limit.
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gna")
 	if err != nil {
