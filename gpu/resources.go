@@ -37,9 +37,9 @@ type PreferredSolver interface {
 // strategy. Resources without devices are left out, so a MIG change can make
 // a resource disappear. Each device is healthy only when health says so for
 // it and, for a MIG device, for its parent GPU too; a GPU discovery marked
-// lost is never healthy. Resources implement plugin.PreferredAllocator
-// only when solver is non-nil. It fails when the
-// node's MIG layout does not fit the strategy (see MIGStrategySingle).
+// lost is never healthy. Resources implement plugin.PreferredAllocator only
+// when solver is non-nil. It fails when the node's MIG layout does not fit
+// the strategy (see MIGStrategySingle).
 func Resources(node *topology.Node, cfg Config, health HealthView, solver PreferredSolver) ([]plugin.Resource, error) {
 	if node == nil {
 		return nil, errors.New("gpu resources: node model is nil")
