@@ -18,8 +18,8 @@ bench-allocator: ## side-by-side benchmark vs go-gpuallocator BestEffort (8 and 
 	@mkdir -p $(BIN_DIR)
 	cd test/gpuallocator && { \
 		$(GO) test -run '^$$' -bench 'Allocators/topo=dgx1-volta/' -count $(BENCH_COUNT) . ; \
-		$(GO) test -run '^$$' -bench 'Allocators/topo=dgx1v-x2/.*/impl=ours' -count $(BENCH_COUNT) . ; \
-		$(GO) test -run '^$$' -bench 'Allocators/topo=dgx1v-x2/.*/impl=besteffort' -benchtime 1x -count $(BENCH_SLOW_COUNT) -timeout 60m . ; \
+		$(GO) test -run '^$$' -bench 'Allocators/topo=dgx1v-x2/.*/.*/impl=ours' -count $(BENCH_COUNT) . ; \
+		$(GO) test -run '^$$' -bench 'Allocators/topo=dgx1v-x2/.*/.*/impl=besteffort' -benchtime 1x -count $(BENCH_SLOW_COUNT) -timeout 60m . ; \
 	} | tee $(CURDIR)/$(BENCH_OUT)
 	$(BENCHSTAT) -col /impl $(BENCH_OUT)
 

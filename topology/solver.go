@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"sync"
 )
 
 // The objective is the one NVIDIA's go-gpuallocator v0.6.0 BestEffort policy
@@ -89,6 +90,8 @@ type Allocator struct {
 	migs  map[string]migRef
 	// migSame is the score of two MIG slices on one parent.
 	migSame int
+	// pool recycles solver state between calls.
+	pool sync.Pool
 }
 
 type migRef struct {
@@ -111,6 +114,7 @@ func NewAllocator(n *Node) *Allocator {
 		gpus:  make(map[string]int, len(order)),
 		migs:  make(map[string]migRef),
 	}
+	a.pool.New = func() any { return new(partitioner) }
 	byIndex := make(map[int]int, len(order))
 	for pos, i := range order {
 		g := n.GPUs[i]
@@ -305,8 +309,12 @@ func (a *Allocator) explain(available, mustInclude []string, size int, full bool
 		return nil, fmt.Errorf("%d must-include devices exceed size %d", nreq, size)
 	}
 
-	w := make([]int, n*n)
+	p := a.pool.Get().(*partitioner)
+	defer a.pool.Put(p)
+	p.grow(n)
+	w := p.w
 	for i := range items {
+		w[i*n+i] = 0
 		for j := i + 1; j < n; j++ {
 			s := a.itemScore(items[i], items[j])
 			w[i*n+j], w[j*n+i] = s, s
@@ -345,14 +353,14 @@ func (a *Allocator) explain(available, mustInclude []string, size int, full bool
 		return e, nil
 	}
 
-	class := make([]int, n)
+	class := p.class
 	for i, it := range items {
 		class[i] = it.gpu
 		if !it.isMIG || req&(1<<uint(i)) != 0 {
 			class[i] = len(a.uuids) + i // a class of its own
 		}
 	}
-	p := newPartitioner(w, n, size, req, class)
+	p.reset(n, size, req)
 	partition, total := p.best()
 	if partition == nil {
 		return nil, errors.New("no partition holds all must-include devices") // cannot happen after the checks above

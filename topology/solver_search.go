@@ -32,13 +32,12 @@ type partitioner struct {
 	size  int
 	rem   int    // n % size: the leftover group's size (0: none)
 	req   uint64 // must-include items: one full group holds all of them
-	nreq  int
-	w     []int // n*n pair scores
-	class []int // equal ids on adjacent items mark interchangeable items
-	ub2   []int // per item: sum of its best size-1 pair scores (2x bound)
+	w     []int  // n*n pair scores
+	class []int  // equal ids on adjacent items mark interchangeable items
 	// nbrs lists, per item, the other items by descending pair score: the
 	// state bound walks it to find an item's best partners in a mask.
 	nbrs [][]int
+	flat []int // backing store of nbrs
 	memo map[uint64]memoEntry
 	// bufs are per-depth candidate buffers reused across states.
 	bufs [][]candidate
@@ -69,17 +68,32 @@ type candidate struct {
 	exact bool // bound is the child's exact total (the rest is one final group)
 }
 
-func newPartitioner(w []int, n, size int, req uint64, class []int) *partitioner {
-	p := &partitioner{
-		n: n, size: size, rem: n % size, req: req, nreq: bits.OnesCount64(req),
-		w: w, class: class,
-		ub2:    make([]int, n),
-		nbrs:   make([][]int, n),
-		rowsum: make([]int, n),
-		dyn:    make([]int, n),
-		memo:   make(map[uint64]memoEntry, 16),
+// grow makes p's buffers hold a problem of n items; a partitioner is
+// reused across calls (from the Allocator's pool) to spare the allocations.
+func (p *partitioner) grow(n int) {
+	if cap(p.w) < n*n {
+		p.w = make([]int, n*n)
+		p.flat = make([]int, n*n)
 	}
-	flat := make([]int, 0, n*n)
+	if cap(p.class) < n {
+		p.class = make([]int, n)
+		p.rowsum = make([]int, n)
+		p.dyn = make([]int, n)
+		p.nbrs = make([][]int, n)
+	}
+	p.w, p.class, p.rowsum, p.dyn, p.nbrs = p.w[:n*n], p.class[:n], p.rowsum[:n], p.dyn[:n], p.nbrs[:n]
+	if p.memo == nil {
+		p.memo = make(map[uint64]memoEntry, 16)
+	}
+}
+
+// reset starts a new problem on p.w and p.class (filled by the caller after
+// grow): size, must-include mask, fresh memo, partner lists.
+func (p *partitioner) reset(n, size int, req uint64) {
+	p.n, p.size, p.rem, p.req = n, size, n%size, req
+	clear(p.memo)
+	w := p.w
+	flat := p.flat[:0]
 	for i := 0; i < n; i++ {
 		nb := flat[len(flat):len(flat):cap(flat)]
 		for j := 0; j < n; j++ {
@@ -90,11 +104,7 @@ func newPartitioner(w []int, n, size int, req uint64, class []int) *partitioner 
 		slices.SortStableFunc(nb, func(x, y int) int { return w[i*n+y] - w[i*n+x] })
 		p.nbrs[i] = nb[:len(nb):len(nb)]
 		flat = flat[:len(flat)+len(nb)]
-		for k := 0; k < size-1 && k < len(nb); k++ {
-			p.ub2[i] += w[i*n+nb[k]]
-		}
 	}
-	return p
 }
 
 // stateBound2 returns twice an upper bound on f(mask): every item gets its
@@ -159,24 +169,17 @@ func (p *partitioner) full() uint64 {
 	return 1<<uint(p.n) - 1
 }
 
-func (p *partitioner) ub2Of(mask uint64) int {
-	s := 0
-	for m := mask; m != 0; m &= m - 1 {
-		s += p.ub2[bits.TrailingZeros64(m)]
-	}
-	return s
-}
-
-// groupSizes lists the sizes the group holding mask's lowest item may have.
-func (p *partitioner) groupSizes(mask uint64) []int {
+// groupSizes lists the sizes the group holding mask's lowest item may have
+// (one or two; the array avoids an allocation per state).
+func (p *partitioner) groupSizes(mask uint64) ([2]int, int) {
 	c := bits.OnesCount64(mask)
-	if p.rem == 0 || c%p.size != p.rem {
-		return []int{p.size} // the leftover group is already placed
+	switch {
+	case p.rem == 0 || c%p.size != p.rem:
+		return [2]int{p.size}, 1 // the leftover group is already placed
+	case c == p.rem:
+		return [2]int{p.rem}, 1
 	}
-	if c == p.rem {
-		return []int{p.rem}
-	}
-	return []int{p.size, p.rem}
+	return [2]int{p.size, p.rem}, 2
 }
 
 // expand appends to buf the valid groups holding mask's lowest item whose
@@ -191,7 +194,8 @@ func (p *partitioner) expand(buf []candidate, mask uint64, haveDyn bool) ([]cand
 	p.prepare(mask, haveDyn)
 	p.gFind, p.gBestExact = false, infeasible
 	low := bits.TrailingZeros64(mask)
-	for _, k := range p.groupSizes(mask) {
+	sizes, ns := p.groupSizes(mask)
+	for _, k := range sizes[:ns] {
 		p.gK = k
 		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low])
 	}
@@ -205,7 +209,8 @@ func (p *partitioner) find(buf []candidate, mask uint64, target int) (open []can
 	p.prepare(mask, false)
 	p.gFind, p.gTarget = true, target
 	low := bits.TrailingZeros64(mask)
-	for _, k := range p.groupSizes(mask) {
+	sizes, ns := p.groupSizes(mask)
+	for _, k := range sizes[:ns] {
 		p.gK, p.gFound = k, false
 		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low])
 		if p.gFound && (!ok || p.lexCompare(p.gMatch.g, first.g) < 0) {
