@@ -43,7 +43,10 @@ func socketFor(dir, resource string) string {
 func dialPlugin(t testing.TB, path string) pluginapi.DevicePluginClient {
 	t.Helper()
 	waitFor(t, path, func() bool { _, err := os.Stat(path); return err == nil })
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Wait for ready, as the kubelet's own client does: a socket that has
+	// just appeared may not accept the very first connection.
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +85,8 @@ func TestAgentServesSimulatedNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	simRoot := a.hw.hostRoot
-	ctx, cancel := context.WithCancel(context.Background())
+	// The timeout only bounds a broken run; nothing asserts on speed.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	done := make(chan error, 1)
 	go func() { done <- a.run(ctx) }()
 	defer func() {
