@@ -1,0 +1,426 @@
+package chart
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// root is the repository root (this module lives in test/chart).
+const root = "../.."
+
+func loadChart(t *testing.T) *chart.Chart {
+	t.Helper()
+	ch, err := Load(filepath.Join(root, ChartDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+func render(t *testing.T, vals map[string]any) map[string]string {
+	t.Helper()
+	files, err := Render(loadChart(t), vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+func decode[T any](t *testing.T, files map[string]string, name string) *T {
+	t.Helper()
+	text, ok := files[name]
+	if !ok {
+		t.Fatalf("%s not rendered (have %v)", name, keys(files))
+	}
+	var v T
+	if err := yaml.UnmarshalStrict([]byte(text), &v); err != nil {
+		t.Fatalf("decode %s: %v\n%s", name, err, text)
+	}
+	return &v
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// docs splits a multi-document YAML file.
+func docs(text string) []string {
+	var out []string
+	for _, d := range strings.Split(text, "\n---\n") {
+		if strings.TrimSpace(d) != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func TestLint(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		vals map[string]any
+	}{
+		{"defaults", nil},
+		{"simulate with monitoring", map[string]any{
+			"simulate": "dgx-h100,mig=0:1g.10gb+1g.10gb",
+			"metrics": map[string]any{
+				"serviceMonitor": map[string]any{"enabled": true},
+				"prometheusRule": map[string]any{"enabled": true},
+			},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lint := action.NewLint()
+			lint.Strict = true
+			res := lint.Run([]string{filepath.Join(root, ChartDir)}, tt.vals)
+			for _, err := range res.Errors {
+				t.Errorf("lint error: %v", err)
+			}
+			for _, m := range res.Messages {
+				if m.Severity > support.InfoSev {
+					t.Errorf("lint: %s", m)
+				}
+			}
+		})
+	}
+}
+
+func TestRBACIsLeastPrivilege(t *testing.T) {
+	files := render(t, nil)
+	d := docs(files["rbac.yaml"])
+	if len(d) != 2 {
+		t.Fatalf("rbac.yaml: %d documents, want ClusterRole and ClusterRoleBinding", len(d))
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict([]byte(d[0]), &role); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, r := range role.Rules {
+		if len(r.APIGroups) != 1 || r.APIGroups[0] != "" {
+			t.Errorf("rule on API groups %v; only the core group is needed", r.APIGroups)
+		}
+		if len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
+			t.Errorf("unexpected rule shape: %+v", r)
+		}
+		for _, res := range r.Resources {
+			got[res] = append(got[res], r.Verbs...)
+		}
+	}
+	want := map[string][]string{
+		"nodes":        {"get", "list", "watch", "patch"},
+		"nodes/status": {"patch"},
+		"events":       {"create", "patch"},
+	}
+	if len(got) != len(want) {
+		t.Errorf("resources %v, want exactly %v", got, want)
+	}
+	for res, verbs := range want {
+		g := slices.Clone(got[res])
+		slices.Sort(g)
+		w := slices.Clone(verbs)
+		slices.Sort(w)
+		if !slices.Equal(g, w) {
+			t.Errorf("%s verbs %v, want exactly %v", res, got[res], verbs)
+		}
+	}
+	var binding rbacv1.ClusterRoleBinding
+	if err := yaml.UnmarshalStrict([]byte(d[1]), &binding); err != nil {
+		t.Fatal(err)
+	}
+	sa := decode[corev1.ServiceAccount](t, files, "serviceaccount.yaml")
+	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 ||
+		binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != ReleaseNamespace {
+		t.Errorf("binding %+v does not bind role %s to service account %s/%s", binding, role.Name, ReleaseNamespace, sa.Name)
+	}
+}
+
+func hostPaths(spec *corev1.PodSpec) map[string]string {
+	out := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			out[v.Name] = v.HostPath.Path
+		}
+	}
+	return out
+}
+
+func mounts(c *corev1.Container) map[string]corev1.VolumeMount {
+	out := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		out[m.Name] = m
+	}
+	return out
+}
+
+func TestDaemonSet(t *testing.T) {
+	tests := []struct {
+		name  string
+		vals  map[string]any
+		check func(t *testing.T, ds *appsv1.DaemonSet, c *corev1.Container)
+	}{
+		{
+			name: "real GPUs",
+			check: func(t *testing.T, ds *appsv1.DaemonSet, c *corev1.Container) {
+				spec := &ds.Spec.Template.Spec
+				wantPaths := map[string]string{
+					"device-plugins": "/var/lib/kubelet/device-plugins",
+					"pod-resources":  "/var/lib/kubelet/pod-resources",
+					"host-sys":       "/sys",
+					"host-dev":       "/dev",
+				}
+				if got := hostPaths(spec); !mapsEqual(got, wantPaths) {
+					t.Errorf("hostPaths %v, want %v", got, wantPaths)
+				}
+				m := mounts(c)
+				for name, path := range map[string]string{
+					"host-sys": "/host/sys", "host-dev": "/host/dev",
+					"pod-resources":  "/host/var/lib/kubelet/pod-resources",
+					"device-plugins": "/var/lib/kubelet/device-plugins",
+				} {
+					if m[name].MountPath != path {
+						t.Errorf("volume %s mounted at %q, want %q", name, m[name].MountPath, path)
+					}
+				}
+				if !m["host-sys"].ReadOnly || !m["host-dev"].ReadOnly {
+					t.Error("host /sys and /dev must be mounted read-only")
+				}
+				if spec.HostNetwork {
+					t.Error("hostNetwork on real GPUs; only simulate needs it")
+				}
+				if a := spec.Affinity; a == nil || a.NodeAffinity == nil ||
+					len(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) != 2 {
+					t.Errorf("GPU node affinity missing: %+v", spec.Affinity)
+				}
+				if !slices.Contains(c.Args, "--host-root=/host") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--simulate") }) {
+					t.Errorf("args %v", c.Args)
+				}
+			},
+		},
+		{
+			name: "simulate",
+			vals: map[string]any{"simulate": "dgx-h100,mig=0:1g.10gb+1g.10gb"},
+			check: func(t *testing.T, ds *appsv1.DaemonSet, c *corev1.Container) {
+				spec := &ds.Spec.Template.Spec
+				if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+					t.Errorf("simulate: hostNetwork %v dnsPolicy %q, want host networking", spec.HostNetwork, spec.DNSPolicy)
+				}
+				wantPaths := map[string]string{
+					"device-plugins": "/var/lib/kubelet/device-plugins",
+					"pod-resources":  "/var/lib/kubelet/pod-resources",
+				}
+				if got := hostPaths(spec); !mapsEqual(got, wantPaths) {
+					t.Errorf("simulate hostPaths %v, want only the kubelet's %v", got, wantPaths)
+				}
+				var hostRoot *corev1.Volume
+				for i := range spec.Volumes {
+					if spec.Volumes[i].Name == "host-root" {
+						hostRoot = &spec.Volumes[i]
+					}
+				}
+				if hostRoot == nil || hostRoot.EmptyDir == nil || mounts(c)["host-root"].MountPath != "/host" {
+					t.Errorf("simulate host root is not an emptyDir at /host: %+v", hostRoot)
+				}
+				if !slices.Contains(c.Args, "--simulate=dgx-h100,mig=0:1g.10gb+1g.10gb") {
+					t.Errorf("args %v lack --simulate", c.Args)
+				}
+				if spec.Affinity != nil {
+					t.Errorf("simulate keeps the GPU node affinity: %+v", spec.Affinity)
+				}
+				if sc := c.SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+					t.Errorf("simulate security context %+v, want unprivileged with a read-only root", sc)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
+			spec := &ds.Spec.Template.Spec
+			if len(spec.Containers) != 1 {
+				t.Fatalf("%d containers, want 1", len(spec.Containers))
+			}
+			c := &spec.Containers[0]
+
+			// Common to every mode.
+			if spec.PriorityClassName != "system-node-critical" {
+				t.Errorf("priorityClassName %q", spec.PriorityClassName)
+			}
+			if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+				return tol.Key == "gpu-node-agent.io/unhealthy" && tol.Operator == corev1.TolerationOpExists && tol.Effect == ""
+			}) {
+				t.Errorf("tolerations %+v lack the agent's own taint (every effect)", spec.Tolerations)
+			}
+			for probe, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+				if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != probe || p.HTTPGet.Port.String() != "metrics" {
+					t.Errorf("probe %s: %+v", probe, p)
+				}
+			}
+			if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9400 {
+				t.Errorf("ports %+v", c.Ports)
+			}
+			if !slices.Contains(c.Args, "--metrics-address=:9400") {
+				t.Errorf("args %v lack --metrics-address=:9400", c.Args)
+			}
+			if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+				return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+			}) {
+				t.Errorf("env %+v lacks NODE_NAME from spec.nodeName", c.Env)
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+				t.Errorf("resources %+v: requests and a memory limit are required", c.Resources)
+			}
+			us := ds.Spec.UpdateStrategy
+			if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable.String() != "1" {
+				t.Errorf("update strategy %+v", us)
+			}
+			if ds.Spec.Template.Annotations["checksum/config"] == "" {
+				t.Error("no config checksum annotation: config changes would not roll the pods")
+			}
+			tt.check(t, ds, c)
+		})
+	}
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestConfigMapCarriesValuesConfig(t *testing.T) {
+	cm := decode[corev1.ConfigMap](t, render(t, map[string]any{
+		"config": map[string]any{"log-level": "debug"},
+	}), "configmap.yaml")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
+		t.Fatalf("config.yaml: %v", err)
+	}
+	want := map[string]any{
+		"mig-strategy": "mixed", "device-list-strategy": "envvar", "rescan-interval": "30s",
+		"log-format": "json", "log-level": "debug",
+	}
+	if len(cfg) != len(want) {
+		t.Errorf("config keys %v, want %v", cfg, want)
+	}
+	for k, v := range want {
+		if cfg[k] != v {
+			t.Errorf("config %s = %v, want %v", k, cfg[k], v)
+		}
+	}
+}
+
+func TestMonitoringObjectsAreOptional(t *testing.T) {
+	files := render(t, nil)
+	for _, f := range []string{"servicemonitor.yaml", "prometheusrule.yaml"} {
+		if _, ok := files[f]; ok {
+			t.Errorf("%s rendered by default; it needs CRDs and must be opt-in", f)
+		}
+	}
+	files = render(t, map[string]any{"metrics": map[string]any{
+		"serviceMonitor": map[string]any{"enabled": true},
+		"prometheusRule": map[string]any{"enabled": true},
+	}})
+	var sm struct {
+		Kind string
+		Spec struct {
+			Endpoints []struct{ Port, Path string }
+		}
+	}
+	if err := yaml.Unmarshal([]byte(files["servicemonitor.yaml"]), &sm); err != nil {
+		t.Fatal(err)
+	}
+	if sm.Kind != "ServiceMonitor" || len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" {
+		t.Errorf("ServiceMonitor %+v", sm)
+	}
+	var rule struct {
+		Kind string
+		Spec struct {
+			Groups []map[string]any `json:"groups"`
+		}
+	}
+	if err := yaml.Unmarshal([]byte(files["prometheusrule.yaml"]), &rule); err != nil {
+		t.Fatal(err)
+	}
+	if rule.Kind != "PrometheusRule" || len(rule.Spec.Groups) != 1 {
+		t.Fatalf("PrometheusRule %+v", rule)
+	}
+	alerts := map[string]bool{}
+	for _, r := range rule.Spec.Groups[0]["rules"].([]any) {
+		alerts[r.(map[string]any)["alert"].(string)] = true
+	}
+	for _, a := range []string{"GPUNodeAgentDown", "GPUDeviceUnhealthy", "GPUNodeTainted"} {
+		if !alerts[a] {
+			t.Errorf("alert %s missing (have %v)", a, alerts)
+		}
+	}
+
+	// promtool (Debian's prometheus package) checks the rules for real.
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skipf("promtool not installed (make deps-prometheus): %v", err)
+	}
+	groups, err := yaml.Marshal(map[string]any{"groups": rule.Spec.Groups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := filepath.Join(t.TempDir(), "rules.yml")
+	if err := os.WriteFile(rules, groups, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", rules).CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules: %v\n%s", err, out)
+	}
+}
+
+// TestManifestsInSync fails when deploy/manifests differs from what the
+// chart renders with default values; `make manifests` fixes it.
+func TestManifestsInSync(t *testing.T) {
+	want, err := Manifests(loadChart(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, ManifestsDir)
+	have, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range have {
+		if _, ok := want[filepath.Base(f)]; !ok {
+			t.Errorf("%s is not rendered by the chart any more (run make manifests)", f)
+		}
+	}
+	for name, text := range want {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("%s: %v (run make manifests)", name, err)
+			continue
+		}
+		if !bytes.Equal(got, []byte(text)) {
+			t.Errorf("%s/%s is out of sync with the chart (run make manifests)", ManifestsDir, name)
+		}
+	}
+}
