@@ -23,7 +23,10 @@ type source struct {
 type reconciler struct {
 	log      *slog.Logger
 	discover func() (*topology.Node, error)
-	sources  []source
+	// onDiscover is told every successfully discovered node before the
+	// sources build from it (e.g. the health monitor's SetNode).
+	onDiscover []func(*topology.Node)
+	sources    []source
 	// sync hands the full resource list to the plugin manager.
 	sync func([]plugin.Resource)
 	// report, if set, is told every applied state (the inventory printer).
@@ -78,6 +81,10 @@ func (r *reconciler) reconcile() {
 		r.log.Error("device discovery failed", "err", err)
 		st.errs["discovery"] = err
 		node = nil
+	} else {
+		for _, f := range r.onDiscover {
+			f(node)
+		}
 	}
 	for _, s := range r.sources {
 		rs, err := s.build(node)

@@ -96,7 +96,12 @@ func TestReconcileSourcesFailIndependently(t *testing.T) {
 				sync:   rec.sync,
 				report: func(st state) { reported = st },
 			}
+			var told []*topology.Node
+			r.onDiscover = []func(*topology.Node){func(n *topology.Node) { told = append(told, n) }}
 			r.reconcile()
+			if wantTold := tc.discoverErr == nil; (len(told) == 1) != wantTold {
+				t.Errorf("onDiscover called %d times, want it called: %v", len(told), wantTold)
+			}
 			if got := strings.Join(rec.syncs[0], ","); got != strings.Join(tc.want, ",") {
 				t.Errorf("synced %s, want %s", got, strings.Join(tc.want, ","))
 			}
