@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -67,6 +68,9 @@ type Monitor struct {
 	effective map[string]bool // last published effective health
 	effSince  map[string]time.Time
 	nodeFit   bool
+
+	// eventsReady is set while the XID watcher has a registered event set.
+	eventsReady atomic.Bool
 
 	changes     chan struct{}
 	subsMu      sync.Mutex
@@ -311,9 +315,13 @@ func (m *Monitor) Fitness() Fitness {
 			}
 		}
 	}
-	switch len(checks) {
-	case 0:
-	case 1:
+	switch {
+	case f.NodeWide:
+		// A node-wide fault (NVML failing) explains the device errors
+		// that come with it.
+		f.Reason = strings.Join(m.states[NodeID].checks(), "-")
+	case len(checks) == 0:
+	case len(checks) == 1:
 		f.Reason = checks[0]
 	default:
 		f.Reason = "multiple"

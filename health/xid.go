@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -117,6 +116,8 @@ func (w *xidWatcher) watch(ctx context.Context, gpus []topology.GPU) error {
 		}
 	}
 	w.m.Observe(w.nodeObservation(nil))
+	w.m.eventsReady.Store(true)
+	defer w.m.eventsReady.Store(false)
 	started := w.m.clock.Now()
 	waitMs := uint32(w.m.cfg.eventWait / time.Millisecond)
 	for {
@@ -189,5 +190,3 @@ func (w *xidWatcher) observation(e nvml.EventData) Observation {
 	}
 	return Observation{Check: CheckXID, Key: "event", Reason: fmt.Sprintf("nvml event type %#x", e.EventType)}
 }
-
-var _ = errors.New

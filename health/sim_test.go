@@ -1,0 +1,262 @@
+package health
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
+)
+
+// simMonitor runs a monitor on a simulated DGX H100 (MIG on GPU 1) with a
+// short poll interval and recovery period.
+func simMonitor(t testing.TB, recovery time.Duration) (*sim.Node, *Monitor) {
+	t.Helper()
+	spec, err := sim.Profile("dgx-h100", sim.WithMIG(1, "3g.40gb", "3g.40gb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := sim.New(spec, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMonitor(Config{PollInterval: 100 * time.Millisecond, RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery,
+		DCGMMode: DCGMOff}, node.NVML(), discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.cfg.eventWait = 20 * time.Millisecond
+	m.SetNode(node.Spec())
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = m.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	// Wait for the first poll and the event set.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if fit, _ := m.NodeFit(); fit && eventsRegistered(m) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("monitor never settled on the simulated node")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return node, m
+}
+
+// eventsRegistered says the watcher has its event set registered.
+func eventsRegistered(m *Monitor) bool { return m.eventsReady.Load() }
+
+func simFault(t testing.TB, n *sim.Node, method, body string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	n.ControlHandler().ServeHTTP(rec, httptest.NewRequest(method, "/faults", strings.NewReader(body)))
+	if rec.Code != http.StatusNoContent {
+		t.Fatalf("%s /faults %s: %d %s", method, body, rec.Code, rec.Body.String())
+	}
+}
+
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestSimFaults injects every simulated fault kind into a running monitor
+// and clears it again.
+func TestSimFaults(t *testing.T) {
+	tests := []struct {
+		name      string
+		fault     string
+		unhealthy []string // device indexes/IDs resolved below: "gpu2", "mig1-0", "all"
+		reason    string
+	}{
+		{"xid 79", `{"kind":"xid","gpu":2,"xid":79}`, []string{"gpu2"}, "xid"},
+		{"xid on a MIG device", `{"kind":"xid","gpu":1,"xid":62,"mig":"MIG0"}`, []string{"mig1-0"}, "xid"},
+		{"ecc-dbe", `{"kind":"ecc-dbe","gpu":2}`, []string{"gpu2"}, ""},
+		{"row-remap-pending", `{"kind":"row-remap-pending","gpu":2}`, []string{"gpu2"}, "row-remap"},
+		{"row-remap-failure on a MIG parent", `{"kind":"row-remap-failure","gpu":1}`, []string{"gpu1", "mig1-0", "mig1-1"}, "row-remap"},
+		{"retired-pages-pending", `{"kind":"retired-pages-pending","gpu":2}`, []string{"gpu2"}, "retired-pages"},
+		{"gpu-lost", `{"kind":"gpu-lost","gpu":2}`, []string{"gpu2"}, ""},
+		{"nvlink-down", `{"kind":"nvlink-down","gpu":2,"link":3}`, []string{"gpu2"}, "nvlink"},
+		{"nvml-failure", `{"kind":"nvml-failure","gpu":0}`, []string{"all"}, "nvml"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			node, m := simMonitor(t, 300*time.Millisecond)
+			spec := node.Spec()
+			migs := spec.GPUs[1].MIG
+			resolve := func(s string) []string {
+				switch s {
+				case "gpu1":
+					return []string{spec.GPUs[1].UUID}
+				case "gpu2":
+					return []string{spec.GPUs[2].UUID}
+				case "mig1-0":
+					return []string{migs[0].UUID}
+				case "mig1-1":
+					return []string{migs[1].UUID}
+				}
+				all := []string{NodeID}
+				for _, g := range spec.GPUs {
+					all = append(all, g.UUID)
+					for _, mg := range g.MIG {
+						all = append(all, mg.UUID)
+					}
+				}
+				return all
+			}
+			var want []string
+			for _, s := range tc.unhealthy {
+				want = append(want, resolve(s)...)
+			}
+			body := strings.Replace(tc.fault, "MIG0", migs[0].UUID, 1)
+			simFault(t, node, "POST", body)
+			waitUntil(t, "devices unhealthy", func() bool {
+				for _, id := range want {
+					if m.Healthy(id) {
+						return false
+					}
+				}
+				return true
+			})
+			for id, st := range m.Snapshot() {
+				if !st.Healthy && !slices.Contains(want, id) {
+					t.Errorf("%s unhealthy too: %v", id, st.Reasons)
+				}
+			}
+			if f := m.Fitness(); f.Fit || (tc.reason != "" && f.Reason != tc.reason) {
+				t.Errorf("fitness %+v, want unfit with reason %q", f, tc.reason)
+			}
+			simFault(t, node, "DELETE", body)
+			waitUntil(t, "recovery", func() bool { fit, _ := m.NodeFit(); return fit })
+			for _, id := range want {
+				if !m.Healthy(id) {
+					t.Errorf("%s still unhealthy after recovery", id)
+				}
+			}
+		})
+	}
+}
+
+// TestSimFaultLatency measures fault injected in the simulator -> the
+// monitor's Changes signal with the device unhealthy, for XIDs (event
+// driven) and a polled fault. Numbers are logged, not asserted:
+//
+//	go test -race -run TestSimFaultLatency -v ./health/
+func TestSimFaultLatency(t *testing.T) {
+	for _, tc := range []struct {
+		name, inject, clear string
+	}{
+		{"xid (event)", `{"kind":"xid","gpu":GPU,"xid":79}`, ""},
+		{"row-remap-pending (poll 100ms)", `{"kind":"row-remap-pending","gpu":GPU}`, `{"kind":"row-remap-pending","gpu":GPU}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, m := simMonitor(t, 20*time.Millisecond)
+			spec := node.Spec()
+			changes := m.Changes()
+			var lat []time.Duration
+			for i := range 24 {
+				gpu := []int{0, 2, 3, 4, 5, 6, 7}[i%7]
+				id := spec.GPUs[gpu].UUID
+				waitUntil(t, "healthy before injecting", func() bool { fit, _ := m.NodeFit(); return fit })
+				drainSignal(changes)
+				g := strconv.Itoa(gpu)
+				start := time.Now()
+				simFault(t, node, "POST", strings.ReplaceAll(tc.inject, "GPU", g))
+				for m.Healthy(id) {
+					<-changes
+				}
+				lat = append(lat, time.Since(start))
+				if tc.clear != "" {
+					simFault(t, node, "DELETE", strings.ReplaceAll(tc.clear, "GPU", g))
+				}
+			}
+			p50, p99 := percentile(lat, 0.5), percentile(lat, 0.99)
+			t.Logf("fault -> Changes()+Healthy=false over %d injections: median %v, p99 %v, max %v", len(lat), p50, p99, slices.Max(lat))
+		})
+	}
+}
+
+func drainSignal(ch <-chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+// TestSimFaultToTaintLatency measures fault injected in the simulator ->
+// taint on the Node, through Monitor and Tainter.Run against a fake
+// clientset (the real-apiserver number comes from H8's harness). Logged,
+// not asserted:
+//
+//	go test -race -run TestSimFaultToTaintLatency -v ./health/
+func TestSimFaultToTaintLatency(t *testing.T) {
+	// Recovery must outlast a reconcile, or a fault could come and go
+	// before the tainter reads it.
+	node, m := simMonitor(t, 200*time.Millisecond)
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
+	tr := NewTainter(c, nodeName, TaintConfig{}, discard(), nil)
+	w, err := c.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = tr.Run(ctx, m) })
+	defer func() { cancel(); wg.Wait() }()
+	// tainted waits for the next watch event with (or without) our taint.
+	tainted := func(want bool) {
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case ev := <-w.ResultChan():
+				n := ev.Object.(*corev1.Node)
+				if (len(tr.ourTaints(n.Spec.Taints)) > 0) == want {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no watch event with tainted=%v", want)
+			}
+		}
+	}
+	var lat []time.Duration
+	for i := range 24 {
+		gpu := []int{0, 2, 3, 4, 5, 6, 7}[i%7]
+		start := time.Now()
+		simFault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(gpu)+`,"xid":79}`)
+		tainted(true)
+		lat = append(lat, time.Since(start))
+		tainted(false) // recovers after 200ms
+	}
+	t.Logf("fault -> taint on the Node (fake clientset) over %d injections: median %v, p99 %v, max %v",
+		len(lat), percentile(lat, 0.5), percentile(lat, 0.99), slices.Max(lat))
+	if got := testutil.ToFloat64(tr.writes.WithLabelValues("taint")); got != 48 {
+		t.Errorf("%v taint writes for 24 faults and recoveries, want 48", got)
+	}
+}
