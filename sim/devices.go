@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -107,19 +106,25 @@ func normalizeBusID(s string) string {
 // about bus ID spellings and MIG devices.
 func (n *Node) installServer() {
 	s := n.srv
+	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		if i < 0 || i >= len(n.devices) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return n.handle(i), nvml.SUCCESS
+	}
 	s.DeviceGetHandleByPciBusIdFunc = func(busID string) (nvml.Device, nvml.Return) {
 		want := normalizeBusID(busID)
 		for i, g := range n.gpus {
 			if g.busID == want {
-				return n.devices[i], nvml.SUCCESS
+				return n.handle(i), nvml.SUCCESS
 			}
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	s.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
-		for _, d := range n.devices {
+		for i, d := range n.devices {
 			if d.UUID == uuid {
-				return d, nvml.SUCCESS
+				return n.handle(i), nvml.SUCCESS
 			}
 		}
 		n.mu.RLock()
@@ -127,7 +132,7 @@ func (n *Node) installServer() {
 		for _, g := range n.gpus {
 			for _, m := range g.mig {
 				if m.info.UUID == uuid {
-					return m.dev, nvml.SUCCESS
+					return directDevice{m: m.dev}, nvml.SUCCESS
 				}
 			}
 		}
@@ -189,11 +194,11 @@ func (n *Node) installDevice(i int) {
 		return nvlinkVersion(g.cfg.Architecture), nvml.SUCCESS
 	}
 	d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
-		o, ok := other.(*server.Device)
-		if !ok || o.Index < 0 || o.Index >= len(n.gpus) || n.devices[o.Index] != o {
+		o := n.indexOf(other)
+		if o < 0 {
 			return 0, nvml.ERROR_INVALID_ARGUMENT
 		}
-		lvl, _ := nvmlLevel(n.pairLevel(i, o.Index))
+		lvl, _ := nvmlLevel(n.pairLevel(i, o))
 		return nvml.GpuTopologyLevel(lvl), nvml.SUCCESS
 	}
 	n.installMIG(i)

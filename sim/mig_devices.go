@@ -60,7 +60,7 @@ func (n *Node) installMIG(i int) {
 		if !g.migEnabled || idx >= len(g.mig) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
-		return g.mig[idx].dev, nvml.SUCCESS
+		return directDevice{m: g.mig[idx].dev}, nvml.SUCCESS
 	}
 	d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 		if !capable {
@@ -107,7 +107,6 @@ func (n *Node) installMIG(i int) {
 
 // newMIGDevices builds (but does not publish) the MIG devices of GPU i.
 func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, error) {
-	parent := n.devices[i]
 	g := n.gpus[i]
 	seenGI := map[int]bool{}
 	out := make([]*migDevice, 0, len(infos))
@@ -125,12 +124,12 @@ func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, e
 		}
 		info.Index = k
 		gi := server.NewGpuInstanceFromInfo(nvml.GpuInstanceInfo{
-			Device:    parent,
+			Device:    n.handle(i),
 			Id:        uint32(info.GPUInstance),
 			ProfileId: p.gi.Id,
 		}, g.cfg.MIGProfiles)
 		ci := server.NewComputeInstanceFromInfo(nvml.ComputeInstanceInfo{
-			Device:      parent,
+			Device:      n.handle(i),
 			GpuInstance: gi,
 			Id:          uint32(info.ComputeInstance),
 			ProfileId:   p.ci.Id,
@@ -177,13 +176,12 @@ func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, e
 }
 
 func (n *Node) installMIGDevice(i int, m *migDevice) {
-	parent := n.devices[i]
 	g := n.gpus[i]
 	d := m.dev
 	info := m.info
 	d.GetUUIDFunc = func() (string, nvml.Return) { return info.UUID, nvml.SUCCESS }
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return true, nvml.SUCCESS }
-	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return parent, nvml.SUCCESS }
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return n.handle(i), nvml.SUCCESS }
 	d.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return info.GPUInstance, nvml.SUCCESS }
 	d.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return info.ComputeInstance, nvml.SUCCESS }
 	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) { return m.attrs, nvml.SUCCESS }

@@ -186,7 +186,7 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 
 // NVML returns the simulated NVML library. Init and Shutdown succeed and may
 // be called any number of times.
-func (n *Node) NVML() nvml.Interface { return n.srv }
+func (n *Node) NVML() nvml.Interface { return directLib{m: &n.srv.Interface} }
 
 // HostRoot is the directory holding the simulated /sys and /dev.
 func (n *Node) HostRoot() string { return n.hostRoot }
