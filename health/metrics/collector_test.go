@@ -219,7 +219,9 @@ func TestSlowDeviceDoesNotBlockOthersOrTheScrape(t *testing.T) {
 		return nvml.Utilization{Gpu: 99}, nvml.SUCCESS
 	}
 	defer close(release)
-	c, reg := newTestCollector(t, mn, Config{DeviceTimeout: 20 * time.Millisecond})
+	// The timeout is ample for the healthy GPUs even under -race on a
+	// loaded machine; only the hung GPU can miss it.
+	c, reg := newTestCollector(t, mn, Config{DeviceTimeout: time.Second})
 	slowUUID := mn.node.GPUs[2].UUID
 
 	// A collection cycle that hangs on GPU 2 finishes with the other GPUs.
