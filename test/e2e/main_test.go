@@ -10,8 +10,43 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
+
+// agent is the chart-installed agent; agentErr says why there is none.
+var (
+	agent    *agentdeploy.Agent
+	agentErr error
+)
+
+// installAgent loads the agent image and installs the chart in simulate
+// mode; a failure is reported by every test that needs the agent.
+func installAgent(ctx context.Context) {
+	start := time.Now()
+	if agentErr = shared.LoadAgentImage(ctx, os.Getenv("GPU_NODE_AGENT_BIN")); agentErr != nil {
+		return
+	}
+	if agent, agentErr = agentdeploy.Install(ctx, shared, agentdeploy.Options{}); agentErr != nil {
+		return
+	}
+	if _, agentErr = agent.WaitReady(ctx, shared); agentErr != nil {
+		if logs, err := agent.Logs(ctx, shared); err == nil {
+			agentErr = fmt.Errorf("%w; agent log:\n%s", agentErr, logs)
+		}
+		return
+	}
+	fmt.Fprintf(os.Stderr, "e2e: agent installed (%v) and Ready in %s\n", agent.Objects, time.Since(start).Round(time.Millisecond))
+}
+
+// needAgent fails the test when the agent could not be installed.
+func needAgent(t *testing.T) *agentdeploy.Agent {
+	t.Helper()
+	if agentErr != nil {
+		t.Fatalf("agent not installed: %v", agentErr)
+	}
+	return agent
+}
 
 // shared is the cluster every test of the package uses.
 var shared *cluster.Cluster
@@ -25,7 +60,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: the single-node cluster needs root (kubelet, containerd, runc)")
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start := time.Now()
 	c, err := cluster.Up(ctx, cluster.Options{
@@ -41,6 +76,7 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e cluster: up in %s, dir %s\n", time.Since(start).Round(time.Millisecond), c.Dir)
 	shared = c
+	installAgent(ctx)
 	code := m.Run()
 	if code != 0 {
 		c.DumpLogs(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }, 40)

@@ -65,6 +65,7 @@ type Cluster struct {
 	kubeletArgs       []string
 	kubeletHealthz    string
 	nodeIPAdded       bool
+	extra             []*process // started on demand (prometheus)
 	limitations       []string
 	stopped           bool
 }
@@ -194,6 +195,9 @@ func (c *Cluster) Stop() error {
 	c.mu.Unlock()
 
 	var errs []error
+	for _, p := range c.extra {
+		errs = append(errs, p.stop(10*time.Second))
+	}
 	if c.kubelet != nil {
 		errs = append(errs, c.StopKubelet())
 	}

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -87,21 +86,26 @@ func (p *process) stop(grace time.Duration) error {
 	return fmt.Errorf("%s did not stop within %s of SIGTERM; killed", p.name, grace)
 }
 
-// tailFile returns the last n lines of a file.
+// tailFile returns the last n lines of a file (from its last 256 KiB).
 func tailFile(path string, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return err.Error()
 	}
 	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
+	const window = 256 * 1024
+	if st, err := f.Stat(); err == nil && st.Size() > window {
+		if _, err := f.Seek(st.Size()-window, io.SeekStart); err != nil {
+			return err.Error()
 		}
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
 }
@@ -211,3 +215,6 @@ func unescapeMount(s string) string {
 	}
 	return b.String()
 }
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) { return freePort() }

@@ -1,0 +1,86 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeResources returns the node's capacity and allocatable counts of the
+// resources whose names start with prefix (e.g. "nvidia.com/").
+func (c *Cluster) NodeResources(ctx context.Context, prefix string) (capacity, allocatable map[string]int64, err error) {
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("get node %s: %w", c.NodeName, err)
+	}
+	return filterResources(node.Status.Capacity, prefix), filterResources(node.Status.Allocatable, prefix), nil
+}
+
+func filterResources(l corev1.ResourceList, prefix string) map[string]int64 {
+	out := map[string]int64{}
+	for name, q := range l {
+		if strings.HasPrefix(string(name), prefix) {
+			out[string(name)] = q.Value()
+		}
+	}
+	return out
+}
+
+// WaitNodeResources waits until the node's allocatable (and capacity)
+// resources under prefix are exactly want, ignoring resources at 0 (the
+// kubelet keeps a resource at 0 for a while after its plugin goes away).
+func (c *Cluster) WaitNodeResources(ctx context.Context, prefix string, want map[string]int64) error {
+	var lastCap, lastAlloc map[string]int64
+	for {
+		capacity, alloc, err := c.NodeResources(ctx, prefix)
+		if err == nil {
+			lastCap, lastAlloc = nonZero(capacity), nonZero(alloc)
+			if equal(lastCap, want) && equal(lastAlloc, want) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node resources %s*: capacity %s, allocatable %s, want %s: %w",
+				prefix, FormatResources(lastCap), FormatResources(lastAlloc), FormatResources(want), ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func nonZero(m map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for k, v := range m {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func equal(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// FormatResources prints a resource map sorted, for messages.
+func FormatResources(m map[string]int64) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(parts)
+	return "{" + strings.Join(parts, " ") + "}"
+}
