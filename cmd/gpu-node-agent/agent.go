@@ -43,6 +43,8 @@ type reconciler struct {
 
 // state is what the reconciler serves after one pass.
 type state struct {
+	// node is the discovered node (nil when discovery failed).
+	node      *topology.Node
 	resources []plugin.Resource
 	// errs are the failures of this pass, by source ("discovery" too).
 	errs map[string]error
@@ -82,6 +84,7 @@ func (r *reconciler) reconcile() {
 		st.errs["discovery"] = err
 		node = nil
 	} else {
+		st.node = node
 		for _, f := range r.onDiscover {
 			f(node)
 		}

@@ -190,8 +190,9 @@ func TestDemo(t *testing.T) {
 		`nvidia\.com/mig-1g\.10gb\s+9\s+9\s+0:9`,
 		`nvidia\.com/mig-2g\.20gb\s+1\s+1\s+0:1`,
 		`nvidia\.com/mig-3g\.40gb\s+1\s+1\s+0:1`,
-		`nvidia\.com/gpu\s+GPU-\S+\s+healthy\s+1`,
-		`nvidia\.com/mig-3g\.40gb\s+MIG-\S+\s+healthy\s+0`,
+		`nvidia\.com/gpu\s+GPU-\S+\s+GPU 7\s+healthy\s+1`,
+		`nvidia\.com/mig-3g\.40gb\s+MIG-\S+\s+GPU 0 MIG 0\s+healthy\s+0`,
+		`nvidia\.com/mig-1g\.10gb\s+MIG-\S+\s+GPU 1 MIG 6\s+healthy\s+0`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("demo output lacks %q", want)

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // inventory prints what the agent serves, in plain text, whenever it
@@ -68,14 +69,19 @@ func (v *inventory) render(st state) string {
 
 	fmt.Fprintln(&b)
 	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RESOURCE\tDEVICE\tHEALTH\tNUMA")
+	fmt.Fprintln(tw, "RESOURCE\tDEVICE\tON\tHEALTH\tNUMA")
+	where := placement(st.node)
 	for i, r := range rs {
 		for _, d := range devs[i] {
 			health := "healthy"
 			if !d.Healthy {
 				health = "UNHEALTHY"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name(), d.ID, health, numaString(d.NUMANodes))
+			on := where[d.ID]
+			if on == "" {
+				on = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Name(), d.ID, on, health, numaString(d.NUMANodes))
 		}
 	}
 	tw.Flush()
@@ -92,6 +98,22 @@ func (v *inventory) render(st state) string {
 		}
 	}
 	return b.String()
+}
+
+// placement says where each GPU and MIG device of node sits, for people:
+// "GPU 3", or "GPU 0 MIG 2" (the MIG device index on its parent).
+func placement(node *topology.Node) map[string]string {
+	where := map[string]string{}
+	if node == nil {
+		return where
+	}
+	for _, g := range node.GPUs {
+		where[g.UUID] = fmt.Sprintf("GPU %d", g.Index)
+		for _, m := range g.MIG {
+			where[m.UUID] = fmt.Sprintf("GPU %d MIG %d", g.Index, m.Index)
+		}
+	}
+	return where
 }
 
 func numaString(nodes []int64) string {
