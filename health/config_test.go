@@ -1,0 +1,84 @@
+package health
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string // substring of the error; "" for valid
+	}{
+		{"defaults", Config{}, ""},
+		{"custom xids", Config{FatalXIDs: []uint64{79, 999}}, ""},
+		{"poll too fast", Config{PollInterval: time.Millisecond}, "health.pollInterval"},
+		{"negative recovery", Config{RecoveryPeriod: -time.Second}, "health.recoveryPeriod"},
+		{"cap below period", Config{RecoveryPeriod: time.Hour, MaxRecoveryPeriod: time.Minute}, "health.maxRecoveryPeriod"},
+		{"xid zero", Config{FatalXIDs: []uint64{0}}, "health.fatalXIDs"},
+		{"unknown check", Config{DisabledChecks: []string{"ecc", "vibes"}}, `unknown check "vibes"`},
+		{"bad dcgm mode", Config{DCGMMode: "sometimes"}, "health.dcgmMode"},
+		{"standalone without address", Config{DCGMMode: DCGMStandalone}, "health.dcgmAddress"},
+		{"standalone with address", Config{DCGMMode: DCGMStandalone, DCGMAddress: "localhost:5555"}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{}.WithDefaults()
+	if c.PollInterval != 10*time.Second || c.RecoveryPeriod != 5*time.Minute || c.DCGMMode != DCGMAuto || len(c.FatalXIDs) != len(DefaultFatalXIDs) {
+		t.Fatalf("defaults %+v", c)
+	}
+	tc := TaintConfig{}.WithDefaults()
+	if tc.Mode != TaintOn || tc.Key != "gpu-node-agent.io/unhealthy" || tc.Effect != "NoSchedule" || tc.MaxFraction != 0.2 || tc.ConditionType != "GPUHealthy" {
+		t.Fatalf("taint defaults %+v", tc)
+	}
+}
+
+func TestTaintConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  TaintConfig
+		want string
+	}{
+		{"defaults", TaintConfig{}, ""},
+		{"dry-run", TaintConfig{Mode: TaintDryRun}, ""},
+		{"bad mode", TaintConfig{Mode: "maybe"}, "taint.mode"},
+		{"bad key", TaintConfig{Key: "not a key"}, "taint.key"},
+		{"bad effect", TaintConfig{Effect: "NoWay"}, "taint.effect"},
+		{"fraction over 1", TaintConfig{MaxFraction: 1.5}, "taint.maxFraction"},
+		{"bad selector", TaintConfig{NodeSelector: "a in (b"}, "taint.nodeSelector"},
+		{"bad namespace", TaintConfig{EventNamespace: "Not_OK"}, "taint.eventNamespace"},
+		{"resync too short", TaintConfig{Resync: time.Millisecond}, "taint.resync"},
+		{"two errors both named", TaintConfig{Mode: "x", Effect: "y"}, "taint.effect"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
