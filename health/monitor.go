@@ -504,12 +504,11 @@ func (m *Monitor) pollOnce() {
 	m.pollMu.Lock()
 	defer m.pollMu.Unlock()
 	gpus := m.gpuList()
-	if o, ok := m.nvmlc.probe(len(gpus)); m.cfg.enabled(CheckNVML) {
+	o, ok := m.nvmlc.probe(len(gpus))
+	if m.cfg.enabled(CheckNVML) {
 		m.Observe(o)
-		if !ok {
-			return
-		}
-	} else if !ok {
+	}
+	if !ok {
 		return
 	}
 	for _, g := range gpus {

@@ -311,3 +311,18 @@ func TestMonitorSetNodeDropsGoneDevices(t *testing.T) {
 		t.Fatal("node unfit from a device that no longer exists")
 	}
 }
+
+// TestMonitorWaitGPULost: EventSet.Wait failing because one GPU is lost is
+// that GPU's problem (the gpu-lost check), not a node-wide NVML failure.
+func TestMonitorWaitGPULost(t *testing.T) {
+	h := start(t, newFakeNVML(2), false, nil)
+	h.waitFor(t, "events registered", h.m.eventsReady.Load)
+	h.f.set(func() { h.f.waitRet = nvml.ERROR_GPU_IS_LOST })
+	h.waitFor(t, "watcher stopped", func() bool { return !h.m.eventsReady.Load() })
+	if fit, reasons := h.m.NodeFit(); !fit {
+		t.Fatalf("node unfit from a lost GPU's event wait: %v", reasons)
+	}
+	h.f.set(func() { h.f.waitRet = nvml.SUCCESS })
+	h.clk.Step(24 * time.Hour) // the watcher's retry delay
+	h.waitFor(t, "events registered again", h.m.eventsReady.Load)
+}

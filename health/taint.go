@@ -28,7 +28,7 @@ const maxMessage = 1024
 // and the condition True. It writes only what differs from the Node it
 // has just read (zero writes at steady state), never touches other
 // taints, and refuses to add its taint when too much of the fleet already
-// carries it.
+// carries it. Use it from one goroutine: Run, or Reconcile calls in turn.
 type Tainter struct {
 	client kubernetes.Interface
 	node   string

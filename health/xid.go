@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -17,6 +18,11 @@ const xidEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeSingleBitEccErr
 // noInstance is the GPU/compute instance ID NVML reports for events that
 // are not tied to a MIG device.
 const noInstance = 0xFFFFFFFF
+
+// errWaitGPULost is EventSet.Wait failing because a registered GPU is
+// lost: the gpu-lost check reports that GPU; the set is built again after
+// a poll interval, without it, and the node is not at fault.
+var errWaitGPULost = errors.New("nvml event wait: a registered gpu is lost")
 
 // xidWatcher blocks in EventSet.Wait and turns each NVML event into an
 // observation as it arrives (event-driven, not polled). Fatal XIDs make
@@ -66,9 +72,13 @@ func (w *xidWatcher) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
+		if errors.Is(err, errWaitGPULost) {
+			w.m.log.Warn("nvml event wait: a registered gpu is lost; registering again", "retry", w.m.cfg.PollInterval)
+		} else if err != nil {
 			w.m.Observe(w.nodeObservation(err))
 			w.m.log.Error("nvml event watch failed; retrying", "err", err, "retry", w.m.cfg.PollInterval)
+		}
+		if err != nil {
 			select {
 			case <-ctx.Done():
 			case <-w.m.nodeChanged:
@@ -136,6 +146,10 @@ func (w *xidWatcher) watch(ctx context.Context, gpus []topology.GPU) error {
 		case nvml.SUCCESS:
 			w.handle(e, byUUID, handles)
 		case nvml.ERROR_TIMEOUT:
+		case nvml.ERROR_GPU_IS_LOST:
+			// One registered GPU fell off the bus: the gpu-lost check
+			// reports it; build the set again without it.
+			return errWaitGPULost
 		default:
 			return fmt.Errorf("nvml event wait: %w", ret)
 		}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -145,6 +146,22 @@ func (f fakeXIDs) LastXID(uuid string) (uint64, bool) {
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// testLogger logs to the test's output, so a failed read explains itself.
+func testLogger(tb testing.TB) *slog.Logger { return slog.New(slog.NewTextHandler(tb.Output(), nil)) }
+
+// patientConfig gives tests that don't test timeouts an interval and a
+// device timeout no loaded CI machine can hit, so what they assert never
+// depends on how fast the machine is.
+func patientConfig(cfg Config) Config {
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Hour
+	}
+	if cfg.DeviceTimeout == 0 {
+		cfg.DeviceTimeout = time.Minute
+	}
+	return cfg
+}
+
 // newTestCollector registers a collector for mn on a fresh registry.
 func newTestCollector(tb testing.TB, mn *mockNode, cfg Config) (*Collector, *prometheus.Registry) {
 	tb.Helper()
@@ -152,7 +169,8 @@ func newTestCollector(tb testing.TB, mn *mockNode, cfg Config) (*Collector, *pro
 	if cfg.Hostname == "" {
 		cfg.Hostname = "node-1"
 	}
-	c, err := NewCollector(mn.lib, cfg, reg, discardLogger())
+	cfg = patientConfig(cfg)
+	c, err := NewCollector(mn.lib, cfg, reg, testLogger(tb))
 	if err != nil {
 		tb.Fatalf("NewCollector: %v", err)
 	}

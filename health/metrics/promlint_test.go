@@ -36,7 +36,7 @@ func TestPromlint(t *testing.T) {
 	// One failing read so the error counter has a series to lint.
 	mn.devs[7].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 	reg := NewRegistry("v0.0.0-test")
-	c, err := NewCollector(mn.lib, Config{Hostname: "node-1", XIDs: fakeXIDs{}, PodResourcesSocket: "/nonexistent/kubelet.sock"}, reg, discardLogger())
+	c, err := NewCollector(mn.lib, patientConfig(Config{Hostname: "node-1", XIDs: fakeXIDs{}, PodResourcesSocket: "/nonexistent/kubelet.sock"}), reg, discardLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func startServer(t *testing.T, cfg ServerConfig, ready func() error) string {
 	t.Helper()
 	mn := newMockNode(t, 2, nil)
 	reg := NewRegistry("v1.2.3")
-	c, err := NewCollector(mn.lib, Config{Hostname: "node-1"}, reg, discardLogger())
+	c, err := NewCollector(mn.lib, patientConfig(Config{Hostname: "node-1"}), reg, discardLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

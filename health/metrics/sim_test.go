@@ -36,7 +36,7 @@ func newSimCollector(tb testing.TB, reg prometheus.Registerer) (*Collector, *sim
 	if err != nil {
 		tb.Fatalf("sim.New: %v", err)
 	}
-	c, err := NewCollector(node.NVML(), Config{Hostname: "sim-node"}, reg, discardLogger())
+	c, err := NewCollector(node.NVML(), patientConfig(Config{Hostname: "sim-node"}), reg, testLogger(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}
