@@ -48,6 +48,9 @@ type partitioner struct {
 	gFind, gFound           bool  // find mode: stop at the first exact match of gTarget
 	gTarget                 int
 	gMinPair                int // lowest pair score in the state being expanded
+	gFloor                  int // expand: exact totals at or below it are not wanted
+	gExactK                 bool
+	prefix                  []int // per item: pair scores with the items of the state below it
 	gMatch                  candidate
 	recon                   []candidate // reconstruction buffer
 	gMask                   uint64
@@ -79,9 +82,10 @@ func (p *partitioner) grow(n int) {
 		p.class = make([]int, n)
 		p.rowsum = make([]int, n)
 		p.dyn = make([]int, n)
+		p.prefix = make([]int, n)
 		p.nbrs = make([][]int, n)
 	}
-	p.w, p.class, p.rowsum, p.dyn, p.nbrs = p.w[:n*n], p.class[:n], p.rowsum[:n], p.dyn[:n], p.nbrs[:n]
+	p.w, p.class, p.rowsum, p.dyn, p.nbrs, p.prefix = p.w[:n*n], p.class[:n], p.rowsum[:n], p.dyn[:n], p.nbrs[:n], p.prefix[:n]
 	if p.memo == nil {
 		p.memo = make(map[uint64]memoEntry, 16)
 	}
@@ -190,16 +194,27 @@ func (p *partitioner) groupSizes(mask uint64) ([2]int, int) {
 // v's pair scores inside mask,
 // score(g) + score(rest) = score(mask) + 2*score(g) - Σ_{v∈g} rowsum(v).
 // Exact candidates are never stored: for size n/2 there are C(n-1, n/2-1).
-func (p *partitioner) expand(buf []candidate, mask uint64, haveDyn bool) ([]candidate, int) {
+//
+// Exact candidates below floor are not enumerated to the end: their total
+// is score(mask) - cut(g, rest), and the cut between the items already in
+// g and those already passed over only grows (see gen).
+func (p *partitioner) expand(buf []candidate, mask uint64, haveDyn bool, floor int) ([]candidate, int) {
 	p.prepare(mask, haveDyn)
-	p.gFind, p.gBestExact = false, infeasible
+	p.gFind, p.gBestExact, p.gFloor = false, infeasible, floor
 	low := bits.TrailingZeros64(mask)
 	sizes, ns := p.groupSizes(mask)
 	for _, k := range sizes[:ns] {
-		p.gK = k
-		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low])
+		p.setK(k)
+		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low], 0)
 	}
 	return buf, p.gBestExact
+}
+
+// setK selects the group size gen enumerates.
+func (p *partitioner) setK(k int) {
+	p.gK = k
+	restCount := p.gCount - k
+	p.gExactK = restCount == 0 || restCount == p.size || restCount == p.rem
 }
 
 // find is expand for reconstruction: it returns the lexicographically
@@ -211,8 +226,9 @@ func (p *partitioner) find(buf []candidate, mask uint64, target int) (open []can
 	low := bits.TrailingZeros64(mask)
 	sizes, ns := p.groupSizes(mask)
 	for _, k := range sizes[:ns] {
-		p.gK, p.gFound = k, false
-		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low])
+		p.setK(k)
+		p.gFound = false
+		buf = p.gen(buf, low+1, k-1, uint64(1)<<uint(low), 0, p.rowsum[low], p.dyn[low], 0)
 		if p.gFound && (!ok || p.lexCompare(p.gMatch.g, first.g) < 0) {
 			first, ok = p.gMatch, true
 		}
@@ -235,6 +251,9 @@ func (p *partitioner) prepare(mask uint64, haveDyn bool) {
 		s := 0
 		for r := mask; r != 0; r &= r - 1 {
 			u := bits.TrailingZeros64(r)
+			if u == v {
+				p.prefix[v] = s // pairs with the items of mask below v
+			}
 			s += row[u]
 			if u != v && row[u] < minPair {
 				minPair = row[u]
@@ -251,9 +270,15 @@ func (p *partitioner) prepare(mask uint64, haveDyn bool) {
 }
 
 // gen extends the partial group g (pair score s, rowsum total rs, bound
-// total us) with need more items from positions >= next.
-func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us int) []candidate {
+// total us) with need more items from positions >= next. cut is the pair
+// score between g and the items of mask below next that g passed over:
+// they end in the rest, so an exact candidate's total is at most
+// score(mask) - cut, which prunes whole branches.
+func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us, cut int) []candidate {
 	mask := p.gMask
+	if p.gExactK && p.cutPrunes(g, next, cut) {
+		return buf
+	}
 	if need == 0 {
 		if r := g & p.req; r != 0 && (r != p.req || p.gK != p.size) {
 			return buf
@@ -296,21 +321,45 @@ func (p *partitioner) gen(buf []candidate, next, need int, g uint64, s, rs, us i
 		if bits.OnesCount64(mask>>uint(j)) < need {
 			break // not enough items left
 		}
-		// Interchangeable items: take the lowest remaining first.
-		if j > 0 && p.class[j] == p.class[j-1] && mask&(bit>>1) != 0 && g&(bit>>1) == 0 {
-			continue
-		}
 		add := 0
 		row := p.w[j*p.n : (j+1)*p.n]
 		for m := g; m != 0; m &= m - 1 {
 			add += row[bits.TrailingZeros64(m)]
 		}
-		buf = p.gen(buf, j+1, need-1, g|bit, s+add, rs+p.rowsum[j], us+p.dyn[j])
-		if p.gFound {
-			return buf // find mode: later groups come after the match
+		// Interchangeable items: take the lowest remaining first.
+		if !(j > 0 && p.class[j] == p.class[j-1] && mask&(bit>>1) != 0 && g&(bit>>1) == 0) {
+			// j joins g: its pairs with the passed-over items (those of mask
+			// below j, minus g) join the cut.
+			buf = p.gen(buf, j+1, need-1, g|bit, s+add, rs+p.rowsum[j], us+p.dyn[j], cut+p.prefix[j]-add)
+			if p.gFound {
+				return buf // find mode: later groups come after the match
+			}
+		}
+		cut += add // j is passed over from here on
+		if p.gExactK && p.cutPrunes(g, j+1, cut) {
+			return buf
 		}
 	}
 	return buf
+}
+
+// cutPrunes says whether no exact candidate extending g can be wanted. g
+// (gK items when done) and the rest (gCount-gK) will have gK*(gCount-gK)
+// pairs between them; those between g and the items passed over below next
+// sum to cut, every other one scores at least gMinPair. The total is
+// score(mask) minus that cut.
+func (p *partitioner) cutPrunes(g uint64, next int, cut int) bool {
+	pc := bits.OnesCount64(g)
+	below := p.gMask
+	if next < 64 {
+		below &= 1<<uint(next) - 1
+	}
+	sc := bits.OnesCount64(below) - pc
+	total := p.gScore - cut - (p.gK*(p.gCount-p.gK)-pc*sc)*p.gMinPair
+	if p.gFind {
+		return total < p.gTarget
+	}
+	return total <= max(p.gFloor, p.gBestExact)
 }
 
 // solve returns f(mask) and true when f(mask) > alpha; otherwise it returns
@@ -340,7 +389,7 @@ func (p *partitioner) solve(mask uint64, alpha int, depth int) (int, bool) {
 	// Exact candidates need no search; the others are tried most promising
 	// first so the threshold rises early. The order only affects speed: the
 	// value is the exact maximum either way.
-	open, best := p.expand(p.bufs[depth][:0], mask, true) // stateBound2 above filled p.dyn
+	open, best := p.expand(p.bufs[depth][:0], mask, true, alpha) // stateBound2 above filled p.dyn
 	// Drop what cannot beat the threshold before sorting the rest.
 	floor, kept := max(alpha, best), open[:0]
 	for _, c := range open {
@@ -400,7 +449,7 @@ func (p *partitioner) dive(mask uint64) int {
 			return max(fallback, total+v)
 		}
 		p.stateBound2(mask)
-		open, bestExact := p.expand(p.recon[:0], mask, true)
+		open, bestExact := p.expand(p.recon[:0], mask, true, infeasible-1)
 		p.recon = open
 		if bestExact != infeasible {
 			fallback = max(fallback, total+bestExact)
