@@ -29,6 +29,9 @@ func Discover(lib nvml.Interface, hostRoot string, log *slog.Logger) (*Node, err
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if hostRoot == "" {
+		hostRoot = "/"
+	}
 	count, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("discover gpus: device count: %w", ret)

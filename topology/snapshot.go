@@ -182,7 +182,8 @@ func sortedKeys(m map[string]reflect.Type) []string {
 // normalize applies the snapshot's documented defaults; raw tells which
 // optional keys were present.
 func normalize(n *Node, raw any) {
-	gpus, _ := raw.(map[string]any)["gpus"].([]any)
+	top, _ := raw.(map[string]any)
+	gpus, _ := top["gpus"].([]any)
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if len(g.MIG) > 0 {

@@ -55,6 +55,9 @@ func TestParseSnapshotErrors(t *testing.T) {
 		want string // the error must contain this: path and field
 	}{
 		{"not json", `{"gpus":[`, "invalid JSON"},
+		{"top level not an object", `[1]`, "snapshot: want an object, got an array"},
+		{"null", `null`, ""},
+		{"empty object", `{}`, ""},
 		{"trailing data", `{"gpus":[]} {}`, "trailing data"},
 		{"unknown top-level field", `{"gpus":[],"colour":"green"}`, "colour: unknown field"},
 		{"unknown gpu field", `{"gpus":[` + two + `,{"index":2,"uuid":"GPU-c","numaNode":0,"colour":1}]}`, "gpus[2].colour: unknown field"},
@@ -95,8 +98,9 @@ func TestParseSnapshotErrors(t *testing.T) {
 			}
 			_, err := topology.LoadSnapshot(path)
 			if tc.want == "" {
-				// A GPU that lists MIG devices has MIG enabled, whatever
-				// migEnabled says: the devices are the stronger evidence.
+				// Accepted: a node without GPUs is a valid node, and a GPU
+				// that lists MIG devices has MIG enabled whatever migEnabled
+				// says, the devices being the stronger evidence.
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
 				}
