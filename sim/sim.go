@@ -201,6 +201,10 @@ func (n *Node) Spec() *topology.Node {
 // Device returns the mock device of GPU i (nil if out of range) so the
 // fault, counter and NIC code of this package can set its XxxFunc fields.
 // Assign those only inside the install* hooks that New calls; see Node.
+// It is not the NVML handle: NVML() hands out handles that call these
+// functions directly (n.handle(i) inside the package), and anything that
+// gives a device back to NVML callers (an event's Device, say) should use
+// that handle so that it compares equal to theirs.
 func (n *Node) Device(i int) *server.Device {
 	if i < 0 || i >= len(n.devices) {
 		return nil
