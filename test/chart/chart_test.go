@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -325,6 +326,24 @@ func TestConfigMapCarriesValuesConfig(t *testing.T) {
 	}
 	if len(cfg) != len(want) {
 		t.Errorf("config keys %v, want %v", cfg, want)
+	}
+	// The agent reads its config strictly: every key must be one of its
+	// options (declared as {name: "..."} in cmd/gpu-node-agent/config.go).
+	src, err := os.ReadFile(filepath.Join(root, "cmd/gpu-node-agent/config.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\{name: "([a-z0-9.-]+)"`).FindAllStringSubmatch(string(src), -1) {
+		known[m[1]] = true
+	}
+	if len(known) < 5 {
+		t.Fatalf("found only %d agent options in config.go; has its layout changed?", len(known))
+	}
+	for k := range cfg {
+		if !known[k] {
+			t.Errorf("config key %q is not an agent option; the agent would refuse the file", k)
+		}
 	}
 	for k, v := range want {
 		if cfg[k] != v {
