@@ -160,11 +160,12 @@ func (m *Monitor) SetNode(node *topology.Node) {
 
 // Run runs the checks until ctx ends: the NVML event watcher, the polled
 // checks every PollInterval, DCGM if present, and the recovery timers.
+// NVML failing is a health finding, not an error: Run returns nil when ctx
+// ends. Call it once.
 func (m *Monitor) Run(ctx context.Context) error {
 	m.pollMu.Lock()
 	if ret := m.lib.Init(); ret == nvml.SUCCESS {
 		m.nvmlc.initialized = true
-		defer m.lib.Shutdown()
 	} else if m.cfg.enabled(CheckNVML) {
 		o, _ := m.nvmlc.probe(len(m.gpuList()))
 		m.Observe(o)
@@ -181,6 +182,11 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}
 	m.timerLoop(ctx)
 	wg.Wait()
+	if m.nvmlc.initialized {
+		// Init may have succeeded only on a later poll; NVML counts
+		// references, so this balances exactly one Init.
+		m.lib.Shutdown()
+	}
 	return nil
 }
 

@@ -15,13 +15,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
 // simMonitor runs a monitor on a simulated DGX H100 (MIG on GPU 1) with a
-// short poll interval and recovery period.
-func simMonitor(t testing.TB, recovery time.Duration) (*sim.Node, *Monitor) {
+// short poll interval and recovery period, on clk when it is not nil.
+func simMonitor(t testing.TB, recovery time.Duration, clk *clocktesting.FakeClock) (*sim.Node, *Monitor) {
 	t.Helper()
 	spec, err := sim.Profile("dgx-h100", sim.WithMIG(1, "3g.40gb", "3g.40gb"))
 	if err != nil {
@@ -37,6 +38,9 @@ func simMonitor(t testing.TB, recovery time.Duration) (*sim.Node, *Monitor) {
 		t.Fatal(err)
 	}
 	m.cfg.eventWait = 20 * time.Millisecond
+	if clk != nil {
+		m.clock = clk
+	}
 	m.SetNode(node.Spec())
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -100,7 +104,7 @@ func TestSimFaults(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			node, m := simMonitor(t, 300*time.Millisecond)
+			node, m := simMonitor(t, 300*time.Millisecond, nil)
 			spec := node.Spec()
 			migs := spec.GPUs[1].MIG
 			resolve := func(s string) []string {
@@ -169,14 +173,20 @@ func TestSimFaultLatency(t *testing.T) {
 		{"row-remap-pending (poll 100ms)", `{"kind":"row-remap-pending","gpu":GPU}`, `{"kind":"row-remap-pending","gpu":GPU}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			node, m := simMonitor(t, 20*time.Millisecond)
+			// An XID's fault is over once its recovery period passes: a
+			// fake clock keeps it from ending before it is measured.
+			// Polled faults last until cleared, and need a ticking clock.
+			var clk *clocktesting.FakeClock
+			if tc.clear == "" {
+				clk = clocktesting.NewFakeClock(time.Now())
+			}
+			node, m := simMonitor(t, 20*time.Millisecond, clk)
 			spec := node.Spec()
 			changes := m.Changes()
 			var lat []time.Duration
 			for i := range 24 {
 				gpu := []int{0, 2, 3, 4, 5, 6, 7}[i%7]
 				id := spec.GPUs[gpu].UUID
-				waitUntil(t, "healthy before injecting", func() bool { fit, _ := m.NodeFit(); return fit })
 				drainSignal(changes)
 				g := strconv.Itoa(gpu)
 				start := time.Now()
@@ -187,7 +197,11 @@ func TestSimFaultLatency(t *testing.T) {
 				lat = append(lat, time.Since(start))
 				if tc.clear != "" {
 					simFault(t, node, "DELETE", strings.ReplaceAll(tc.clear, "GPU", g))
+				} else {
+					clk.Step(20 * time.Millisecond)
+					m.evaluate()
 				}
+				waitUntil(t, "healthy again", func() bool { fit, _ := m.NodeFit(); return fit })
 			}
 			p50, p99 := percentile(lat, 0.5), percentile(lat, 0.99)
 			t.Logf("fault -> Changes()+Healthy=false over %d injections: median %v, p99 %v, max %v", len(lat), p50, p99, slices.Max(lat))
@@ -216,9 +230,10 @@ func percentile(d []time.Duration, p float64) time.Duration {
 //
 //	go test -race -run TestSimFaultToTaintLatency -v ./health/
 func TestSimFaultToTaintLatency(t *testing.T) {
-	// Recovery must outlast a reconcile, or a fault could come and go
-	// before the tainter reads it.
-	node, m := simMonitor(t, 200*time.Millisecond)
+	// A fake clock ends each fault only once the taint is seen, so no
+	// fault comes and goes before the tainter reads it.
+	clk := clocktesting.NewFakeClock(time.Now())
+	node, m := simMonitor(t, 20*time.Millisecond, clk)
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
 	tr := NewTainter(c, nodeName, TaintConfig{}, discard(), nil)
 	w, err := c.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{})
@@ -253,7 +268,9 @@ func TestSimFaultToTaintLatency(t *testing.T) {
 		simFault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(gpu)+`,"xid":79}`)
 		tainted(true)
 		lat = append(lat, time.Since(start))
-		tainted(false) // recovers after 200ms
+		clk.Step(20 * time.Millisecond)
+		m.evaluate()
+		tainted(false)
 	}
 	t.Logf("fault -> taint on the Node (fake clientset) over %d injections: median %v, p99 %v, max %v",
 		len(lat), percentile(lat, 0.5), percentile(lat, 0.99), slices.Max(lat))
