@@ -23,12 +23,12 @@ E2E_ENV      := GPU_NODE_AGENT_BIN=$(CURDIR)/$(BIN) KUBE_BIN_DIR=$(KUBE_BIN_DIR)
 
 .PHONY: kube-bins e2e-deps e2e-run e2e-conformance e2e-cluster demo-cluster
 
-# The kube binaries are built (once; go's cache makes rebuilds cheap) with the
-# versions test/go.mod pins, one at a time to keep memory use low.
-$(KUBE_BIN_DIR)/%: test/go.mod test/go.sum
+# The kube binaries are built from test/kubebins (its own go.mod: Kubernetes'
+# own dependency versions), once; one at a time to keep memory use low.
+$(KUBE_BIN_DIR)/%: test/kubebins/go.mod test/kubebins/go.sum
 	@mkdir -p $(KUBE_BIN_DIR)
-	@echo "building $* $(KUBE_VERSION) (first build takes several minutes)"
-	cd test && CGO_ENABLED=0 $(GO) build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/$*
+	@echo "building $* $(KUBE_VERSION) (the first build takes several minutes)"
+	cd test/kubebins && CGO_ENABLED=0 $(GO) build -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/$*
 
 kube-bins: $(addprefix $(KUBE_BIN_DIR)/,$(KUBE_BINS)) ## build kube-apiserver, controller-manager, scheduler and kubelet into .build/kube
 

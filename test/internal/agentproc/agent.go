@@ -182,18 +182,44 @@ func (c SimControl) SetMIG(ctx context.Context, gpu int, profiles []string) erro
 	return c.post(ctx, "/mig", MIGRequest{GPU: gpu, Profiles: profiles})
 }
 
+// Fault is a fault for POST/DELETE /faults (the simulator's sim.Fault):
+// Kind is e.g. "xid", "gpu-lost", "nvlink-down"; which other fields matter
+// depends on it.
+type Fault struct {
+	Kind string `json:"kind"`
+	GPU  int    `json:"gpu"`
+	XID  uint64 `json:"xid,omitempty"`
+	Link int    `json:"link,omitempty"`
+	NIC  string `json:"nic,omitempty"`
+	MIG  string `json:"mig,omitempty"`
+}
+
+// InjectFault injects a fault into the running simulated node.
+func (c SimControl) InjectFault(ctx context.Context, f Fault) error {
+	return c.send(ctx, http.MethodPost, "/faults", f)
+}
+
+// ClearFault clears a fault injected before.
+func (c SimControl) ClearFault(ctx context.Context, f Fault) error {
+	return c.send(ctx, http.MethodDelete, "/faults", f)
+}
+
 // Post sends body as JSON to path and fails on a non-2xx answer; for the
-// control endpoints other tests use (faults, counters).
+// control endpoints other tests use.
 func (c SimControl) Post(ctx context.Context, path string, body any) error {
 	return c.post(ctx, path, body)
 }
 
 func (c SimControl) post(ctx context.Context, path string, body any) error {
+	return c.send(ctx, http.MethodPost, path, body)
+}
+
+func (c SimControl) send(ctx context.Context, method, path string, body any) error {
 	data, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("encode %s request: %w", path, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+path, bytes.NewReader(data))
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, bytes.NewReader(data))
 	if err != nil {
 		return fmt.Errorf("build %s request: %w", path, err)
 	}
@@ -204,12 +230,12 @@ func (c SimControl) post(ctx context.Context, path string, body any) error {
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("post %s: %w", path, err)
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("post %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return nil
 }
