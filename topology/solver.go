@@ -309,6 +309,15 @@ func (a *Allocator) explain(available, mustInclude []string, size int, full bool
 		return nil, fmt.Errorf("%d must-include devices exceed size %d", nreq, size)
 	}
 
+	if size == n && !full {
+		// One group: nothing to choose (BestEffort answers the same).
+		e := &Explanation{Size: size, Skipped: lost, Rule: "every available device"}
+		for _, it := range items {
+			e.Chosen = append(e.Chosen, it.id)
+		}
+		return e, nil
+	}
+
 	p := a.pool.Get().(*partitioner)
 	defer a.pool.Put(p)
 	p.grow(n)
