@@ -31,22 +31,22 @@ func runTopologyPreferred(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("topology preferred: unexpected argument %q", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if *snapshot == "" {
-		return errors.New("topology preferred: --snapshot is required")
+		return errors.New("--snapshot is required")
 	}
 	if *available == "" {
-		return errors.New("topology preferred: --available is required")
+		return errors.New("--available is required")
 	}
 	node, err := topology.LoadSnapshot(*snapshot)
 	if err != nil {
-		return fmt.Errorf("topology preferred: %w", err)
+		return err
 	}
 	a := topology.NewAllocator(node)
 	e, err := a.Explain(splitIDs(*available), splitIDs(*mustInclude), *size)
 	if err != nil {
-		return fmt.Errorf("topology preferred: %w", err)
+		return err
 	}
 	fmt.Fprintln(stdout, strings.Join(e.Chosen, ","))
 	if *explain {
