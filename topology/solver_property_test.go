@@ -1,14 +1,19 @@
 package topology
 
 import (
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 )
 
-// propertyCases is the number of random requests the property test checks.
-const propertyCases = 4000
+// The number of random requests the property test checks, and its seed;
+// e.g. `go test ./topology -run Exhaustive -solver.cases=100000 -solver.seed=7`.
+var (
+	propertyCases = flag.Int("solver.cases", 4000, "random cases for TestPreferredMatchesExhaustiveSearch")
+	propertySeed  = flag.Uint64("solver.seed", 2026, "seed for TestPreferredMatchesExhaustiveSearch")
+)
 
 // bruteForce enumerates partitions exactly as go-gpuallocator's BestEffort
 // does (pad with nil to a multiple of size; a set holds all the padding or
@@ -146,8 +151,8 @@ func randomNode(r *rand.Rand, n int) *Node {
 }
 
 func TestPreferredMatchesExhaustiveSearch(t *testing.T) {
-	r := rand.New(rand.NewPCG(4, 2026))
-	for c := range propertyCases {
+	r := rand.New(rand.NewPCG(4, *propertySeed))
+	for c := range *propertyCases {
 		gpus := 1 + r.IntN(10)
 		node := randomNode(r, gpus)
 		// A random non-empty subset is available, in random order.
@@ -212,10 +217,85 @@ func TestPreferredMatchesExhaustiveSearch(t *testing.T) {
 			t.Fatalf("%s: %d devices chosen", desc, len(e.Chosen))
 		}
 	}
-	t.Logf("%d random cases matched exhaustive search", propertyCases)
+	t.Logf("%d random cases (seed %d) matched exhaustive search", *propertyCases, *propertySeed)
 }
 
 // linkIndex is the position of pair (a<b) in randomNode's link list.
 func linkIndex(n, a, b int) int {
 	return a*n - a*(a+1)/2 + (b - a - 1)
+}
+
+// TestPreferredMIGMatchesExhaustiveSearch checks the MIG path (slices of
+// one parent are interchangeable, which the solver exploits) against the
+// same exhaustive search on the solver's own pair scores: the partition
+// total and the chosen set's score must match (which of two interchangeable
+// slices is named may differ).
+func TestPreferredMIGMatchesExhaustiveSearch(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, *propertySeed))
+	cases := *propertyCases / 4
+	for c := range cases {
+		node := randomNode(r, 1+r.IntN(5))
+		var ids []string
+		for i := range node.GPUs {
+			g := &node.GPUs[i]
+			g.MIGCapable, g.MIGEnabled = true, true
+			for k := range r.IntN(4) {
+				if len(ids) == 10 {
+					break
+				}
+				id := fmt.Sprintf("MIG-%d-%d", i, k)
+				g.MIG = append(g.MIG, MIGDevice{UUID: id, Profile: "1g.10gb", Index: k})
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		a := NewAllocator(node)
+		size := 1 + r.IntN(len(ids))
+		var must []string
+		for _, i := range r.Perm(len(ids))[:r.IntN(min(size, 2)+1)] {
+			must = append(must, ids[i])
+		}
+		e, err := a.Explain(ids, must, size)
+		if err != nil {
+			t.Fatalf("case %d: %v", c, err)
+		}
+		m := len(ids) // ids are already in solver order (GPU, then MIG index)
+		w := make([]int, m*m)
+		for i := range m {
+			for j := range m {
+				if i != j {
+					w[i*m+j], _ = a.SetScore([]string{ids[i], ids[j]})
+				}
+			}
+		}
+		var req []int
+		for _, id := range must {
+			req = append(req, slices.Index(ids, id))
+		}
+		wantSet, wantTotal := bruteForce(w, m, size, req)
+		var want []string
+		for _, p := range wantSet {
+			want = append(want, ids[p])
+		}
+		desc := fmt.Sprintf("case %d: %v must %v size %d", c, ids, must, size)
+		if size > 1 && e.PartitionScore != wantTotal {
+			t.Fatalf("%s: partition score %d, exhaustive %d", desc, e.PartitionScore, wantTotal)
+		}
+		gotScore, _ := a.SetScore(e.Chosen)
+		wantScore, _ := a.SetScore(want)
+		if size > 1 && gotScore != wantScore {
+			t.Fatalf("%s: chosen %v scores %d, exhaustive %v scores %d", desc, e.Chosen, gotScore, want, wantScore)
+		}
+		if len(e.Chosen) != size {
+			t.Fatalf("%s: %d devices chosen", desc, len(e.Chosen))
+		}
+		for _, id := range must {
+			if !slices.Contains(e.Chosen, id) {
+				t.Fatalf("%s: chosen %v lacks must-include %s", desc, e.Chosen, id)
+			}
+		}
+	}
+	t.Logf("%d random MIG cases matched exhaustive search", cases)
 }
