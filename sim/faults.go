@@ -2,10 +2,8 @@ package sim
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -41,28 +39,13 @@ type gpuFaults struct {
 	retiredPending            bool
 }
 
-// faultStates finds a Node's faultState. Node has no field for it (the
-// struct belongs to the sim core), so it is kept here, keyed weakly so a
-// dropped Node is collected with its state.
-var faultStates sync.Map // weak.Pointer[Node] -> *faultState
-
-func (n *Node) faults() *faultState {
-	v, ok := faultStates.Load(weak.Make(n))
-	if !ok {
-		return nil
-	}
-	return v.(*faultState)
-}
-
 // installFaults gives every GPU healthy readings for what the health
 // checks read (ECC on with zero counts, no remaps or retired pages, NVLink
 // error counters at zero) and the node an NVML event set fed by injected
 // faults. It wraps the library calls that an NVML failure breaks.
 func (n *Node) installFaults() {
 	fs := &faultState{gpus: make([]gpuFaults, len(n.devices)), sets: map[*eventSet]struct{}{}, failed: make(chan struct{})}
-	key := weak.Make(n)
-	faultStates.Store(key, fs)
-	runtime.AddCleanup(n, func(k weak.Pointer[Node]) { faultStates.Delete(k) }, key)
+	n.faults = fs
 
 	for i, d := range n.devices {
 		read := func() (gpuFaults, bool) {
@@ -280,7 +263,7 @@ func (n *Node) clearFault(f Fault) error {
 // applyFault injects (on) or clears (!on) f. Clearing an XID does nothing:
 // an XID is an event, and the agent recovers from it on its own.
 func (n *Node) applyFault(f Fault, on bool) error {
-	fs := n.faults()
+	fs := n.faults
 	if fs == nil {
 		return fmt.Errorf("fault %s: simulator has no fault state", f.Kind)
 	}

@@ -46,6 +46,7 @@ type Node struct {
 	// migHooks run on every MIG device the simulator creates, before it is
 	// published, so fault and counter code can give it behaviour.
 	migHooks []func(gpu int, d *mock.Device)
+	faults   *faultState // set by installFaults (faults.go); has its own lock
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded
