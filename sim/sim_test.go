@@ -23,11 +23,11 @@ var uuidPattern = regexp.MustCompile(`^(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f
 func TestProfileUUIDsDeterministic(t *testing.T) {
 	seen := map[string]string{}
 	for _, name := range Profiles() {
-		a, err := Profile(name, WithMIGIfCapable(name)...)
+		a, err := Profile(name, withMIGIfCapable(name)...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, _ := Profile(name, WithMIGIfCapable(name)...)
+		b, _ := Profile(name, withMIGIfCapable(name)...)
 		for i, g := range a.GPUs {
 			if g.UUID != b.GPUs[i].UUID {
 				t.Errorf("%s gpu %d: uuid changed between calls", name, i)
@@ -48,9 +48,9 @@ func TestProfileUUIDsDeterministic(t *testing.T) {
 	}
 }
 
-// WithMIGIfCapable gives MIG-capable profiles one MIG GPU so UUID checks
+// withMIGIfCapable gives MIG-capable profiles one MIG GPU so UUID checks
 // cover MIG devices too.
-func WithMIGIfCapable(name string) []ProfileOption {
+func withMIGIfCapable(name string) []ProfileOption {
 	switch name {
 	case "dgx-a100":
 		return []ProfileOption{WithMIG(0, "3g.20gb", "3g.20gb")}
