@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
@@ -39,6 +40,10 @@ type reconciler struct {
 
 	// last is the state of the last full pass, re-applied on health changes.
 	last state
+
+	// shown is the last applied state, for readers on other goroutines.
+	mu    sync.Mutex
+	shown state
 }
 
 // state is what the reconciler serves after one pass.
@@ -105,6 +110,9 @@ func (r *reconciler) reconcile() {
 
 func (r *reconciler) apply(st state) {
 	r.last = st
+	r.mu.Lock()
+	r.shown = st
+	r.mu.Unlock()
 	r.sync(st.resources)
 	if r.report != nil {
 		r.report(st)
@@ -137,4 +145,11 @@ func fanIn(ctx context.Context, chans []<-chan struct{}) <-chan struct{} {
 		}()
 	}
 	return out
+}
+
+// current is the last applied state (empty before the first pass).
+func (r *reconciler) current() state {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.shown
 }

@@ -193,6 +193,9 @@ func TestDemo(t *testing.T) {
 		`nvidia\.com/gpu\s+GPU-\S+\s+GPU 7\s+healthy\s+1`,
 		`nvidia\.com/mig-3g\.40gb\s+MIG-\S+\s+GPU 0 MIG 0\s+healthy\s+0`,
 		`nvidia\.com/mig-1g\.10gb\s+MIG-\S+\s+GPU 1 MIG 6\s+healthy\s+0`,
+		// The demo config serves the simulated InfiniBand ports.
+		`rdma/ib\s+8\s+8\s+0:4 1:4`,
+		`NODE: fit`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("demo output lacks %q", want)
@@ -200,6 +203,36 @@ func TestDemo(t *testing.T) {
 	}
 	if strings.Contains(out, "NOT SERVED") {
 		t.Errorf("demo reports unserved resources")
+	}
+}
+
+// TestDemoFault runs the demo, injects the XID its banner suggests through
+// the simulator's control endpoint, and checks that the inventory is
+// reprinted with GPU 3 unhealthy and the node unfit, then fit again after
+// the (shortened) recovery period.
+func TestDemoFault(t *testing.T) {
+	var stdout syncBuffer
+	var stderr bytes.Buffer
+	ctl := freeAddr(t)
+	code := make(chan int, 1)
+	go func() {
+		code <- run([]string{"demo", "--exit-after=8s", "--recovery-period=1s", "--sim-control-address=" + ctl, "--metrics-address=127.0.0.1:0"},
+			&stdout, &stderr, func(string) string { return "" })
+	}()
+	waitFor(t, "the first inventory", func() bool { return strings.Contains(stdout.String(), "NODE: fit") })
+	simFault(t, ctl, "POST", `{"kind":"xid","gpu":3,"xid":79}`)
+	if c := <-code; c != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", c, stderr.String())
+	}
+	out := stdout.String()
+	t.Logf("demo output:\n%s", out)
+	faulty := regexp.MustCompile(`(?s)changed, now serving ===\nRESOURCE\s+DEVICES\s+HEALTHY\s+PER NUMA NODE\nnvidia\.com/gpu\s+6\s+5\s.*nvidia\.com/gpu\s+GPU-\S+\s+GPU 3\s+UNHEALTHY\s+0.*NODE: UNFIT\n  GPU-\S+: xid 79`)
+	loc := faulty.FindStringIndex(out)
+	if loc == nil {
+		t.Fatal("no inventory with GPU 3 UNHEALTHY and the node UNFIT (xid 79)")
+	}
+	if !regexp.MustCompile(`(?s)changed, now serving.*nvidia\.com/gpu\s+6\s+6\s.*NODE: fit`).MatchString(out[loc[1]:]) {
+		t.Error("no inventory with every GPU healthy and the node fit again after the recovery period")
 	}
 }
 

@@ -16,6 +16,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
@@ -50,8 +53,31 @@ type Config struct {
 	// for smoke tests and non-interactive demos.
 	ExitAfter Duration `json:"exit-after,omitempty"`
 
-	// Health, metrics and RDMA options get their own sections here (e.g.
-	// `Health health.Config json:"health"`) when those packages are wired.
+	// NodeLabels keeps the agent's topology labels on the Node (needs
+	// node-name and API access).
+	NodeLabels bool `json:"node-labels"`
+
+	// The sections below are YAML objects whose keys are their packages'
+	// own (camelCase) field names; the common fields also have flags.
+	Health  HealthSection  `json:"health"`
+	Taint   TaintSection   `json:"taint"`
+	Metrics MetricsSection `json:"metrics"`
+	RDMA    rdma.Config    `json:"rdma"`
+}
+
+// MetricsSection configures the GPU metrics collector and the endpoint
+// (config key `metrics`; the address is the top-level metrics-address).
+type MetricsSection struct {
+	// Interval between NVML collections (--metrics-interval).
+	Interval Duration `json:"interval,omitempty"`
+	// DeviceTimeout bounds one GPU's read within a collection.
+	DeviceTimeout Duration `json:"deviceTimeout,omitempty"`
+	// PodAttribution adds pod/namespace/container labels from the
+	// kubelet's pod-resources socket under the host root.
+	PodAttribution bool `json:"podAttribution"`
+	// WebConfigFile is exporter-toolkit's TLS/basic-auth file
+	// (--web.config.file); empty serves plain HTTP.
+	WebConfigFile string `json:"webConfigFile,omitempty"`
 }
 
 // defaults is the configuration before any file, env or flag.
@@ -66,6 +92,12 @@ func defaults() Config {
 		MetricsAddress:     ":9400",
 		LogFormat:          "text",
 		LogLevel:           "info",
+		NodeLabels:         true,
+		Metrics: MetricsSection{
+			Interval:       Duration{metrics.DefaultInterval},
+			DeviceTimeout:  Duration{metrics.DefaultDeviceTimeout},
+			PodAttribution: true,
+		},
 	}
 }
 
@@ -107,6 +139,12 @@ var options = []option{
 	{name: "log-format", usage: "log format: text or json", bind: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "log-level", usage: "log level: debug, info, warn or error", bind: str(func(c *Config) *string { return &c.LogLevel })},
 	{name: "print-inventory", usage: "print what is served at start and on every change", bind: boolean(func(c *Config) *bool { return &c.PrintInventory })},
+	{name: "node-labels", usage: "keep topology labels (gpu count, product, MIG, NVLink) on the Node (needs node-name)", bind: boolean(func(c *Config) *bool { return &c.NodeLabels })},
+	{name: "taint-mode", usage: "taint the Node while it is unfit: off, dry-run or on (needs node-name; config taint.mode)", bind: str(func(c *Config) *string { return &c.Taint.Mode })},
+	{name: "recovery-period", usage: "how long every cause of a device fault must stay clear before it is healthy again (config health.recoveryPeriod; default 5m)", bind: stdDuration(func(c *Config) *time.Duration { return &c.Health.RecoveryPeriod })},
+	{name: "fatal-xids", usage: "comma-separated XIDs that make a GPU unhealthy (config health.fatalXIDs; default NVIDIA's reset/reboot XIDs)", bind: uintList(func(c *Config) *[]uint64 { return &c.Health.FatalXIDs })},
+	{name: "metrics-interval", usage: "how often GPU metrics are read from NVML (config metrics.interval)", bind: duration(func(c *Config) *Duration { return &c.Metrics.Interval })},
+	{name: "web.config.file", usage: "exporter-toolkit web config (TLS, basic auth) for the metrics endpoint (config metrics.webConfigFile)", bind: str(func(c *Config) *string { return &c.Metrics.WebConfigFile })},
 	{name: "exit-after", usage: "exit cleanly after this long (0: run until SIGINT/SIGTERM)", bind: duration(func(c *Config) *Duration { return &c.ExitAfter })},
 }
 
@@ -114,7 +152,7 @@ func (o option) envName() string {
 	if o.env != "" {
 		return o.env
 	}
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(o.name, "-", "_"))
+	return envPrefix + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(o.name))
 }
 
 // flagSet binds every option, plus --config, to c.
@@ -251,6 +289,7 @@ func (c *Config) Validate() error {
 			add("node-name", "%q is not a valid node name: %s", c.NodeName, strings.Join(msgs, "; "))
 		}
 	}
+	errs = append(errs, c.validateSections()...)
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		add("log-format", "%q is not one of text, json", c.LogFormat)
 	}
@@ -268,6 +307,15 @@ func (c *Config) gpuConfig(hostRoot string) gpu.Config {
 		PassDeviceSpecs:    c.PassDeviceSpecs,
 		HostRoot:           hostRoot,
 	}
+}
+
+// taintMode is the tainter's mode after defaults (on when unset).
+func (c *Config) taintMode() string { return c.Taint.WithDefaults().Mode }
+
+// needsAPI says whether anything talks to the API server: only with a
+// node name, and only for tainting or labels.
+func (c *Config) needsAPI() bool {
+	return c.NodeName != "" && (c.taintMode() != health.TaintOff || c.NodeLabels)
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func TestConfigPrecedence(t *testing.T) {
 			name: "defaults",
 			check: func(t *testing.T, c Config) {
 				want := defaults()
-				if c != want {
+				if !reflect.DeepEqual(c, want) {
 					t.Errorf("got %+v, want defaults %+v", c, want)
 				}
 			},

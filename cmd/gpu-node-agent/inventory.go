@@ -19,6 +19,8 @@ import (
 type inventory struct {
 	out  io.Writer
 	what string
+	// fit, if set, says whether the node is fit and why not.
+	fit func() (bool, []string)
 
 	mu   sync.Mutex
 	last string
@@ -86,6 +88,16 @@ func (v *inventory) render(st state) string {
 	}
 	tw.Flush()
 
+	if v.fit != nil {
+		if ok, why := v.fit(); ok {
+			fmt.Fprintln(&b, "\nNODE: fit")
+		} else {
+			fmt.Fprintln(&b, "\nNODE: UNFIT")
+			for _, w := range why {
+				fmt.Fprintf(&b, "  %s\n", w)
+			}
+		}
+	}
 	if len(st.errs) > 0 {
 		names := make([]string, 0, len(st.errs))
 		for name := range st.errs {

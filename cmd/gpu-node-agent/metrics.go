@@ -1,42 +1,54 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"time"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
 )
 
-// listenMetrics opens the metrics address; separate from serving so that a
-// port in use fails the start, before anything else runs.
-func listenMetrics(addr string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+// newCollector builds the dcgm-exporter compatible GPU collector on reg.
+// Its XID metric comes from the health monitor (which owns the NVML event
+// set) once the monitor reports XIDs; until then that metric is omitted.
+func newCollector(cfg Config, hw *hardware, mon *health.Monitor, reg prometheus.Registerer, log *slog.Logger) (*metrics.Collector, error) {
+	mc := metrics.Config{
+		Interval:      cfg.Metrics.Interval.Duration,
+		DeviceTimeout: cfg.Metrics.DeviceTimeout.Duration,
+		Hostname:      cfg.NodeName,
 	}
-	return ln, nil
+	if mc.Hostname == "" {
+		mc.Hostname, _ = os.Hostname()
+	}
+	if cfg.Metrics.PodAttribution {
+		mc.PodResourcesSocket = metrics.PodResourcesSocketPath(hw.hostRoot)
+	}
+	if x, ok := any(mon).(metrics.XIDSource); ok {
+		mc.XIDs = x
+	}
+	c, err := metrics.NewCollector(hw.lib, mc, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("metrics collector: %w", err)
+	}
+	return c, nil
 }
 
-// serveMetrics serves reg at /metrics on ln until ctx is done.
-func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, log *slog.Logger) error {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	log.Info("metrics endpoint listening", "addr", ln.Addr().String())
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
+// ready is /readyz: ready once devices were discovered and every served
+// resource is registered with the kubelet (or nothing is served). A node
+// whose NVML cannot load is not ready, so the failure shows on the pod.
+func (a *agent) ready() error {
+	st := a.rec.current()
+	if err := st.errs["discovery"]; err != nil {
+		return fmt.Errorf("device discovery failed: %w", err)
+	}
+	registered := a.mgr.Registered()
+	for _, r := range st.resources {
+		if !registered[r.Name()] {
+			return fmt.Errorf("%s is not registered with the kubelet", r.Name())
+		}
 	}
 	return nil
 }

@@ -4,16 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/prometheus/client_golang/prometheus"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
@@ -204,35 +201,5 @@ func TestNVMLUnavailable(t *testing.T) {
 	}
 	if len(node.GPUs) != 0 {
 		t.Errorf("gpus = %d, want 0", len(node.GPUs))
-	}
-}
-
-func TestMetricsEndpoint(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "gpu_node_agent_test_total", Help: "test"})
-	reg.MustRegister(c)
-	c.Inc()
-	ln, err := listenMetrics("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serveMetrics(ctx, ln, reg, slog.New(slog.DiscardHandler)) }()
-	resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), "gpu_node_agent_test_total 1") {
-		t.Errorf("metrics body lacks the counter:\n%s", body)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serveMetrics: %v", err)
-	}
-	if _, err := listenMetrics("127.0.0.1:bad"); err == nil || !strings.Contains(err.Error(), "metrics: listen on") {
-		t.Errorf("bad address: %v", err)
 	}
 }

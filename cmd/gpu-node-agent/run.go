@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -15,27 +14,28 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-// allHealthy is a TEMPORARY default HealthView that calls every device
-// healthy, used only until package health is wired in here (the lead
-// replaces it with the health monitor). Lost GPUs and a failing NVML are
-// still never served as healthy: see gpu.Resources and hardware.discover.
-type allHealthy struct{}
-
-func (allHealthy) Healthy(string) bool { return true }
-
 // agent is a configured agent, opened but not yet running.
 type agent struct {
-	cfg Config
-	log *slog.Logger
-	hw  *hardware
-	reg *prometheus.Registry
-	mgr *plugin.Manager
-	rec *reconciler
+	cfg       Config
+	log       *slog.Logger
+	hw        *hardware
+	nics      *nics
+	reg       *prometheus.Registry
+	mgr       *plugin.Manager
+	mon       *health.Monitor
+	collector *metrics.Collector
+	watcher   *rdma.Watcher
+	// node is nil unless a node name and tainting or labels are set.
+	node *nodeObject
+	rec  *reconciler
 }
 
 // runAgent serves until ctx is done, then stops every server (removing the
@@ -51,49 +51,100 @@ func runAgent(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Write
 
 // openAgent opens the hardware and builds every part; nothing is served
 // until run. On error everything opened is closed again.
-func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (*agent, error) {
+func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (_ *agent, err error) {
 	hw, err := openHardware(&cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
-	mgr, err := plugin.NewManager(plugin.Options{
+	a := &agent{cfg: cfg, log: log, hw: hw}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	// One registry for everything: Go/process collectors, build info, the
+	// plugin manager, health, the GPU collector and the tainter.
+	a.reg = metrics.NewRegistry(version)
+	a.mgr, err = plugin.NewManager(plugin.Options{
 		Dir:        cfg.DevicePluginDir,
 		Logger:     log.With("component", "plugin"),
-		Registerer: reg,
+		Registerer: a.reg,
 	})
 	if err != nil {
-		hw.close()
 		return nil, fmt.Errorf("device-plugin manager: %w", err)
 	}
+	if a.mon, err = health.NewMonitor(cfg.Health.Config, hw.lib, log.With("component", "health"), a.reg); err != nil {
+		return nil, err
+	}
+	if a.collector, err = newCollector(cfg, hw, a.mon, a.reg, log.With("component", "metrics")); err != nil {
+		return nil, err
+	}
+	a.nics = openNICs(cfg.RDMA, hw, log.With("component", "rdma"))
+	if a.watcher, err = a.nics.watcher(a.mon, log.With("component", "rdma")); err != nil {
+		return nil, err
+	}
+	if err := a.nics.writeCDISpec(cfg.DeviceListStrategy); err != nil {
+		return nil, err
+	}
+	if cfg.needsAPI() {
+		a.node = newNodeObject(cfg, a.mon, a.reg, log.With("component", "node"))
+	}
 
+	// The GPU resources record what they allocate so that an RDMA
+	// allocation for the same container can prefer the NICs next to it.
+	recent := rdma.NewRecent(0)
 	gcfg := cfg.gpuConfig(hw.hostRoot)
-	var health gpu.HealthView = allHealthy{}
-	rec := &reconciler{
-		log:      log.With("component", "reconcile"),
-		discover: hw.discover,
-		sources: []source{{
-			name: "gpu",
-			build: func(n *topology.Node) ([]plugin.Resource, error) {
-				if n == nil {
-					return nil, nil
-				}
-				return gpu.Resources(n, gcfg, health, topology.NewAllocator(n))
-			},
-		}},
-		sync:       mgr.Sync,
+	gcfg.Recorder = recent
+	sources := []source{{
+		name: "gpu",
+		build: func(n *topology.Node) ([]plugin.Resource, error) {
+			if n == nil {
+				return nil, nil
+			}
+			// The solver is built per discovery, not per request.
+			return gpu.Resources(n, gcfg, a.mon, topology.NewAllocator(n))
+		},
+	}}
+	if s := a.nics.source(a.mon, cfg.DeviceListStrategy == gpu.DeviceListCDICRI, recent); s != nil {
+		sources = append(sources, *s)
+	}
+	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode}
+	if a.node != nil {
+		onDiscover = append(onDiscover, a.node.setNode)
+	}
+	a.rec = &reconciler{
+		log: log.With("component", "reconcile"),
+		discover: func() (*topology.Node, error) {
+			n, err := hw.discover()
+			noteNVML(a.mon, hw, err)
+			a.nics.addToNode(n)
+			return n, err
+		},
+		onDiscover: onDiscover,
+		sources:    sources,
+		sync:       a.mgr.Sync,
 		rescan:     cfg.RescanInterval.Duration,
 		rediscover: []<-chan struct{}{hw.changed()},
+		// Health changes re-sync the plugin manager without rediscovery.
+		resync: []<-chan struct{}{a.mon.Changes()},
 	}
 	if cfg.PrintInventory {
-		rec.report = (&inventory{out: stdout, what: hw.what}).report
+		a.rec.report = (&inventory{out: stdout, what: hw.what, fit: a.mon.NodeFit}).report
 	}
-	return &agent{cfg: cfg, log: log, hw: hw, reg: reg, mgr: mgr, rec: rec}, nil
+	return a, nil
+}
+
+// close releases the hardware and the netlink handle.
+func (a *agent) close() {
+	if a.nics != nil {
+		a.nics.close()
+	}
+	a.hw.close()
 }
 
 // run serves until ctx is done or a part fails, then closes the hardware.
 func (a *agent) run(ctx context.Context) error {
-	defer a.hw.close()
+	defer a.close()
 	cfg, log := a.cfg, a.log
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -113,19 +164,21 @@ func (a *agent) run(ctx context.Context) error {
 		"devicePluginDir", cfg.DevicePluginDir, "migStrategy", cfg.MIGStrategy, "deviceListStrategy", cfg.DeviceListStrategy)
 
 	// Listen before anything is served, so a port in use fails the start.
-	var metricsLn net.Listener
+	var srv *metrics.Server
 	if cfg.MetricsAddress != "" {
-		ln, err := listenMetrics(cfg.MetricsAddress)
+		var err error
+		srv, err = metrics.Listen(metrics.ServerConfig{Address: cfg.MetricsAddress, WebConfigFile: cfg.Metrics.WebConfigFile},
+			a.reg, a.ready, log.With("component", "metrics"))
 		if err != nil {
-			return err
+			return fmt.Errorf("metrics: %w", err)
 		}
-		metricsLn = ln
+		log.Info("metrics endpoint listening", "addr", srv.Addr().String())
 	}
 
 	// Every long-running part gets the same ctx; the first to fail stops
 	// the rest.
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 8)
 	start := func(name string, f func() error) {
 		wg.Add(1)
 		go func() {
@@ -138,8 +191,16 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	start("device-plugin manager", func() error { return a.mgr.Run(ctx) })
 	start("reconcile", func() error { a.rec.run(ctx); return nil })
-	if metricsLn != nil {
-		start("metrics", func() error { return serveMetrics(ctx, metricsLn, a.reg, log) })
+	start("health monitor", func() error { return a.mon.Run(ctx) })
+	start("metrics collector", func() error { return a.collector.Run(ctx) })
+	if a.watcher != nil {
+		start("rdma watcher", func() error { return a.watcher.Run(ctx) })
+	}
+	if a.node != nil {
+		start("node object", func() error { return a.node.run(ctx) })
+	}
+	if srv != nil {
+		start("metrics", func() error { return srv.Serve(ctx) })
 	}
 	if a.hw.sim != nil && cfg.SimControlAddress != "" {
 		start("simulator control", func() error {

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+)
+
+// HealthSection is the `health` config key: health.Config, with its
+// durations written as "5m" in YAML.
+type HealthSection struct{ health.Config }
+
+// UnmarshalJSON reads the section strictly (unknown keys are errors).
+func (s *HealthSection) UnmarshalJSON(b []byte) error {
+	return unmarshalSection("health", b, &s.Config)
+}
+
+// TaintSection is the `taint` config key: health.TaintConfig, with its
+// durations written as "5m" in YAML.
+type TaintSection struct{ health.TaintConfig }
+
+// UnmarshalJSON reads the section strictly (unknown keys are errors).
+// An unquoted `mode: on` or `mode: off` is a YAML 1.1 boolean by the time
+// it gets here; it is read back as the word that was written.
+func (s *TaintSection) UnmarshalJSON(b []byte) error {
+	return unmarshalSection("taint", b, &s.TaintConfig, func(raw map[string]json.RawMessage) {
+		switch string(raw["mode"]) {
+		case "true":
+			raw["mode"] = json.RawMessage(`"on"`)
+		case "false":
+			raw["mode"] = json.RawMessage(`"off"`)
+		}
+	})
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// unmarshalSection decodes one config section into v (a pointer to a
+// struct whose time.Duration fields encoding/json would read only as
+// nanosecond integers), taking those durations as strings such as "30s",
+// and refusing unknown keys as the rest of the file does.
+func unmarshalSection(section string, b []byte, v any, fixups ...func(map[string]json.RawMessage)) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("%s: want an object: %w", section, err)
+	}
+	for _, f := range fixups {
+		f(raw)
+	}
+	t := reflect.TypeOf(v).Elem()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Type != durationType {
+			continue
+		}
+		key, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		msg, ok := raw[key]
+		if !ok || key == "" {
+			continue
+		}
+		var s string
+		if err := json.Unmarshal(msg, &s); err != nil {
+			return fmt.Errorf("%s.%s: duration %s must be a string such as \"30s\"", section, key, msg)
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("%s.%s: %w", section, key, err)
+		}
+		raw[key] = json.RawMessage(strconv.FormatInt(int64(d), 10))
+	}
+	nb, err := json.Marshal(raw)
+	if err != nil {
+		return fmt.Errorf("%s: %w", section, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(nb))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", section, err)
+	}
+	return nil
+}
+
+// validateSections validates the health, taint, metrics and rdma
+// sections; each error names the field (e.g. health.pollInterval).
+func (c *Config) validateSections() []error {
+	var errs []error
+	for _, err := range []error{c.Health.Validate(), c.Taint.Validate(), c.RDMA.Validate()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.Metrics.Interval.Duration < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("metrics.interval (--metrics-interval) %s: must be at least 100ms", c.Metrics.Interval.Duration))
+	}
+	if c.Metrics.DeviceTimeout.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("metrics.deviceTimeout %s: must be positive", c.Metrics.DeviceTimeout.Duration))
+	}
+	if f := c.Metrics.WebConfigFile; f != "" {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("metrics.webConfigFile (--web.config.file): %w", err))
+		}
+	}
+	if c.NodeName == "" && c.Taint.Mode != "" && c.Taint.Mode != health.TaintOff {
+		// Asked for explicitly, tainting without a node name would
+		// silently do nothing.
+		errs = append(errs, fmt.Errorf("taint.mode (--taint-mode) %q: needs node-name", c.Taint.Mode))
+	}
+	return errs
+}
+
+func stdDuration(f func(*Config) *time.Duration) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.DurationVar(f(c), name, *f(c), usage) }
+}
+
+func uintList(f func(*Config) *[]uint64) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.Var((*uintListValue)(f(c)), name, usage) }
+}
+
+// uintListValue is a flag.Value for "79,48,94".
+type uintListValue []uint64
+
+func (v *uintListValue) String() string {
+	if v == nil {
+		return ""
+	}
+	s := make([]string, len(*v))
+	for i, x := range *v {
+		s[i] = strconv.FormatUint(x, 10)
+	}
+	return strings.Join(s, ",")
+}
+
+func (v *uintListValue) Set(s string) error {
+	var out []uint64
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		x, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", f)
+		}
+		out = append(out, x)
+	}
+	if len(out) == 0 {
+		return errors.New("empty list")
+	}
+	*v = out
+	return nil
+}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+)
+
+// fakeKubelet accepts every device-plugin registration on dir/kubelet.sock.
+type fakeKubelet struct {
+	pluginapi.UnimplementedRegistrationServer
+}
+
+func (fakeKubelet) Register(context.Context, *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	return &pluginapi.Empty{}, nil
+}
+
+func startFakeKubelet(t *testing.T, dir string) {
+	t.Helper()
+	ln, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(s, fakeKubelet{})
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func simFault(t *testing.T, addr, method, body string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+"/faults", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("%s /faults %s: %s %s", method, body, resp.Status, b)
+	}
+}
+
+// recvUntil reads ListAndWatch updates until device id has health want.
+func recvUntil(t *testing.T, stream pluginapi.DevicePlugin_ListAndWatchClient, id, want string) {
+	t.Helper()
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("waiting for %s to be %s: %v", id, want, err)
+		}
+		for _, d := range resp.Devices {
+			if d.ID == id && d.Health == want {
+				return
+			}
+		}
+	}
+}
+
+// TestAgentWiring runs the whole agent in-process on a simulated DGX H100
+// with a fake kubelet: faults injected through the simulator's control
+// endpoint reach ListAndWatch and go again after recovery, the rdma/ib
+// resource is served, and /metrics and /readyz answer.
+func TestAgentWiring(t *testing.T) {
+	dir := shortTempDir(t)
+	startFakeKubelet(t, dir)
+	cfg := defaults()
+	cfg.Simulate = "dgx-h100"
+	cfg.MIGStrategy = gpu.MIGStrategyNone
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = freeAddr(t)
+	cfg.SimControlAddress = freeAddr(t)
+	cfg.RescanInterval.Duration = 0
+	cfg.Health.RecoveryPeriod = time.Second
+	cfg.Health.PollInterval = 200 * time.Millisecond
+	cfg.Health.DCGMMode = "off"
+	cfg.Metrics.Interval.Duration = 200 * time.Millisecond
+	cfg.RDMA.Resources = []rdma.ResourceConfig{{Name: "ib", Selectors: rdma.Selectors{LinkTypes: []string{"infiniband"}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(&logs, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	}()
+
+	stream, err := dialPlugin(t, socketFor(dir, "nvidia.com/gpu")).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Devices) != 8 {
+		t.Fatalf("nvidia.com/gpu: %d devices, want 8", len(first.Devices))
+	}
+	node := a.rec.current().node
+	if node == nil {
+		t.Fatal("no node after the first ListAndWatch answer")
+	}
+
+	t.Run("xid event: unhealthy, then healthy after the recovery period", func(t *testing.T) {
+		id := node.GPUs[3].UUID
+		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":3,"xid":79}`)
+		recvUntil(t, stream, id, pluginapi.Unhealthy)
+		if fit, _ := a.mon.NodeFit(); fit {
+			t.Error("node fit with GPU 3 unhealthy")
+		}
+		recvUntil(t, stream, id, pluginapi.Healthy)
+	})
+	t.Run("lasting fault: unhealthy until cleared and recovered", func(t *testing.T) {
+		id := node.GPUs[5].UUID
+		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-lost","gpu":5}`)
+		recvUntil(t, stream, id, pluginapi.Unhealthy)
+		simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"gpu-lost","gpu":5}`)
+		recvUntil(t, stream, id, pluginapi.Healthy)
+	})
+
+	t.Run("rdma/ib served", func(t *testing.T) {
+		rs, err := dialPlugin(t, socketFor(dir, "rdma/ib")).ListAndWatch(ctx, &pluginapi.Empty{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := rs.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Devices) != len(node.NICs) || len(list.Devices) == 0 {
+			t.Fatalf("rdma/ib: %d devices, want one per NIC (%d)", len(list.Devices), len(node.NICs))
+		}
+		for _, d := range list.Devices {
+			if d.Health != pluginapi.Healthy || d.ID == "" {
+				t.Errorf("rdma/ib device %q is %s", d.ID, d.Health)
+			}
+		}
+	})
+
+	t.Run("metrics and readiness", func(t *testing.T) {
+		base := "http://" + cfg.MetricsAddress
+		waitFor(t, "DCGM metrics", func() bool {
+			_, body := httpGet(base + "/metrics")
+			return strings.Contains(body, "DCGM_FI_DEV_GPU_UTIL{")
+		})
+		_, body := httpGet(base + "/metrics")
+		for _, want := range []string{"gpu_node_agent_build_info{", "gpu_node_agent_device_healthy", "gpu_node_agent_collection_duration_seconds", "go_goroutines ", "process_resident_memory_bytes "} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/metrics lacks %q", want)
+			}
+		}
+		waitFor(t, "/readyz ok", func() bool { code, _ := httpGet(base + "/readyz"); return code == http.StatusOK })
+		if code, _ := httpGet(base + "/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz: %d", code)
+		}
+	})
+}
+
+// TestReadyzBeforeRegistration: without a kubelet nothing is registered,
+// so the agent is alive but not ready, and says which resource is missing.
+func TestReadyzBeforeRegistration(t *testing.T) {
+	dir := shortTempDir(t)
+	cfg := defaults()
+	cfg.Simulate = "pcie-8gpu"
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = freeAddr(t)
+	cfg.SimControlAddress = ""
+	a, err := openAgent(cfg, slog.New(slog.DiscardHandler), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	base := "http://" + cfg.MetricsAddress
+	waitFor(t, "/healthz", func() bool { code, _ := httpGet(base + "/healthz"); return code == http.StatusOK })
+	waitFor(t, "a discovered node", func() bool { return a.rec.current().node != nil })
+	code, body := httpGet(base + "/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "nvidia.com/gpu is not registered") {
+		t.Errorf("/readyz = %d %q, want 503 naming nvidia.com/gpu", code, body)
+	}
+}
+
+// TestBadSectionConfig: a bad value in each config section exits 2 before
+// anything is served, naming the field.
+func TestBadSectionConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		args []string
+		want string
+	}{
+		{name: "health poll interval", yaml: "health:\n  pollInterval: 10ms\n", want: "health.pollInterval 10ms: must be at least 100ms"},
+		{name: "health bad duration", yaml: "health:\n  recoveryPeriod: 5x\n", want: "health.recoveryPeriod: "},
+		{name: "health duration as a number", yaml: "health:\n  recoveryPeriod: 300\n", want: `health.recoveryPeriod: duration 300 must be a string`},
+		{name: "health unknown key", yaml: "health:\n  pollIntervl: 1s\n", want: `health: json: unknown field "pollIntervl"`},
+		{name: "health fatal xids flag", args: []string{"--fatal-xids", "79,x"}, want: `"x" is not a number`},
+		{name: "taint mode", args: []string{"--taint-mode", "sometimes", "--node-name", "n1"}, want: `taint.mode "sometimes": must be off, dry-run or on`},
+		{name: "taint without node name", yaml: "taint:\n  mode: on\n", want: `taint.mode (--taint-mode) "on": needs node-name`},
+		{name: "taint mode off unquoted is off", yaml: "taint:\n  mode: off\n  resync: 10ms\n", want: "taint.resync 10ms: must be at least 1s"},
+		{name: "taint resync", yaml: "taint:\n  mode: dry-run\n  resync: 10ms\n", args: []string{"--node-name", "n1"}, want: "taint.resync 10ms: must be at least 1s"},
+		{name: "metrics interval", args: []string{"--metrics-interval", "10ms"}, want: "metrics.interval (--metrics-interval) 10ms: must be at least 100ms"},
+		{name: "metrics web config", yaml: "metrics:\n  webConfigFile: /nonexistent/web.yml\n", want: "metrics.webConfigFile (--web.config.file): "},
+		{name: "rdma resource name", yaml: "rdma:\n  resources:\n  - name: \"\"\n", want: "rdma.resources[0].name: must not be empty"},
+		{name: "rdma mode", yaml: "rdma:\n  resources:\n  - name: ib\n    mode: foo\n", want: "rdma.resources[0].mode"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "plugins")
+			args := []string{"--simulate", "dgx-h100", "--device-plugin-dir", dir}
+			if tc.yaml != "" {
+				f := filepath.Join(t.TempDir(), "c.yaml")
+				if err := os.WriteFile(f, []byte(tc.yaml), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--config", f)
+			}
+			var stderr bytes.Buffer
+			code := run(append(args, tc.args...), io.Discard, &stderr, func(string) string { return "" })
+			if code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), tc.want)
+			}
+			if _, err := os.Stat(dir); err == nil {
+				t.Error("device-plugin dir created for a bad config")
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the agent's concurrent logging.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
