@@ -214,7 +214,7 @@ var _ nvml.EventSet = (*eventSet)(nil)
 // deliver sends an event of type typ for GPU gpu to every set registered
 // for it; a full set drops it, as NVML's queue would.
 func (n *Node) deliver(fs *faultState, gpu int, typ, data uint64, gi, ci uint32) {
-	e := nvml.EventData{Device: n.devices[gpu], EventType: typ, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci}
+	e := nvml.EventData{Device: n.handle(gpu), EventType: typ, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	sent := false
