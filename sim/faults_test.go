@@ -167,7 +167,7 @@ func TestFaultEvents(t *testing.T) {
 			if ret != nvml.SUCCESS {
 				t.Fatalf("Wait: %v", ret)
 			}
-			if e.EventType != tc.wantType || e.EventData != tc.wantData || e.Device != n.Device(1) {
+			if e.EventType != tc.wantType || e.EventData != tc.wantData || e.Device != n.handle(1) {
 				t.Fatalf("event %+v", e)
 			}
 			gi, ci := uint32(noInstance), uint32(noInstance)
