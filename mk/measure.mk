@@ -3,18 +3,35 @@
 RSS_PROFILE ?= dgx-h100
 RSS_WAIT    ?= 5
 
-.PHONY: measure-rss measure-devices
+.PHONY: measure-rss measure-devices measure-served measure-fault
 
-measure-rss: build ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_PROFILE) (no kubelet)
+# The demo command wires everything: health monitor, GPU metrics collector
+# and endpoint, RDMA (rdma/ib from the demo config) and mixed MIG.
+measure-rss: build ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_PROFILE), everything wired (no kubelet)
 	@dir=$$(mktemp -d); \
-	$(BIN) --simulate '$(RSS_PROFILE)' --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 \
-		--sim-control-address 127.0.0.1:0 --log-level error 2>/dev/null & pid=$$!; \
+	$(BIN) demo --simulate '$(RSS_PROFILE)' --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 \
+		--sim-control-address 127.0.0.1:0 --log-level error >/dev/null 2>&1 & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "simulate=$(RSS_PROFILE) after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ')"; \
 	kill $$pid; wait $$pid || true; rm -rf "$$dir"
 
 measure-devices: ## table of devices served per simulator profile, MIG layout and strategy
 	$(GO) test -count=1 -v -run 'TestResourcesOnSimProfiles$$' ./gpu | sed -n '/devices served per profile/,/^--- /p'
+
+SERVED_PROFILES   ?= dgx-1v dgx-2 dgx-a100 dgx-b200 dgx-h100 dgx-h200 pcie-8gpu
+SERVED_STRATEGIES ?= none single mixed
+SERVED_MIG        ?= dgx-h100,mig=0:3g.40gb+2g.20gb+1g.10gb+1g.10gb,mig=1:1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb
+
+measure-served: build ## what the running agent serves (GPU, MIG, rdma/ib) per profile and MIG strategy, from its inventory
+	@for p in $(SERVED_PROFILES) '$(SERVED_MIG)'; do for s in $(SERVED_STRATEGIES); do \
+		echo "--- $$p --mig-strategy $$s"; \
+		$(BIN) demo --simulate "$$p" --mig-strategy $$s --exit-after 2s --metrics-address "" \
+			--sim-control-address "" --log-level error 2>/dev/null \
+			| awk '/^=== /{n++; t=1; next} n==1 && t && /^$$/{t=0} n==1 && t{print "  " $$0} n==1 && /^NOT SERVED/{p=1} n==1 && p{print "  " $$0}'; \
+	done; done
+
+measure-fault: ## XID injected into the simulator to Unhealthy on an open ListAndWatch: p50/p99 over 100 faults
+	$(GO) test -count=1 -run '^$$' -bench FaultToListAndWatch -benchtime 100x ./cmd/gpu-node-agent
 
 .PHONY: measure-allocate measure-mig-change
 

@@ -66,5 +66,9 @@ func runTopologyDump(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The NICs and their distance to each GPU, as the agent models them.
+	nics := openNICs(cfg.RDMA, hw, log)
+	defer nics.close()
+	nics.addToNode(node)
 	return topology.WriteSnapshot(stdout, node)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // fakeKubelet accepts every device-plugin registration on dir/kubelet.sock.
@@ -151,6 +153,29 @@ func TestAgentWiring(t *testing.T) {
 	if node == nil {
 		t.Fatal("no node after the first ListAndWatch answer")
 	}
+
+	t.Run("preferred allocation from the topology solver", func(t *testing.T) {
+		client := dialPlugin(t, socketFor(dir, "nvidia.com/gpu"))
+		opts, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+		if err != nil || !opts.GetPreferredAllocationAvailable {
+			t.Fatalf("options %v, %v: preferred allocation not advertised", opts, err)
+		}
+		var all []string
+		for _, g := range node.GPUs {
+			all = append(all, g.UUID)
+		}
+		resp, err := client.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: all, AllocationSize: 2}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := topology.NewAllocator(node).Preferred(all, nil, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.ContainerResponses[0].DeviceIDs; !slices.Equal(got, want) {
+			t.Errorf("preferred %v, want the solver's %v", got, want)
+		}
+	})
 
 	t.Run("xid event: unhealthy, then healthy after the recovery period", func(t *testing.T) {
 		id := node.GPUs[3].UUID

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// TestAgentTaintsAndLabelsNode runs the agent with a node name against a
+// fake API server whose client only becomes available on the second try:
+// devices are served meanwhile, then the node gets the topology labels,
+// and an injected XID taints it until the device recovers.
+func TestAgentTaintsAndLabelsNode(t *testing.T) {
+	dir := shortTempDir(t)
+	cfg := defaults()
+	cfg.Simulate = "dgx-h100"
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = freeAddr(t)
+	cfg.RescanInterval.Duration = 0
+	cfg.NodeName = "gpu-node-1"
+	cfg.Taint.Mode = health.TaintOn
+	cfg.Health.RecoveryPeriod = time.Second
+	cfg.Health.DCGMMode = "off"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.node == nil {
+		t.Fatal("no node object with a node name and tainting on")
+	}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	tries := 0
+	a.node.retry = 50 * time.Millisecond
+	a.node.newClient = func() (kubernetes.Interface, error) {
+		if tries++; tries == 1 {
+			return nil, os.ErrNotExist // no API access at start
+		}
+		return client, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	getNode := func() *corev1.Node {
+		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ourTaint := func(n *corev1.Node) bool {
+		for _, tn := range n.Spec.Taints {
+			if tn.Key == cfg.Taint.WithDefaults().Key {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, "topology labels on the node", func() bool {
+		n := getNode()
+		return n.Annotations[topology.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0
+	})
+	want := topology.Labels(a.rec.current().node, cfg.MIGStrategy)
+	n := getNode()
+	for k, v := range want {
+		if n.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, n.Labels[k], v)
+		}
+	}
+	if ourTaint(n) {
+		t.Fatal("healthy node tainted")
+	}
+
+	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
+	waitFor(t, "taint after the xid", func() bool { return ourTaint(getNode()) })
+	waitFor(t, "taint removed after recovery", func() bool { return !ourTaint(getNode()) })
+}
+
+// TestNoteNVML: NVML that won't load on a node with NVIDIA GPUs on its PCI
+// bus is a node-wide fault (the node is unfit); without such GPUs it is
+// not; discovery working again clears it.
+func TestNoteNVML(t *testing.T) {
+	pci := func(t *testing.T, vendor, class string) string {
+		root := t.TempDir()
+		d := filepath.Join(root, "sys/bus/pci/devices/0000:17:00.0")
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "vendor"), []byte(vendor+"\n"), 0o644)
+		os.WriteFile(filepath.Join(d, "class"), []byte(class+"\n"), 0o644)
+		return root
+	}
+	tests := []struct {
+		name    string
+		root    string
+		wantFit bool
+	}{
+		{"nvidia 3D controller", pci(t, "0x10de", "0x030200"), false},
+		{"nvidia VGA controller", pci(t, "0x10de", "0x030000"), false},
+		{"nvidia bridge only", pci(t, "0x10de", "0x068000"), true},
+		{"other vendor's GPU", pci(t, "0x1002", "0x030200"), true},
+		{"no pci tree", t.TempDir(), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			mon, err := health.NewMonitor(health.Config{}, nil, slog.New(slog.DiscardHandler), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hw := &hardware{hostRoot: tc.root}
+			noteNVML(mon, hw, errNVMLUnavailable)
+			fit, why := mon.NodeFit()
+			if fit != tc.wantFit {
+				t.Fatalf("fit = %v (%v), want %v", fit, why, tc.wantFit)
+			}
+			if !fit && !strings.Contains(strings.Join(why, ";"), "nvml unavailable with NVIDIA GPUs") {
+				t.Errorf("reasons %v", why)
+			}
+			noteNVML(mon, hw, nil)
+			// Recovery takes the recovery period; the cause itself is gone.
+			if st := mon.Status(health.NodeID); !fit && !strings.Contains(strings.Join(st.Reasons, ";"), "cleared") {
+				t.Errorf("after discovery works: node reasons %v, want the cause cleared", st.Reasons)
+			}
+		})
+	}
+}
