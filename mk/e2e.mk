@@ -15,6 +15,8 @@ KUBE_LDFLAGS := -s -w \
 	-X k8s.io/component-base/version.gitMinor=34 \
 	-X k8s.io/component-base/version.gitTreeState=clean
 E2E_TIMEOUT  ?= 40m
+# E2E_FLAGS are extra go test flags, e.g. E2E_FLAGS=-v for the measured numbers.
+E2E_FLAGS    ?=
 # Debian packages the cluster needs: etcd-server, containerd, runc, the CNI
 # plugins (so the node reports NetworkReady), prometheus (scrape test),
 # iproute2.
@@ -47,10 +49,10 @@ e2e-deps: ## install the Debian packages the e2e cluster needs, when missing
 
 # Conformance runs with -race; the cluster tests need root (kubelet, runc).
 e2e-conformance: build ## the agent against the kubelet's device-manager code
-	cd test && $(E2E_ENV) $(GO) test -race -count=1 -timeout $(E2E_TIMEOUT) ./conformance/... ./internal/...
+	cd test && $(E2E_ENV) $(GO) test -race -count=1 -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./conformance/... ./internal/...
 
-e2e-cluster: build kube-bins e2e-deps ## scenarios on a real single-node cluster
-	cd test && $(E2E_ENV) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./e2e/...
+e2e-cluster: build kube-bins e2e-deps ## scenarios on a real single-node cluster; the tainter on a real apiserver
+	cd test && $(E2E_ENV) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./e2e/... ./health/...
 
 e2e-run: e2e-conformance e2e-cluster
 
