@@ -7,16 +7,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// NewRegistry returns the registry the agent serves: Go runtime and
-// process metrics plus gpu_node_agent_build_info. Every package registers
-// its own metrics on it (the collector, health, plugin).
+// NewRegistry returns the registry the agent serves: Go runtime metrics,
+// the process_* metrics (CPU, RSS, fds, start time) and
+// gpu_node_agent_build_info. Every package registers its own metrics on it
+// (the collector, health, plugin).
 func NewRegistry(version string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		NewBuildInfo(version),
-	)
+	reg.MustRegister(collectors.NewGoCollector(), NewBuildInfo(version))
+	if pc := newProcessCollector(); pc != nil {
+		reg.MustRegister(pc)
+	}
 	return reg
 }
 
