@@ -68,6 +68,9 @@ type Monitor struct {
 	effective map[string]bool // last published effective health
 	effSince  map[string]time.Time
 	nodeFit   bool
+	// lastXID is the most recent XID seen per GPU (a MIG device's XID is
+	// also its parent's), for DCGM_FI_DEV_XID_ERRORS.
+	lastXID map[string]uint64
 
 	// eventsReady is set while the XID watcher has a registered event set.
 	eventsReady atomic.Bool
@@ -107,6 +110,7 @@ func NewMonitor(cfg Config, lib nvml.Interface, log *slog.Logger, reg prometheus
 		states:      map[string]*deviceState{},
 		effective:   map[string]bool{},
 		effSince:    map[string]time.Time{},
+		lastXID:     map[string]uint64{},
 		nodeFit:     true,
 		changes:     make(chan struct{}, 1),
 		wake:        make(chan struct{}, 1),
@@ -227,6 +231,12 @@ func (m *Monitor) Observe(o Observation) {
 	m.mu.Lock()
 	kind := m.kindLocked(o.DeviceID, o.Kind)
 	m.metrics.observed(o, kind)
+	if o.XID != 0 {
+		m.lastXID[o.DeviceID] = o.XID
+		if p, ok := m.parents[o.DeviceID]; ok {
+			m.lastXID[p] = o.XID
+		}
+	}
 	s := m.states[o.DeviceID]
 	if s == nil {
 		if !o.Fatal {
@@ -256,6 +266,15 @@ func (m *Monitor) Observe(o Observation) {
 	if changed {
 		m.notify()
 	}
+}
+
+// LastXID returns the most recent XID observed on GPU uuid (XIDs on its MIG
+// devices included), as dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports it.
+func (m *Monitor) LastXID(uuid string) (uint64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	x, ok := m.lastXID[uuid]
+	return x, ok
 }
 
 // Healthy reports whether device id is fit for work. Unknown IDs are

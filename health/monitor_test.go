@@ -184,6 +184,13 @@ func TestMonitorMIG(t *testing.T) {
 	if got := testutil.ToFloat64(h.m.metrics.xids.WithLabelValues("MIG-1-b", "94")); got != 1 {
 		t.Fatalf("MIG-1-b xid 94 count = %v", got)
 	}
+	// The parent reports its MIG devices' latest XID (62 came last).
+	if x, ok := h.m.LastXID("GPU-1"); !ok || x != 62 {
+		t.Fatalf("LastXID(GPU-1) = %d, %v; want 62", x, ok)
+	}
+	if _, ok := h.m.LastXID("GPU-0"); ok {
+		t.Fatal("LastXID(GPU-0) reported an XID it never had")
+	}
 	// A fault of the parent takes every MIG device on it.
 	h.f.set(func() { h.f.gpus[1].remapPending = true })
 	h.m.pollOnce()
