@@ -12,8 +12,8 @@ import (
 )
 
 // newCollector builds the dcgm-exporter compatible GPU collector on reg.
-// Its XID metric comes from the health monitor (which owns the NVML event
-// set) once the monitor reports XIDs; until then that metric is omitted.
+// Its XID metric comes from the health monitor, which owns the NVML event
+// set (two event sets would each see only some of the events).
 func newCollector(cfg Config, hw *hardware, mon *health.Monitor, reg prometheus.Registerer, log *slog.Logger) (*metrics.Collector, error) {
 	mc := metrics.Config{
 		Interval:      cfg.Metrics.Interval.Duration,
@@ -26,9 +26,7 @@ func newCollector(cfg Config, hw *hardware, mon *health.Monitor, reg prometheus.
 	if cfg.Metrics.PodAttribution {
 		mc.PodResourcesSocket = metrics.PodResourcesSocketPath(hw.hostRoot)
 	}
-	if x, ok := any(mon).(metrics.XIDSource); ok {
-		mc.XIDs = x
-	}
+	mc.XIDs = mon
 	c, err := metrics.NewCollector(hw.lib, mc, reg, log)
 	if err != nil {
 		return nil, fmt.Errorf("metrics collector: %w", err)

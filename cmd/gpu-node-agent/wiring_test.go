@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -225,6 +226,9 @@ func TestAgentWiring(t *testing.T) {
 				t.Errorf("/metrics lacks %q", want)
 			}
 		}
+		// The XID injected above, through the monitor's event set.
+		xid := regexp.MustCompile(`DCGM_FI_DEV_XID_ERRORS\{[^}]*UUID="` + node.GPUs[3].UUID + `"[^}]*\} 79\n`)
+		waitFor(t, "GPU 3's XID in DCGM_FI_DEV_XID_ERRORS", func() bool { _, body := httpGet(base + "/metrics"); return xid.MatchString(body) })
 		waitFor(t, "/readyz ok", func() bool { code, _ := httpGet(base + "/readyz"); return code == http.StatusOK })
 		if code, _ := httpGet(base + "/healthz"); code != http.StatusOK {
 			t.Errorf("/healthz: %d", code)
