@@ -24,7 +24,7 @@ func waitDemoResources(t *testing.T, timeout time.Duration) time.Duration {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := shared.WaitNodeResources(ctx, "nvidia.com/", agentdeploy.DemoResources); err != nil {
+	if err := shared.WaitNodeResources(ctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
 		t.Fatal(err)
 	}
 	return time.Since(start)
@@ -89,6 +89,30 @@ func simGPUs(t *testing.T, a *agentdeploy.Agent) (whole, mig []string) {
 		}
 	}
 	return whole, mig
+}
+
+// simState returns the simulated GPUs' UUIDs by index.
+func simState(t *testing.T, a *agentdeploy.Agent) map[int]string {
+	t.Helper()
+	resp, err := http.Get(a.Control.Base + "/state")
+	if err != nil {
+		t.Fatalf("simulator state: %v", err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		GPUs []struct {
+			Index int    `json:"index"`
+			UUID  string `json:"uuid"`
+		} `json:"gpus"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("decode simulator state: %v", err)
+	}
+	out := map[int]string{}
+	for _, g := range st.GPUs {
+		out[g.Index] = g.UUID
+	}
+	return out
 }
 
 // checkAllocated checks that the container's NVIDIA_VISIBLE_DEVICES holds

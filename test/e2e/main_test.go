@@ -27,7 +27,11 @@ func installAgent(ctx context.Context) {
 	if agentErr = shared.LoadAgentImage(ctx, os.Getenv("GPU_NODE_AGENT_BIN")); agentErr != nil {
 		return
 	}
-	if agent, agentErr = agentdeploy.Install(ctx, shared, agentdeploy.Options{}); agentErr != nil {
+	if agent, agentErr = agentdeploy.Install(ctx, shared, agentdeploy.Options{
+		// A short recovery period, so the health scenario's node recovers
+		// within the test after its fault is cleared.
+		Values: map[string]any{"config": map[string]any{"health": map[string]any{"recoveryPeriod": "10s"}}},
+	}); agentErr != nil {
 		return
 	}
 	if _, agentErr = agent.WaitReady(ctx, shared); agentErr != nil {

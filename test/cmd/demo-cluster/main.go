@@ -94,7 +94,7 @@ func deploy(ctx context.Context, c *cluster.Cluster) (*agentdeploy.Agent, error)
 		logs, _ := a.Logs(ctx, c)
 		return a, fmt.Errorf("%w\nagent log:\n%s", err, logs)
 	}
-	if err := c.WaitNodeResources(rctx, "nvidia.com/", agentdeploy.DemoResources); err != nil {
+	if err := c.WaitNodeResources(rctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
 		return a, err
 	}
 	logf("agent Ready, node resources registered")

@@ -31,23 +31,24 @@ func filterResources(l corev1.ResourceList, prefix string) map[string]int64 {
 	return out
 }
 
-// WaitNodeResources waits until the node's allocatable (and capacity)
-// resources under prefix are exactly want, ignoring resources at 0 (the
-// kubelet keeps a resource at 0 for a while after its plugin goes away).
-func (c *Cluster) WaitNodeResources(ctx context.Context, prefix string, want map[string]int64) error {
+// WaitNodeResources waits until the node's resources under prefix are
+// exactly capacity and allocatable (a nil map is not checked), ignoring
+// resources at 0: the kubelet keeps a resource at 0 for a while after its
+// plugin goes away. Unhealthy devices count in capacity, not allocatable.
+func (c *Cluster) WaitNodeResources(ctx context.Context, prefix string, capacity, allocatable map[string]int64) error {
 	var lastCap, lastAlloc map[string]int64
 	for {
-		capacity, alloc, err := c.NodeResources(ctx, prefix)
+		gotCap, gotAlloc, err := c.NodeResources(ctx, prefix)
 		if err == nil {
-			lastCap, lastAlloc = nonZero(capacity), nonZero(alloc)
-			if equal(lastCap, want) && equal(lastAlloc, want) {
+			lastCap, lastAlloc = nonZero(gotCap), nonZero(gotAlloc)
+			if (capacity == nil || equal(lastCap, capacity)) && (allocatable == nil || equal(lastAlloc, allocatable)) {
 				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("node resources %s*: capacity %s, allocatable %s, want %s: %w",
-				prefix, FormatResources(lastCap), FormatResources(lastAlloc), FormatResources(want), ctx.Err())
+			return fmt.Errorf("node resources %s*: capacity %s, allocatable %s, want capacity %s, allocatable %s: %w",
+				prefix, FormatResources(lastCap), FormatResources(lastAlloc), FormatResources(capacity), FormatResources(allocatable), ctx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}

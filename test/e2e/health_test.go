@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"context"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
+)
+
+const unhealthyTaint = "gpu-node-agent.io/unhealthy"
+
+// nodeHealth returns the agent's taint (nil if absent) and GPUHealthy
+// condition (nil if absent).
+func nodeHealth(ctx context.Context) (*corev1.Taint, *corev1.NodeCondition, error) {
+	node, err := shared.Client.CoreV1().Nodes().Get(ctx, shared.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	var taint *corev1.Taint
+	for i := range node.Spec.Taints {
+		if node.Spec.Taints[i].Key == unhealthyTaint {
+			taint = &node.Spec.Taints[i]
+		}
+	}
+	var cond *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == "GPUHealthy" {
+			cond = &node.Status.Conditions[i]
+		}
+	}
+	return taint, cond, nil
+}
+
+// TestGPUFaultTaintsNode: a GPU lost on the simulated node (fault injected
+// through the simulator's control endpoint) leaves the node's allocatable,
+// the agent taints the node and says why in its GPUHealthy condition, and a
+// GPU pod stays Pending; once the fault is cleared and the recovery period
+// has passed, the taint goes, the GPU is back and the pod runs.
+func TestGPUFaultTaintsNode(t *testing.T) {
+	a := needAgent(t)
+	waitDemoResources(t, time.Minute)
+	whole, _ := simGPUs(t, a)
+	st := simState(t, a)
+	lost := st[3]
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	fault := agentproc.Fault{Kind: "gpu-lost", GPU: 3}
+	if err := a.Control.InjectFault(ctx, fault); err != nil {
+		t.Fatal(err)
+	}
+	cleared := false
+	t.Cleanup(func() {
+		if !cleared {
+			_ = a.Control.ClearFault(context.Background(), fault)
+		}
+	})
+
+	degraded := maps.Clone(agentdeploy.DemoResources)
+	degraded["nvidia.com/gpu"]--
+	if err := shared.WaitNodeResources(ctx, "nvidia.com/", agentdeploy.DemoResources, degraded); err != nil {
+		t.Fatalf("lost GPU still allocatable: %v", err)
+	}
+	var taint *corev1.Taint
+	var cond *corev1.NodeCondition
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
+		var err error
+		taint, cond, err = nodeHealth(ctx)
+		return err == nil && taint != nil && cond != nil && cond.Status == corev1.ConditionFalse, nil
+	})
+	if err != nil {
+		t.Fatalf("node not tainted/condition not False after a lost GPU: taint %v, condition %v", taint, cond)
+	}
+	if taint.Effect != corev1.TaintEffectNoSchedule {
+		t.Errorf("taint effect %s, want NoSchedule", taint.Effect)
+	}
+	if !strings.Contains(cond.Message, lost) {
+		t.Errorf("GPUHealthy message %q does not name the lost GPU %s", cond.Message, lost)
+	}
+
+	workloadPod(t, "during-fault", map[string]int64{"nvidia.com/gpu": 1})
+	var pod *corev1.Pod
+	err = poll(ctx, func(ctx context.Context) (bool, error) {
+		var err error
+		if pod, err = shared.Client.CoreV1().Pods(testNamespace).Get(ctx, "during-fault", metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "untolerated taint") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("GPU pod not held back by the taint: %s", podSummary(pod))
+	}
+
+	start := time.Now()
+	if err := a.Control.ClearFault(ctx, fault); err != nil {
+		t.Fatal(err)
+	}
+	cleared = true
+	err = poll(ctx, func(ctx context.Context) (bool, error) {
+		taint, cond, err = nodeHealth(ctx)
+		return err == nil && taint == nil && cond != nil && cond.Status == corev1.ConditionTrue, nil
+	})
+	if err != nil {
+		t.Fatalf("node not untainted after the fault cleared: taint %v, condition %v", taint, cond)
+	}
+	waitDemoResources(t, time.Minute)
+	t.Logf("fault cleared: node untainted and GPU back after %s (recovery period 10s)", time.Since(start).Round(time.Millisecond))
+	pod = waitPodRunning(t, "during-fault", 2*time.Minute)
+	checkAllocated(t, pod, "nvidia.com/gpu", 1, whole)
+}
