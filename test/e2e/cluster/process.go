@@ -41,7 +41,9 @@ func startProcess(name, logDir, bin string, args ...string) (*process, error) {
 	cmd.Stderr = f
 	// Own process group, so stop reaches helpers the component forks, and
 	// so Ctrl-C on the demo does not hit every component at once.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: if the test binary dies without cleaning up (go test's
+	// -timeout panic), the components die with it instead of lingering.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
