@@ -158,7 +158,7 @@ func (n *Node) writeMIGMinors() error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o444)
+	return writeReadOnly(path, []byte(b.String()))
 }
 
 // writeMIGCaps mirrors the current MIG layout into
@@ -220,5 +220,19 @@ func writeCap(path string, minor int) error {
 		return err
 	}
 	content := fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor)
-	return os.WriteFile(path, []byte(content), 0o444)
+	return writeReadOnly(path, []byte(content))
+}
+
+// writeReadOnly replaces path with a read-only file holding data, as the
+// driver's proc files are. It writes a sibling and renames it over path, so
+// a second agent start in the same host root (a restarted container without
+// CAP_DAC_OVERRIDE) can still replace the file, and readers never see it
+// half-written.
+func writeReadOnly(path string, data []byte) error {
+	tmp := path + ".tmp"
+	_ = os.Remove(tmp)
+	if err := os.WriteFile(tmp, data, 0o444); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
