@@ -191,33 +191,53 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// nodeWatch watches one Node and re-opens the watch when the API server
+// ends it or sends an ERROR event (a busy apiserver may do either); each
+// (re)opened watch starts with the Node's current state, so no state is
+// missed.
+type nodeWatch struct {
+	t    testing.TB
+	c    kubernetes.Interface
+	name string
+	w    watch.Interface
+}
+
 // watchNode watches one Node; the first event is its current state.
-func watchNode(t testing.TB, c kubernetes.Interface, name string) watch.Interface {
+func watchNode(t testing.TB, c kubernetes.Interface, name string) *nodeWatch {
 	t.Helper()
-	w, err := c.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String(),
+	nw := &nodeWatch{t: t, c: c, name: name}
+	nw.open()
+	t.Cleanup(func() { nw.w.Stop() })
+	return nw
+}
+
+func (nw *nodeWatch) open() {
+	nw.t.Helper()
+	if nw.w != nil {
+		nw.w.Stop()
+	}
+	w, err := nw.c.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", nw.name).String(),
 	})
 	if err != nil {
-		t.Fatalf("watch node %s: %v", name, err)
+		nw.t.Fatalf("watch node %s: %v", nw.name, err)
 	}
-	t.Cleanup(w.Stop)
-	return w
+	nw.w = w
 }
 
 // awaitNode reads w until the Node satisfies cond and returns it.
-func awaitNode(t testing.TB, w watch.Interface, timeout time.Duration, what string, cond func(*corev1.Node) bool) *corev1.Node {
+func awaitNode(t testing.TB, w *nodeWatch, timeout time.Duration, what string, cond func(*corev1.Node) bool) *corev1.Node {
 	t.Helper()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
 		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				t.Fatalf("node watch closed while waiting for %s", what)
-			}
+		case ev, ok := <-w.w.ResultChan():
 			n, isNode := ev.Object.(*corev1.Node)
-			if !isNode {
-				t.Fatalf("node watch: %s event with %T while waiting for %s", ev.Type, ev.Object, what)
+			if !ok || !isNode {
+				t.Logf("node watch ended (%s event, %T) while waiting for %s; re-opening", ev.Type, ev.Object, what)
+				w.open()
+				continue
 			}
 			if cond(n) {
 				return n
