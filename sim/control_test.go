@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +62,15 @@ func TestControlHandler(t *testing.T) {
 		{name: "fault unknown gpu", method: "POST", path: "/faults", body: `{"kind":"xid","gpu":-1,"xid":79}`, wantCode: 400, wantBody: "gpu: no such gpu -1"},
 		{name: "fault kind missing", method: "POST", path: "/faults", body: `{"gpu":0}`, wantCode: 400, wantBody: "kind: required"},
 		{name: "fault clear bad json", method: "DELETE", path: "/faults", body: `[]`, wantCode: 400, wantBody: "Fault"},
+		{name: "port down", method: "POST", path: "/faults", body: `{"kind":"port-down","nic":"mlx5_2"}`, wantCode: 204,
+			check: func(t *testing.T, n *Node) {
+				b, err := os.ReadFile(filepath.Join(n.HostRoot(), "sys/class/infiniband/mlx5_2/ports/1/state"))
+				if err != nil || !strings.Contains(string(b), "DOWN") {
+					t.Errorf("mlx5_2 port state after port-down = %q, %v; want DOWN", b, err)
+				}
+			}},
+		{name: "port down without nic", method: "POST", path: "/faults", body: `{"kind":"port-down"}`, wantCode: 400, wantBody: "nic: required"},
+		{name: "port down unknown nic", method: "POST", path: "/faults", body: `{"kind":"port-down","nic":"mlx5_99"}`, wantCode: 400, wantBody: `no such nic`},
 		{name: "state", method: "GET", path: "/state", wantCode: 200, wantBody: `"uuid": "GPU-`},
 		{name: "wrong method", method: "PUT", path: "/mig", body: `{}`, wantCode: 405},
 	}

@@ -18,6 +18,7 @@ const (
 	FaultGPULost         = "gpu-lost"     // calls fail with ERROR_GPU_IS_LOST (and XID 79)
 	FaultNVMLFailure     = "nvml-failure" // the library fails: init, handles, event sets
 	FaultNVLinkDown      = "nvlink-down"  // link Fault.Link inactive
+	FaultPortDown        = "port-down"    // RDMA port Fault.NIC down (sim/nics.go)
 )
 
 // faultState is the health-related state of a simulated node: ECC, row
@@ -325,9 +326,14 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		fs.mu.Unlock()
 	case FaultNVLinkDown:
 		return n.setNVLinkDown(gpu, f.Link, on)
+	case FaultPortDown:
+		if f.NIC == "" {
+			return fmt.Errorf("nic: required for fault kind %q", f.Kind)
+		}
+		return n.setPortState(f.NIC, !on)
 	default:
-		return fmt.Errorf("kind: unsupported fault kind %q (supported: %s, %s, %s, %s, %s, %s, %s, %s)", f.Kind,
-			FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost, FaultNVMLFailure, FaultNVLinkDown)
+		return fmt.Errorf("kind: unsupported fault kind %q (supported: %s, %s, %s, %s, %s, %s, %s, %s, %s)", f.Kind,
+			FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost, FaultNVMLFailure, FaultNVLinkDown, FaultPortDown)
 	}
 	state := "injected"
 	if !on {
