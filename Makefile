@@ -39,7 +39,7 @@ fmt-check: ## fail when any Go file (all modules) needs gofmt
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-test: vet fmt-check ## go vet, gofmt check and go test -race for the root module
+test: vet fmt-check deps-prometheus ## go vet, gofmt check and go test -race for the root module (the metrics test scrapes with a real prometheus)
 	$(GO) test -race ./...
 
 lint: vet fmt-check ## vet, gofmt and staticcheck (built through the Go module proxy)
