@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -323,6 +324,8 @@ func TestConfigMapCarriesValuesConfig(t *testing.T) {
 	want := map[string]any{
 		"mig-strategy": "mixed", "device-list-strategy": "envvar", "rescan-interval": "30s",
 		"log-format": "json", "log-level": "debug",
+		// taintKey is written into the config, so taint and toleration agree.
+		"taint": map[string]any{"key": "gpu-node-agent.io/unhealthy"},
 	}
 	if len(cfg) != len(want) {
 		t.Errorf("config keys %v, want %v", cfg, want)
@@ -337,6 +340,10 @@ func TestConfigMapCarriesValuesConfig(t *testing.T) {
 	for _, m := range regexp.MustCompile(`\{name: "([a-z0-9.-]+)"`).FindAllStringSubmatch(string(src), -1) {
 		known[m[1]] = true
 	}
+	// Sections (health, taint, metrics, rdma) are struct fields of Config.
+	for _, m := range regexp.MustCompile(`(?m)^\t[A-Z][A-Za-z]* +[A-Za-z.]+Section +`+"`"+`json:"([a-z]+)"`+"`").FindAllStringSubmatch(string(src), -1) {
+		known[m[1]] = true
+	}
 	if len(known) < 5 {
 		t.Fatalf("found only %d agent options in config.go; has its layout changed?", len(known))
 	}
@@ -346,7 +353,7 @@ func TestConfigMapCarriesValuesConfig(t *testing.T) {
 		}
 	}
 	for k, v := range want {
-		if cfg[k] != v {
+		if !reflect.DeepEqual(cfg[k], v) {
 			t.Errorf("config %s = %v, want %v", k, cfg[k], v)
 		}
 	}
