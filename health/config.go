@@ -63,7 +63,8 @@ type Config struct {
 	// NVLinkErrorJump is the rise in a link's replay+recovery+CRC error
 	// counters within one poll that makes the GPU unfit. Default 100.
 	NVLinkErrorJump uint64 `json:"nvlinkErrorJump,omitempty" yaml:"nvlinkErrorJump,omitempty"`
-	// DisabledChecks names checks to switch off (see the Check* constants).
+	// DisabledChecks names checks to switch off (see the Check* constants);
+	// the nvml check cannot be switched off.
 	DisabledChecks []string `json:"disabledChecks,omitempty" yaml:"disabledChecks,omitempty"`
 	// DCGMMode is off, auto (default), embedded or standalone.
 	DCGMMode string `json:"dcgmMode,omitempty" yaml:"dcgmMode,omitempty"`
@@ -133,6 +134,12 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, d := range c.DisabledChecks {
+		if d == CheckNVML {
+			// Without the NVML check a node whose driver is gone reports
+			// nothing at all, so every GPU would stay healthy.
+			errs = append(errs, fmt.Errorf("health.disabledChecks: %q cannot be disabled: it is what marks every GPU unhealthy when NVML itself fails", d))
+			continue
+		}
 		if !slices.Contains(knownChecks, d) {
 			errs = append(errs, fmt.Errorf("health.disabledChecks: unknown check %q (known: %v)", d, knownChecks))
 		}

@@ -19,6 +19,8 @@ func TestConfigValidate(t *testing.T) {
 		{"cap below period", Config{RecoveryPeriod: time.Hour, MaxRecoveryPeriod: time.Minute}, "health.maxRecoveryPeriod"},
 		{"xid zero", Config{FatalXIDs: []uint64{0}}, "health.fatalXIDs"},
 		{"unknown check", Config{DisabledChecks: []string{"ecc", "vibes"}}, `unknown check "vibes"`},
+		{"nvml cannot be disabled", Config{DisabledChecks: []string{"nvml"}}, `health.disabledChecks: "nvml" cannot be disabled`},
+		{"other checks can be disabled", Config{DisabledChecks: []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckDCGM}}, ""},
 		{"bad dcgm mode", Config{DCGMMode: "sometimes"}, "health.dcgmMode"},
 		{"standalone without address", Config{DCGMMode: DCGMStandalone}, "health.dcgmAddress"},
 		{"standalone with address", Config{DCGMMode: DCGMStandalone, DCGMAddress: "localhost:5555"}, ""},
