@@ -10,13 +10,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// DefaultFatalXIDs are the XIDs that make a device unfit: those whose
+// DefaultFatalXIDs returns the XIDs that make a device unfit: those whose
 // resolution bucket in NVIDIA's XID catalog is a GPU reset, a node reboot or
 // the NVLink workflow. Every other XID (e.g. 13, 31, 43, 45, 63, 68, 92, 94:
-// application-level or informational) is only counted.
-var DefaultFatalXIDs = []uint64{
-	46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
-	144, 145, 146, 147, 148, 149, 150, 155, 156, 158,
+// application-level or informational) is only counted. Each call returns a
+// fresh slice, so no caller can change another's defaults.
+func DefaultFatalXIDs() []uint64 {
+	return []uint64{
+		46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
+		144, 145, 146, 147, 148, 149, 150, 155, 156, 158,
+	}
 }
 
 // Check names, as used in Observation.Check, metrics and Config.DisabledChecks.
@@ -80,7 +83,7 @@ type Config struct {
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if len(c.FatalXIDs) == 0 {
-		c.FatalXIDs = slices.Clone(DefaultFatalXIDs)
+		c.FatalXIDs = DefaultFatalXIDs()
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 10 * time.Second

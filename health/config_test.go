@@ -1,6 +1,7 @@
 package health
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,12 +44,27 @@ func TestConfigValidate(t *testing.T) {
 
 func TestConfigDefaults(t *testing.T) {
 	c := Config{}.WithDefaults()
-	if c.PollInterval != 10*time.Second || c.RecoveryPeriod != 5*time.Minute || c.DCGMMode != DCGMAuto || len(c.FatalXIDs) != len(DefaultFatalXIDs) {
+	if c.PollInterval != 10*time.Second || c.RecoveryPeriod != 5*time.Minute || c.DCGMMode != DCGMAuto || !slices.Equal(c.FatalXIDs, DefaultFatalXIDs()) {
 		t.Fatalf("defaults %+v", c)
 	}
 	tc := TaintConfig{}.WithDefaults()
 	if tc.Mode != TaintOn || tc.Key != "gpu-node-agent.io/unhealthy" || tc.Effect != "NoSchedule" || tc.MaxFraction != 0.2 || tc.ConditionType != "GPUHealthy" {
 		t.Fatalf("taint defaults %+v", tc)
+	}
+}
+
+// TestDefaultFatalXIDsIsACopy guards against the defaults being shared
+// state: changing one caller's list must not change the next one's.
+func TestDefaultFatalXIDsIsACopy(t *testing.T) {
+	a := DefaultFatalXIDs()
+	if !slices.Contains(a, 79) {
+		t.Fatalf("DefaultFatalXIDs() = %v, want it to contain 79 (fallen off the bus)", a)
+	}
+	a[0] = 0
+	c := Config{}.WithDefaults()
+	c.FatalXIDs[1] = 0
+	if b := DefaultFatalXIDs(); b[0] == 0 || b[1] == 0 {
+		t.Fatalf("DefaultFatalXIDs() = %v after callers changed their copies", b)
 	}
 }
 
