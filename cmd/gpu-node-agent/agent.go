@@ -40,6 +40,10 @@ type reconciler struct {
 
 	// last is the state of the last full pass, re-applied on health changes.
 	last state
+	// good is the last successfully discovered node and lastErr the last
+	// discovery error (logged at error level only when it changes).
+	good    *topology.Node
+	lastErr string
 
 	// shown is the last applied state, for readers on other goroutines.
 	mu    sync.Mutex
@@ -48,7 +52,8 @@ type reconciler struct {
 
 // state is what the reconciler serves after one pass.
 type state struct {
-	// node is the discovered node (nil when discovery failed).
+	// node is the node served from: the one just discovered, or the last
+	// good one when discovery failed (nil if there never was one).
 	node      *topology.Node
 	resources []plugin.Resource
 	// errs are the failures of this pass, by source ("discovery" too).
@@ -85,15 +90,29 @@ func (r *reconciler) reconcile() {
 	st := state{errs: map[string]error{}}
 	node, err := r.discover()
 	if err != nil {
-		r.log.Error("device discovery failed", "err", err)
+		if err.Error() != r.lastErr {
+			r.log.Error("device discovery failed; serving the last discovered devices", "err", err, "devices", r.good != nil)
+		} else {
+			r.log.Debug("device discovery still failing", "err", err)
+		}
+		r.lastErr = err.Error()
 		st.errs["discovery"] = err
-		node = nil
+		// Keep serving the devices last seen: the health monitor sees the
+		// same NVML failure and marks them Unhealthy. Withdrawing them
+		// instead would drop the kubelet's capacity to zero and stop its
+		// ListAndWatch streams, hiding the fault rather than reporting it.
+		node = r.good
 	} else {
-		st.node = node
+		if r.lastErr != "" {
+			r.log.Info("device discovery works again")
+			r.lastErr = ""
+		}
+		r.good = node
 		for _, f := range r.onDiscover {
 			f(node)
 		}
 	}
+	st.node = node
 	for _, s := range r.sources {
 		rs, err := s.build(node)
 		if err != nil {

@@ -72,7 +72,7 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 	h.sim, h.lib, h.hostRoot, h.ready = node, node.NVML(), root, true
 	if ret := h.lib.Init(); ret != nvml.SUCCESS {
 		h.close()
-		return nil, fmt.Errorf("simulate: nvml init: %v", ret)
+		return nil, fmt.Errorf("simulate: nvml init: %w", ret)
 	}
 	h.cleanup = append(h.cleanup, func() { h.lib.Shutdown() })
 	return h, nil

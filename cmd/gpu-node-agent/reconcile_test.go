@@ -114,6 +114,54 @@ func TestReconcileSourcesFailIndependently(t *testing.T) {
 	}
 }
 
+// TestReconcileKeepsLastNodeWhenDiscoveryFails: once devices were seen, a
+// failing rediscovery (NVML broken at run time) keeps them served from the
+// last good node, so they can be reported Unhealthy instead of vanishing;
+// onDiscover is not told the stale node again.
+func TestReconcileKeepsLastNodeWhenDiscoveryFails(t *testing.T) {
+	rec := newSyncRecorder()
+	good := &topology.Node{GPUs: []topology.GPU{{Index: 0, UUID: "GPU-0"}}}
+	var fail bool
+	var built []*topology.Node
+	var reported state
+	told := 0
+	r := &reconciler{
+		log: slog.New(slog.DiscardHandler),
+		discover: func() (*topology.Node, error) {
+			if fail {
+				return nil, errors.New("nvml: unknown error")
+			}
+			return good, nil
+		},
+		onDiscover: []func(*topology.Node){func(*topology.Node) { told++ }},
+		sources: []source{{name: "gpu", build: func(n *topology.Node) ([]plugin.Resource, error) {
+			built = append(built, n)
+			if n == nil {
+				return nil, nil
+			}
+			return []plugin.Resource{fakeResource{"nvidia.com/gpu", len(n.GPUs)}}, nil
+		}}},
+		sync:   rec.sync,
+		report: func(st state) { reported = st },
+	}
+	r.reconcile()
+	fail = true
+	r.reconcile()
+	r.reconcile()
+	if len(built) != 3 || built[1] != good || built[2] != good {
+		t.Fatalf("sources built from %v, want the good node every pass", built)
+	}
+	if told != 1 {
+		t.Errorf("onDiscover told %d times, want 1 (only the real discovery)", told)
+	}
+	if got := strings.Join(rec.syncs[2], ","); got != "nvidia.com/gpu" {
+		t.Errorf("synced %q after failed discovery, want nvidia.com/gpu still served", got)
+	}
+	if reported.errs["discovery"] == nil || reported.node != good {
+		t.Errorf("reported state %+v, want the discovery error and the last good node", reported)
+	}
+}
+
 // TestReconcileSignals: a rediscover signal runs discovery again, a resync
 // signal only re-syncs the last resources.
 func TestReconcileSignals(t *testing.T) {

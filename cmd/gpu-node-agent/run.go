@@ -177,14 +177,19 @@ func (a *agent) run(ctx context.Context) error {
 
 	// Every long-running part gets the same ctx; the first to fail stops
 	// the rest.
-	var wg sync.WaitGroup
-	errc := make(chan error, 8)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
 	start := func(name string, f func() error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := f(); err != nil {
-				errc <- fmt.Errorf("%s: %w", name, err)
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				mu.Unlock()
 				cancel()
 			}
 		}()
@@ -208,11 +213,6 @@ func (a *agent) run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	close(errc)
-	var errs []error
-	for err := range errc {
-		errs = append(errs, err)
-	}
 	if len(errs) == 0 {
 		log.Info("gpu-node-agent stopped")
 	}
