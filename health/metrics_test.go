@@ -23,7 +23,9 @@ func TestMetricsLint(t *testing.T) {
 	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "x", Fatal: false, Reason: "xid 13", XID: 13})
 	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "x", Cleared: true})
 	m.pollOnce()
-	NewTainter(fake.NewClientset(), "n", TaintConfig{}, discard(), reg)
+	if _, err := NewTainter(fake.NewClientset(), "n", TaintConfig{}, discard(), reg); err != nil {
+		t.Fatal(err)
+	}
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)

@@ -235,7 +235,10 @@ func TestSimFaultToTaintLatency(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	node, m := simMonitor(t, 20*time.Millisecond, clk)
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
-	tr := NewTainter(c, nodeName, TaintConfig{}, discard(), nil)
+	tr, err := NewTainter(c, nodeName, TaintConfig{}, discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w, err := c.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

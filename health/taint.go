@@ -49,8 +49,8 @@ type Tainter struct {
 
 // NewTainter builds the tainter of node nodeName. cfg is used with its
 // defaults applied; validate it first (TaintConfig.Validate). reg may be
-// nil.
-func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, log *slog.Logger, reg prometheus.Registerer) *Tainter {
+// nil; registering its metrics on reg twice is an error, not a panic.
+func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, log *slog.Logger, reg prometheus.Registerer) (*Tainter, error) {
 	t := &Tainter{
 		client: client, node: nodeName, cfg: cfg.WithDefaults(), log: log,
 		refusedGauge: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -65,9 +65,13 @@ func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, l
 		maxBackoff: 2 * time.Minute,
 	}
 	if reg != nil {
-		reg.MustRegister(t.refusedGauge, t.writes)
+		for _, c := range []prometheus.Collector{t.refusedGauge, t.writes} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("tainter metrics: %w", err)
+			}
+		}
 	}
-	return t
+	return t, nil
 }
 
 // Run reconciles the Node with mon's fitness until ctx ends: at start, on

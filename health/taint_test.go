@@ -77,13 +77,37 @@ func events(t *testing.T, c *fake.Clientset) []string {
 	return out
 }
 
-func newTestTainter(c *fake.Clientset, cfg TaintConfig) *Tainter {
-	return NewTainter(c, nodeName, cfg, discard(), prometheus.NewRegistry())
+func newTestTainter(t *testing.T, c *fake.Clientset, cfg TaintConfig) *Tainter {
+	t.Helper()
+	tr, err := NewTainter(c, nodeName, cfg, discard(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// TestNewTainterDuplicateRegistration: a second tainter on the same
+// registry is an error the caller can report, not a panic.
+func TestNewTainterDuplicateRegistration(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := NewTainter(fake.NewClientset(), nodeName, TaintConfig{}, discard(), reg); err != nil {
+		t.Fatalf("first tainter: %v", err)
+	}
+	tr, err := NewTainter(fake.NewClientset(), nodeName, TaintConfig{}, discard(), reg)
+	if err == nil || tr != nil {
+		t.Fatalf("second tainter on one registry = %v, %v; want nil and an error", tr, err)
+	}
+	if !strings.Contains(err.Error(), "tainter metrics") {
+		t.Fatalf("error %q does not name the tainter metrics", err)
+	}
+	if _, err := NewTainter(fake.NewClientset(), nodeName, TaintConfig{}, discard(), nil); err != nil {
+		t.Fatalf("tainter without registry: %v", err)
+	}
 }
 
 func TestTainterLifecycle(t *testing.T) {
 	c := fake.NewClientset(testNode(nodeName, otherTaint))
-	tr := newTestTainter(c, TaintConfig{})
+	tr := newTestTainter(t, c, TaintConfig{})
 	ctx := context.Background()
 
 	// Unfit: taint added next to the other one, condition False, an event.
@@ -144,7 +168,7 @@ func TestTainterLifecycle(t *testing.T) {
 
 func TestTainterFirstHealthyReport(t *testing.T) {
 	c := fake.NewClientset(testNode(nodeName))
-	tr := newTestTainter(c, TaintConfig{})
+	tr := newTestTainter(t, c, TaintConfig{})
 	if err := tr.Reconcile(context.Background(), fit); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +190,7 @@ func TestTainterConflictRetried(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	tr := newTestTainter(c, TaintConfig{})
+	tr := newTestTainter(t, c, TaintConfig{})
 	if err := tr.Reconcile(context.Background(), unfit); err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +226,7 @@ func TestTainterPatchCarriesResourceVersion(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	if err := newTestTainter(c, TaintConfig{}).Reconcile(context.Background(), unfit); err != nil {
+	if err := newTestTainter(t, c, TaintConfig{}).Reconcile(context.Background(), unfit); err != nil {
 		t.Fatal(err)
 	}
 	if want := `"resourceVersion":"42"`; !strings.Contains(body, want) {
@@ -214,7 +238,7 @@ func TestTainterModes(t *testing.T) {
 	for _, mode := range []string{TaintOff, TaintDryRun} {
 		t.Run(mode, func(t *testing.T) {
 			c := fake.NewClientset(testNode(nodeName))
-			tr := newTestTainter(c, TaintConfig{Mode: mode})
+			tr := newTestTainter(t, c, TaintConfig{Mode: mode})
 			for _, f := range []Fitness{unfit, unfit, fit} {
 				if err := tr.Reconcile(context.Background(), f); err != nil {
 					t.Fatal(err)
@@ -232,7 +256,7 @@ func TestTainterModes(t *testing.T) {
 
 func TestTainterNoExecuteForNodeFaults(t *testing.T) {
 	c := fake.NewClientset(testNode(nodeName))
-	tr := newTestTainter(c, TaintConfig{NoExecuteForNodeFaults: true})
+	tr := newTestTainter(t, c, TaintConfig{NoExecuteForNodeFaults: true})
 	nodeWide := Fitness{Reason: "nvml", Message: "node: nvml device count: ERROR_UNKNOWN", NodeWide: true}
 	if err := tr.Reconcile(context.Background(), nodeWide); err != nil {
 		t.Fatal(err)
@@ -292,7 +316,7 @@ func TestTainterFleetSafeguard(t *testing.T) {
 				objs = append(objs, n)
 			}
 			c := fake.NewClientset(objs...)
-			tr := newTestTainter(c, TaintConfig{MaxFraction: tc.maxFraction, NodeSelector: tc.selector})
+			tr := newTestTainter(t, c, TaintConfig{MaxFraction: tc.maxFraction, NodeSelector: tc.selector})
 			if err := tr.Reconcile(context.Background(), unfit); err != nil {
 				t.Fatal(err)
 			}
@@ -346,7 +370,7 @@ func TestTainterRunRetriesWhileAPIDown(t *testing.T) {
 	m.clock = clk
 	m.SetNode(newFakeNVML(1).node(false))
 	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Fatal: true, Event: true, Reason: "xid 79"})
-	tr := newTestTainter(c, TaintConfig{})
+	tr := newTestTainter(t, c, TaintConfig{})
 	tr.minBackoff = time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

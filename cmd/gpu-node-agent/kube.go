@@ -94,8 +94,11 @@ func (o *nodeObject) run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	if o.cfg.taintMode() != health.TaintOff {
-		t := health.NewTainter(client, o.cfg.NodeName, o.cfg.Taint.TaintConfig, o.log.With("component", "taint"), o.reg)
-		wg.Go(func() { _ = t.Run(ctx, o.mon) })
+		if t, err := health.NewTainter(client, o.cfg.NodeName, o.cfg.Taint.TaintConfig, o.log.With("component", "taint"), o.reg); err != nil {
+			o.log.Error("node tainter not started", "err", err)
+		} else {
+			wg.Go(func() { _ = t.Run(ctx, o.mon) })
+		}
 	}
 	if o.cfg.NodeLabels {
 		l := topology.NewNodeLabeler(client, o.cfg.NodeName, o.log.With("component", "labels"))

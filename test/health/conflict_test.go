@@ -46,7 +46,10 @@ func TestTainterConflictRetry(t *testing.T) {
 		})
 	}
 	reg := prometheus.NewPedanticRegistry()
-	tainter := health.NewTainter(countedClient(t, c.RESTConfig, counter), name, health.TaintConfig{MaxFraction: 1}, discard(), reg)
+	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, counter), name, health.TaintConfig{MaxFraction: 1}, discard(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := tainter.Reconcile(ctx, health.Fitness{Reason: "xid", Message: "GPU-c0: xid 79", Devices: []string{"GPU-c0"}}); err != nil {

@@ -23,8 +23,11 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	simNode, mon := startSimMonitor(t, health.Config{PollInterval: time.Second,
 		RecoveryPeriod: 300 * time.Millisecond, FlapWindow: time.Millisecond})
 	counter := newAPICounter()
-	tainter := health.NewTainter(countedClient(t, c.RESTConfig, counter), name,
+	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, counter), name,
 		health.TaintConfig{MaxFraction: 1, Resync: time.Hour}, discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	runTainter(t, tainter, mon)
 	waitFor(t, 30*time.Second, "GPUHealthy=True at start", func() bool { return conditionIs(getNode(t, c.Client, name), corev1.ConditionTrue) })
 

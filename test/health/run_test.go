@@ -27,8 +27,11 @@ func TestRunFaultAndRecovery(t *testing.T) {
 	simNode, mon := startSimMonitor(t, health.Config{PollInterval: 200 * time.Millisecond,
 		RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery})
 	reg := prometheus.NewPedanticRegistry()
-	tainter := health.NewTainter(countedClient(t, c.RESTConfig, newAPICounter()), name,
+	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, newAPICounter()), name,
 		health.TaintConfig{MaxFraction: 1, Resync: 5 * time.Second}, discard(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w := watchNode(t, c.Client, name)
 	runTainter(t, tainter, mon)
 
@@ -112,8 +115,11 @@ func TestRunFaultToTaintLatency(t *testing.T) {
 	const recovery = 300 * time.Millisecond
 	simNode, mon := startSimMonitor(t, health.Config{PollInterval: time.Second,
 		RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery})
-	tainter := health.NewTainter(countedClient(t, c.RESTConfig, newAPICounter()), name,
+	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, newAPICounter()), name,
 		health.TaintConfig{MaxFraction: 0.2, Resync: 5 * time.Second}, discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w := watchNode(t, c.Client, name)
 	runTainter(t, tainter, mon)
 	awaitNode(t, w, 30*time.Second, "GPUHealthy=True at start", func(n *corev1.Node) bool { return conditionIs(n, corev1.ConditionTrue) })

@@ -50,8 +50,11 @@ func TestTainterFleetSafeguardLimit(t *testing.T) {
 			createNode(t, c.Client, tc.fleet+"-outsider", theirs)
 			self := tc.fleet + "-5"
 			reg := prometheus.NewPedanticRegistry()
-			tainter := health.NewTainter(c.Client, self, health.TaintConfig{MaxFraction: 0.2, NodeSelector: "fleet=" + tc.fleet},
+			tainter, err := health.NewTainter(c.Client, self, health.TaintConfig{MaxFraction: 0.2, NodeSelector: "fleet=" + tc.fleet},
 				discard(), reg)
+			if err != nil {
+				t.Fatal(err)
+			}
 			unfit := health.Fitness{Reason: "gpu-lost", Message: "GPU-s5: gpu lost", Devices: []string{"GPU-s5"}}
 			// Twice: a refusal is announced once, not per reconcile.
 			for range 2 {

@@ -41,8 +41,11 @@ func TestRunSteadyStateWrites(t *testing.T) {
 	counter := newAPICounter()
 	reg := prometheus.NewPedanticRegistry()
 	const resync = 5 * time.Second
-	tainter := health.NewTainter(countedClient(t, c.RESTConfig, counter), name,
+	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, counter), name,
 		health.TaintConfig{MaxFraction: 0.2, Resync: resync}, discard(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	runTainter(t, tainter, mon)
 
 	// A row-remap failure lasts until cleared; the monitor keeps polling it.

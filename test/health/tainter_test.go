@@ -81,7 +81,10 @@ func TestTainterAgainstAPIServer(t *testing.T) {
 	defer cancel()
 	foreign := corev1.Taint{Key: "example.com/maintenance", Value: "true", Effect: corev1.TaintEffectNoSchedule}
 	createNode(t, c, "gpu-1", foreign)
-	tainter := health.NewTainter(c, "gpu-1", health.TaintConfig{MaxFraction: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	tainter, err := health.NewTainter(c, "gpu-1", health.TaintConfig{MaxFraction: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	unfit := health.Fitness{Fit: false, Reason: "xid", Message: "GPU-1234: xid 79", Devices: []string{"GPU-1234"}}
 	if err := tainter.Reconcile(ctx, unfit); err != nil {
@@ -143,7 +146,10 @@ func TestTainterFleetSafeguard(t *testing.T) {
 			createNode(t, c, name)
 		}
 	}
-	tainter := health.NewTainter(c, "n5", health.TaintConfig{MaxFraction: 0.2}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	tainter, err := health.NewTainter(c, "n5", health.TaintConfig{MaxFraction: 0.2}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := tainter.Reconcile(ctx, health.Fitness{Fit: false, Reason: "gpu-lost", Devices: []string{"GPU-1"}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
