@@ -36,6 +36,13 @@ func newECCCheck(reg prometheus.Registerer, log *slog.Logger) *eccCheck {
 
 func (*eccCheck) Name() string { return CheckECC }
 
+// forget deletes the ECC series of a GPU that has left the node. The
+// baseline stays (it is touched only under the poll lock and is one
+// integer per GPU ever seen); a GPU that comes back keeps its baseline.
+func (c *eccCheck) forget(id string) {
+	c.counts.DeletePartialMatch(prometheus.Labels{"device": id})
+}
+
 func (c *eccCheck) CheckDevice(t Target) []Observation {
 	if cur, _, ret := t.Device.GetEccMode(); ret == nvml.SUCCESS && cur != nvml.FEATURE_ENABLED {
 		return nil

@@ -58,6 +58,13 @@ func (m *monitorMetrics) observed(o Observation, kind string) {
 	}
 }
 
+// forget deletes the per-device series of a device that has left the node
+// (device_healthy is kept in step by Monitor.publishLocked).
+func (m *monitorMetrics) forget(id string) {
+	m.transitions.DeletePartialMatch(prometheus.Labels{"device": id})
+	m.xids.DeletePartialMatch(prometheus.Labels{"device": id})
+}
+
 func boolGauge(b bool) float64 {
 	if b {
 		return 1

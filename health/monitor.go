@@ -133,9 +133,13 @@ func NewMonitor(cfg Config, lib nvml.Interface, log *slog.Logger, reg prometheus
 }
 
 // SetNode tells the monitor which devices the node has; call it on every
-// (re)discovery. State of GPUs and MIG devices that are gone is dropped.
+// (re)discovery. State, last XID and per-device metric series of GPUs and
+// MIG devices that are gone are dropped, so MIG reconfigurations do not
+// accumulate old UUIDs. NIC states come from external sources via Observe
+// and are left alone.
 func (m *Monitor) SetNode(node *topology.Node) {
 	m.mu.Lock()
+	gone := slices.Collect(maps.Keys(m.kinds))
 	m.gpus = nil
 	clear(m.kinds)
 	clear(m.parents)
@@ -152,8 +156,28 @@ func (m *Monitor) SetNode(node *topology.Node) {
 	for id, s := range m.states {
 		if (s.kind == KindGPU || s.kind == KindMIG) && m.kinds[id] == "" {
 			delete(m.states, id)
+			gone = append(gone, id)
 		}
 	}
+	// Only GPUs and MIG devices report XIDs, so any ID outside the node
+	// model is a device that has gone.
+	for id := range m.lastXID {
+		if m.kinds[id] == "" {
+			delete(m.lastXID, id)
+			gone = append(gone, id)
+		}
+	}
+	for _, id := range gone {
+		if id != NodeID && m.kinds[id] == "" {
+			m.metrics.forget(id)
+			for _, c := range m.checks {
+				if f, ok := c.(interface{ forget(string) }); ok {
+					f.forget(id)
+				}
+			}
+		}
+	}
+	// publishLocked drops the gone devices' device_healthy series.
 	changed := m.publishLocked(m.clock.Now())
 	m.mu.Unlock()
 	signal(m.nodeChanged)

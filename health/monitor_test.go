@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -332,4 +333,78 @@ func TestMonitorWaitGPULost(t *testing.T) {
 	h.f.set(func() { h.f.waitRet = nvml.SUCCESS })
 	h.clk.Step(24 * time.Hour) // the watcher's retry delay
 	h.waitFor(t, "events registered again", h.m.eventsReady.Load)
+}
+
+// seriesDevices lists the device label of every series of metric name.
+func seriesDevices(t *testing.T, reg *prometheus.Registry, name string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "device" && !slices.Contains(out, l.GetValue()) {
+					out = append(out, l.GetValue())
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestMonitorSetNodePrunesGoneDevices: after a MIG reconfiguration (and a
+// GPU leaving), the old IDs keep neither their last XID nor any
+// per-device series; devices still present and NICs keep theirs.
+func TestMonitorSetNodePrunesGoneDevices(t *testing.T) {
+	h := start(t, newFakeNVML(2), true, nil)
+	h.m.pollOnce() // ECC series for both GPUs
+	h.m.Observe(Observation{DeviceID: "MIG-1-a", Check: CheckXID, Fatal: true, Event: true, Reason: "xid 62", XID: 62})
+	h.m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "x", Reason: "xid 13", XID: 13})
+	h.m.Observe(Observation{DeviceID: "mlx5_0", Kind: KindNIC, Check: "port", Fatal: true, Reason: "port down"})
+	perDevice := []string{
+		"gpu_node_agent_device_healthy",
+		"gpu_node_agent_health_transitions_total",
+		"gpu_node_agent_xid_errors_total",
+		"gpu_node_agent_ecc_errors",
+	}
+	for _, name := range perDevice[:3] {
+		if got := seriesDevices(t, h.reg, name); !slices.Contains(got, "MIG-1-a") {
+			t.Fatalf("%s devices %v before reconfiguration, want MIG-1-a among them", name, got)
+		}
+	}
+	if got := seriesDevices(t, h.reg, "gpu_node_agent_ecc_errors"); !slices.Equal(got, []string{"GPU-0", "GPU-1"}) {
+		t.Fatalf("ecc series devices %v before, want both GPUs", got)
+	}
+
+	// MIG devices gone, and GPU-0 gone too.
+	n := h.f.node(false)
+	n.GPUs = n.GPUs[1:]
+	h.m.SetNode(n)
+
+	for _, id := range []string{"MIG-1-a", "GPU-0"} {
+		if x, ok := h.m.LastXID(id); ok {
+			t.Errorf("LastXID(%s) = %d after it left the node", id, x)
+		}
+		for _, name := range perDevice {
+			if got := seriesDevices(t, h.reg, name); slices.Contains(got, id) {
+				t.Errorf("%s still has series for gone device %s: %v", name, id, got)
+			}
+		}
+	}
+	if x, ok := h.m.LastXID("GPU-1"); !ok || x != 62 {
+		t.Errorf("LastXID(GPU-1) = %d, %v; want its MIG device's 62 kept", x, ok)
+	}
+	if got := seriesDevices(t, h.reg, "gpu_node_agent_device_healthy"); !slices.Contains(got, "GPU-1") || !slices.Contains(got, "mlx5_0") {
+		t.Errorf("device_healthy devices %v, want GPU-1 and the NIC kept", got)
+	}
+	if h.m.Healthy("mlx5_0") {
+		t.Error("NIC state dropped by SetNode; external sources own it")
+	}
 }
