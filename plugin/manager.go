@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +52,11 @@ type Manager struct {
 	watching chan struct{}
 	// kubeletGen counts kubelet.sock creations and removals.
 	kubeletGen atomic.Uint64
+	// stopping counts servers Sync removed and is still stopping without
+	// the lock; shutdown waits for them.
+	stopping sync.WaitGroup
+	// grace bounds how long a stopping server waits for calls in flight.
+	grace time.Duration
 }
 
 // NewManager checks opts and registers the metrics. It starts nothing.
@@ -91,6 +98,7 @@ func NewManager(opts Options) (*Manager, error) {
 		servers:       map[string]*server{},
 		startFails:    map[string]string{},
 		watching:      make(chan struct{}),
+		grace:         gracePeriod,
 	}, nil
 }
 
@@ -177,10 +185,7 @@ func (m *Manager) kubeletStarted() {
 func (m *Manager) kubeletStopped() {
 	m.kubeletGen.Add(1)
 	m.log.Info("kubelet socket removed")
-	m.forEach(func(s *server) {
-		s.registered.Store(false)
-		m.metrics.setRegistered(s.name, false)
-	})
+	m.forEach(func(s *server) { s.setRegistered(false) })
 }
 
 // Sync makes the served resources those in resources, by Name(): new ones
@@ -188,27 +193,48 @@ func (m *Manager) kubeletStopped() {
 // their sockets go); the rest get the new Resource value and, if their
 // device list changed, push it to every ListAndWatch stream. It is safe to
 // call concurrently and often. Sync after Run returned does nothing.
+//
+// Removed servers wait up to a grace period for calls in flight; Sync does
+// that after releasing the manager's lock, so Registered, other Syncs and
+// kubelet-restart handling are not held up meanwhile.
 func (m *Manager) Sync(resources []Resource) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
+		m.mu.Unlock()
 		return
 	}
 	m.last = slices.Clone(resources)
-	m.syncLocked(resources)
+	removed := m.syncLocked(resources)
+	m.mu.Unlock()
+	m.finishStops(removed)
 }
 
 // retryFailed tries again to start servers whose start failed (a missing
 // directory, a full disk), at moments when that may have changed.
 func (m *Manager) retryFailed() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	var removed []*server
 	if len(m.startFails) > 0 && !m.closed {
-		m.syncLocked(m.last)
+		removed = m.syncLocked(m.last)
 	}
+	m.mu.Unlock()
+	m.finishStops(removed)
 }
 
-func (m *Manager) syncLocked(resources []Resource) {
+// finishStops waits, without the lock, for servers syncLocked removed.
+func (m *Manager) finishStops(removed []*server) {
+	var wg sync.WaitGroup
+	for _, s := range removed {
+		wg.Go(s.finishStop)
+	}
+	wg.Wait()
+	m.stopping.Add(-len(removed))
+}
+
+// syncLocked starts and updates servers and begins stopping the removed
+// ones, which it returns: the caller must pass them to finishStops once it
+// has released m.mu.
+func (m *Manager) syncLocked(resources []Resource) (removed []*server) {
 	want := make(map[string]Resource, len(resources))
 	for _, r := range resources {
 		if r == nil || r.Name() == "" {
@@ -226,10 +252,15 @@ func (m *Manager) syncLocked(resources []Resource) {
 			continue
 		}
 		delete(m.servers, name)
-		if err := s.stop(); err != nil {
+		// The socket goes now, under the lock, so a server for the same
+		// name started by a later Sync never has its socket removed by
+		// this one; only the wait for calls in flight is left for later.
+		if err := s.beginStop(); err != nil {
 			m.log.Error("stop device-plugin server failed", "resource", name, "err", err)
 		}
 		m.metrics.forget(name)
+		m.stopping.Add(1)
+		removed = append(removed, s)
 		m.log.Info("resource removed", "resource", name)
 	}
 	for name, r := range want {
@@ -240,7 +271,7 @@ func (m *Manager) syncLocked(resources []Resource) {
 			}
 			continue
 		}
-		s := newServer(name, m.dir, r, m.log, m.metrics, &m.kubeletGen)
+		s := newServer(name, m.dir, r, m.log, m.metrics, &m.kubeletGen, m.grace)
 		if err := s.start(m.kubeletSocket, m.watching); err != nil {
 			// Logged once per streak; the next Sync tries again.
 			if m.startFails[name] != err.Error() {
@@ -260,6 +291,7 @@ func (m *Manager) syncLocked(resources []Resource) {
 			delete(m.startFails, name)
 		}
 	}
+	return removed
 }
 
 // Registered reports, per served resource, whether its last registration
@@ -291,13 +323,21 @@ func (m *Manager) shutdown() {
 		})
 	}
 	wg.Wait()
+	// Servers a concurrent Sync removed are still its to finish stopping;
+	// Run returns only once they are stopped too.
+	m.stopping.Wait()
 	m.log.Info("device-plugin servers stopped", "resources", len(servers))
 }
 
+// forEach calls f for each served server. f runs without the lock (it may
+// re-create a socket), on a snapshot: a server a concurrent Sync removes
+// may still be passed, and is stopped by then or soon, which its methods
+// allow for.
 func (m *Manager) forEach(f func(*server)) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, s := range m.servers {
+	servers := slices.Collect(maps.Values(m.servers))
+	m.mu.Unlock()
+	for _, s := range servers {
 		f(s)
 	}
 }

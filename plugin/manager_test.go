@@ -564,3 +564,90 @@ func TestConcurrentSync(t *testing.T) {
 		t.Errorf("sockets %v, want %v", socks, want)
 	}
 }
+
+// blockingResource's Allocate waits for release, to hold a call in flight.
+type blockingResource struct {
+	*fakeResource
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (r *blockingResource) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	close(r.entered)
+	<-r.release
+	return r.fakeResource.Allocate(ctx, ids)
+}
+
+// TestStoppingServerDoesNotBlockManager removes a resource while one of its
+// Allocate calls is in flight, so its server waits for the call. Meanwhile
+// Registered, another Sync and kubelet-restart handling must go ahead; the
+// removed server's socket must stay gone; and the call still completes.
+func TestStoppingServerDoesNotBlockManager(t *testing.T) {
+	e := newTestEnv(t, Options{})
+	e.m.mu.Lock()
+	e.m.grace = time.Hour // only the release below ends the wait
+	e.m.mu.Unlock()
+	gpu := &fakeResource{name: "nvidia.com/gpu", devs: gpus(1)}
+	slow := &blockingResource{fakeResource: &fakeResource{name: "example.com/slow", devs: gpus(1)}, entered: make(chan struct{}), release: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(slow.release)
+		}
+	}
+	defer release()
+	e.m.Sync([]Resource{gpu, slow})
+	e.m.mu.Lock()
+	slowServer := e.m.servers[slow.name]
+	e.m.mu.Unlock()
+
+	allocErr := make(chan error, 1)
+	go func() {
+		_, err := e.client(t, slow.name).Allocate(context.Background(), &pluginapi.AllocateRequest{
+			ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"GPU-0"}}},
+		})
+		allocErr <- err
+	}()
+	<-slow.entered
+
+	syncDone := make(chan struct{})
+	go func() {
+		e.m.Sync([]Resource{gpu})
+		close(syncDone)
+	}()
+	eventually(t, "removed server stopping", func() bool {
+		slowServer.mu.Lock()
+		defer slowServer.mu.Unlock()
+		return slowServer.stopped
+	})
+
+	others := make(chan map[string]bool, 1)
+	go func() {
+		e.m.kubeletStarted()
+		e.m.Sync([]Resource{gpu, &fakeResource{name: "rdma/hca", devs: gpus(1)}})
+		others <- e.m.Registered()
+	}()
+	select {
+	case got := <-others:
+		if want := []string{"nvidia.com/gpu", "rdma/hca"}; !slices.Equal(slices.Sorted(maps.Keys(got)), want) {
+			t.Errorf("served %v while a removed server stopped, want %v", slices.Sorted(maps.Keys(got)), want)
+		}
+	case <-time.After(10 * time.Second): // bounds a failing test only
+		t.Fatal("Registered, Sync or kubelet-restart handling blocked by a stopping server")
+	}
+	select {
+	case <-syncDone:
+		t.Fatal("Sync returned before the call in flight ended")
+	default:
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, socketName(slow.name))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("removed resource's socket exists while it stops: %v", err)
+	}
+
+	release()
+	<-syncDone
+	if err := <-allocErr; err != nil {
+		t.Errorf("Allocate in flight during removal: %v", err)
+	}
+}

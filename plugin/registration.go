@@ -55,13 +55,11 @@ func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watchin
 				// next one's kubelet.sock will bring a new attempt.
 				s.log.Debug("registered with a kubelet that has since gone")
 			case err == nil:
-				s.registered.Store(true)
-				s.metrics.setRegistered(s.name, true)
+				s.setRegistered(true)
 				s.log.Info("registered with kubelet", "socket", filepath.Base(s.socket), "failedAttempts", failures)
 				failures, backoff = 0, newBackoff()
 			default:
-				s.registered.Store(false)
-				s.metrics.setRegistered(s.name, false)
+				s.setRegistered(false)
 				switch failures {
 				case 0:
 					s.log.Debug("registration with kubelet failed, retrying", "err", err)

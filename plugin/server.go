@@ -34,6 +34,8 @@ type server struct {
 	created  os.FileInfo // the socket file we made, to tell it from a newer one
 	stopped  bool
 	done     chan struct{} // closed by stop: ends every stream
+	// grace bounds how long stop waits for calls in flight.
+	grace time.Duration
 
 	registered atomic.Bool
 	// kubeletGen is the manager's count of kubelet.sock events: a
@@ -50,9 +52,10 @@ type watcher struct {
 	ch chan *deviceList
 }
 
-func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics, kubeletGen *atomic.Uint64) *server {
+func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics, kubeletGen *atomic.Uint64, grace time.Duration) *server {
 	return &server{
 		name:       name,
+		grace:      grace,
 		kubeletGen: kubeletGen,
 		socket:     filepath.Join(dir, socketName(name)),
 		log:        log.With("resource", name),
@@ -68,12 +71,10 @@ func newServer(name, dir string, res Resource, log *slog.Logger, m *metrics, kub
 
 // serve (re)creates the socket and starts a fresh gRPC server on it. An old
 // gRPC server, if any, is stopped: its streams belong to a kubelet that is
-// gone.
+// gone. The socket is created under s.mu, so a server that beginStop has
+// marked stopped never creates one: after a resource is removed and added
+// again, only the new server owns the path.
 func (s *server) serve() error {
-	lis, created, err := listenUnix(s.socket)
-	if err != nil {
-		return err
-	}
 	g := grpc.NewServer(
 		grpc.UnaryInterceptor(s.metrics.unary(s.name)),
 		grpc.StreamInterceptor(s.metrics.stream(s.name)),
@@ -83,9 +84,12 @@ func (s *server) serve() error {
 	s.mu.Lock()
 	if s.stopped {
 		s.mu.Unlock()
-		lis.Close()
-		_ = removeSocket(s.socket, created)
 		return errors.New("server stopped")
+	}
+	lis, created, err := listenUnix(s.socket)
+	if err != nil {
+		s.mu.Unlock()
+		return err
 	}
 	old := s.grpc
 	s.grpc, s.created = g, created
@@ -103,12 +107,13 @@ func (s *server) serve() error {
 }
 
 // ensureServing re-creates the socket if someone (the kubelet, at start)
-// removed it. It reports whether it had to.
+// removed it. It reports whether it had to. A stopped server, which the
+// manager may still hold in a snapshot, is left alone.
 func (s *server) ensureServing() (bool, error) {
 	s.mu.Lock()
-	intact := s.created != nil && socketIntact(s.socket, s.created)
+	leave := s.stopped || s.created != nil && socketIntact(s.socket, s.created)
 	s.mu.Unlock()
-	if intact {
+	if leave {
 		return false, nil
 	}
 	return true, s.serve()
@@ -131,28 +136,46 @@ func (s *server) start(kubeletSocket string, watching <-chan struct{}) error {
 // removes the socket. The kubelet notices the resource is gone when its
 // ListAndWatch stream ends.
 func (s *server) stop() error {
+	err := s.beginStop()
+	s.finishStop()
+	return err
+}
+
+// beginStop is the quick part of stop, safe to call under the manager's
+// lock: it marks the server stopped (so nothing re-creates its socket or
+// touches its metrics again), ends every stream, cancels the registration
+// loop and removes the socket. finishStop does the waiting.
+func (s *server) beginStop() error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.stopped {
-		s.mu.Unlock()
 		return nil
 	}
 	s.stopped = true
 	close(s.done)
-	g, created := s.grpc, s.created
-	s.mu.Unlock()
-
+	s.registered.Store(false)
 	if s.cancel != nil {
 		s.cancel()
-		<-s.loopDone
 	}
-	if g != nil {
-		stopGracefully(g)
-	}
-	s.registered.Store(false)
-	if err := removeSocket(s.socket, created); err != nil {
+	if err := removeSocket(s.socket, s.created); err != nil {
 		return fmt.Errorf("stop %s: %w", s.name, err)
 	}
 	return nil
+}
+
+// finishStop waits for the registration loop to end and for calls in flight
+// (at most the grace period), then closes the gRPC server. It may take a
+// while, so callers run it without the manager's lock.
+func (s *server) finishStop() {
+	if s.cancel != nil {
+		<-s.loopDone
+	}
+	s.mu.Lock()
+	g := s.grpc
+	s.mu.Unlock()
+	if g != nil {
+		stopGracefully(g, s.grace)
+	}
 }
 
 // gracePeriod bounds how long a stopping server waits for calls in flight
@@ -161,10 +184,23 @@ const gracePeriod = time.Second
 
 // stopGracefully lets streams, which end as soon as done is closed, send
 // their final status, so the kubelet sees a clean end rather than a reset.
-func stopGracefully(g *grpc.Server) {
-	t := time.AfterFunc(gracePeriod, g.Stop)
+func stopGracefully(g *grpc.Server, grace time.Duration) {
+	t := time.AfterFunc(grace, g.Stop)
 	g.GracefulStop()
 	t.Stop()
+}
+
+// setRegistered records a registration outcome unless the server has been
+// stopped: after stop its gauge is deleted, and setting it would resurrect
+// a series for a resource that is no longer served.
+func (s *server) setRegistered(ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return
+	}
+	s.registered.Store(ok)
+	s.metrics.setRegistered(s.name, ok)
 }
 
 // resource returns the current Resource value and device snapshot.
