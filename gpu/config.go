@@ -46,7 +46,9 @@ type Config struct {
 	// DeviceListStrategy is one of DeviceListStrategies; empty means envvar.
 	DeviceListStrategy string
 	// PassDeviceSpecs adds the /dev nodes a container needs to Allocate
-	// responses, for runtimes that don't inject them themselves.
+	// responses, for runtimes that don't inject them themselves. A
+	// device's own nodes missing under HostRoot fail the Allocate
+	// (FailedPrecondition); absent driver control nodes are left out.
 	PassDeviceSpecs bool
 	// HostRoot is where the host's / is visible (e.g. /host in a pod); device
 	// nodes and /proc/driver files are looked up under it.

@@ -147,31 +147,37 @@ func (r *resource) Allocate(_ context.Context, ids []string) (*pluginapi.Contain
 }
 
 // deviceSpecs lists the device nodes for devs plus the control nodes, each
-// once, keeping only those present under the host root. Paths are the
-// host's own (without the host root): the runtime resolves them on the host.
+// once. A device's own nodes must exist under the host root: without them
+// the container would start with no GPU, so that is an error. The control
+// nodes are passed only when present (nvidia-uvm-tools, for one, is often
+// absent). Paths are the host's own (without the host root): the runtime
+// resolves them on the host.
 func (r *resource) deviceSpecs(devs []*device) ([]*pluginapi.DeviceSpec, error) {
 	var specs []*pluginapi.DeviceSpec
 	seen := map[string]bool{}
-	add := func(p string) {
+	add := func(p string) error {
 		if seen[p] {
-			return
+			return nil
 		}
 		seen[p] = true
 		if _, err := os.Stat(filepath.Join(r.cfg.HostRoot, p)); err != nil {
-			return
+			return err
 		}
 		specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+		return nil
 	}
 	for _, d := range devs {
 		if d.capsErr != nil {
 			return nil, fmt.Errorf("mig device %s: capability device nodes unknown: %w", d.id, d.capsErr)
 		}
 		for _, p := range d.nodes {
-			add(p)
+			if err := add(p); err != nil {
+				return nil, fmt.Errorf("device %s: device node %s under host root %q: %w", d.id, p, r.cfg.HostRoot, err)
+			}
 		}
 	}
 	for _, p := range controlNodes {
-		add(p)
+		_ = add(p) // optional: absent ones are left out
 	}
 	return specs, nil
 }

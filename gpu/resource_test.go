@@ -94,6 +94,7 @@ func TestAllocate(t *testing.T) {
 		wantCDI    []string
 		wantSpecs  []string
 		wantCode   codes.Code
+		wantErrHas []string // substrings of the error message
 	}{
 		{
 			name: "envvar by default", resource: ResourceGPU, ids: []string{gpu2UUID, gpu5UUID},
@@ -132,6 +133,37 @@ func TestAllocate(t *testing.T) {
 			resource: "nvidia.com/mig-3g.40gb", ids: []string{mig3g}, wantCode: codes.FailedPrecondition,
 		},
 		{
+			name: "device specs without the GPU's own node fail", cfg: Config{PassDeviceSpecs: true},
+			root: func(t *testing.T) string {
+				return hostRoot(t, "", "dev/nvidia5", "dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia-uvm-tools")
+			},
+			resource: ResourceGPU, ids: []string{gpu5UUID, gpu2UUID}, wantCode: codes.FailedPrecondition,
+			wantErrHas: []string{gpu2UUID, "/dev/nvidia2"},
+		},
+		{
+			name: "device specs without the MIG parent's node fail", cfg: Config{PassDeviceSpecs: true},
+			root: func(t *testing.T) string {
+				return hostRoot(t, minors, "dev/nvidiactl", "dev/nvidia-caps/nvidia-cap21", "dev/nvidia-caps/nvidia-cap22")
+			},
+			resource: "nvidia.com/mig-3g.40gb", ids: []string{mig3g}, wantCode: codes.FailedPrecondition,
+			wantErrHas: []string{mig3g, "/dev/nvidia0"},
+		},
+		{
+			name: "device specs without a MIG capability node fail", cfg: Config{PassDeviceSpecs: true},
+			root: func(t *testing.T) string {
+				return hostRoot(t, minors, "dev/nvidia0", "dev/nvidiactl", "dev/nvidia-caps/nvidia-cap21")
+			},
+			resource: "nvidia.com/mig-3g.40gb", ids: []string{mig3g}, wantCode: codes.FailedPrecondition,
+			wantErrHas: []string{mig3g, "/dev/nvidia-caps/nvidia-cap22"},
+		},
+		{
+			name: "device specs without any control node still allocate", cfg: Config{PassDeviceSpecs: true},
+			root:     func(t *testing.T) string { return hostRoot(t, "", "dev/nvidia2") },
+			resource: ResourceGPU, ids: []string{gpu2UUID},
+			wantEnv:   map[string]string{"NVIDIA_VISIBLE_DEVICES": gpu2UUID},
+			wantSpecs: []string{"/dev/nvidia2"},
+		},
+		{
 			name: "unknown ID is invalid argument", resource: ResourceGPU, ids: []string{"GPU-nope"}, wantCode: codes.InvalidArgument,
 		},
 		{
@@ -165,6 +197,11 @@ func TestAllocate(t *testing.T) {
 			if tc.wantCode != codes.OK {
 				if status.Code(err) != tc.wantCode {
 					t.Fatalf("error = %v, want code %v", err, tc.wantCode)
+				}
+				for _, s := range tc.wantErrHas {
+					if !strings.Contains(err.Error(), s) {
+						t.Errorf("error %q does not name %s", err, s)
+					}
 				}
 				return
 			}
