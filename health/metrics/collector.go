@@ -118,11 +118,41 @@ func NewCollector(lib nvml.Interface, cfg Config, reg prometheus.Registerer, log
 
 // SetNode sets the GPUs and MIG devices to read (after discovery, and
 // again after a MIG reconfiguration) and asks Run for a fresh collection.
+// The per-GPU state and collection-error series of GPUs no longer in n are
+// dropped; this waits for a collection in progress (at most about
+// DeviceTimeout), since only the collecting goroutine touches that state.
 func (c *Collector) SetNode(n *topology.Node) {
+	c.collect.Lock()
 	c.node.Store(n)
+	c.pruneLocked(n)
+	c.collect.Unlock()
 	select {
 	case c.kick <- struct{}{}:
 	default:
+	}
+}
+
+// pruneLocked forgets GPUs that are not in n. A GPU whose read is still
+// running keeps its busy flag, so that if it comes back no second read of
+// it can start while the first is hung; a later SetNode drops it.
+func (c *Collector) pruneLocked(n *topology.Node) {
+	present := map[string]bool{}
+	if n != nil {
+		for _, g := range n.GPUs {
+			present[g.UUID] = true
+		}
+	}
+	// Every GPU that was read has a busy entry, so these are all the
+	// UUIDs that can have an errors series.
+	for uuid, flag := range c.busy {
+		if present[uuid] {
+			continue
+		}
+		c.errors.DeleteLabelValues(uuid)
+		delete(c.failing, uuid)
+		if !flag.Load() {
+			delete(c.busy, uuid)
+		}
 	}
 }
 

@@ -287,6 +287,44 @@ func TestSetNodeReplacesDevices(t *testing.T) {
 	}
 }
 
+// TestSetNodeForgetsGoneGPUs: a GPU that leaves the node takes its busy
+// flag, failing mark and collection-error series with it; the GPUs that
+// stay keep theirs.
+func TestSetNodeForgetsGoneGPUs(t *testing.T) {
+	mn := newMockNode(t, 3, nil)
+	for _, i := range []int{1, 2} {
+		mn.devs[i].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+	}
+	c, _ := newTestCollector(t, mn, Config{})
+	c.CollectNow(context.Background())
+	gone, kept := mn.node.GPUs[2].UUID, mn.node.GPUs[1].UUID
+	if n := testutil.CollectAndCount(c.errors); n != 2 {
+		t.Fatalf("collection error series = %d, want 2 (GPUs 1 and 2)", n)
+	}
+
+	smaller := *mn.node
+	smaller.GPUs = smaller.GPUs[:2]
+	c.SetNode(&smaller)
+
+	c.collect.Lock()
+	defer c.collect.Unlock()
+	if _, ok := c.busy[gone]; ok {
+		t.Errorf("busy flag kept for gone GPU %s", gone)
+	}
+	if c.failing[gone] {
+		t.Errorf("failing mark kept for gone GPU %s", gone)
+	}
+	if len(c.busy) != 2 || !c.failing[kept] {
+		t.Errorf("busy %v, failing %v: want GPUs 0 and 1 kept, GPU 1 still failing", c.busy, c.failing)
+	}
+	if n := testutil.CollectAndCount(c.errors); n != 1 {
+		t.Errorf("collection error series after SetNode = %d, want only GPU 1's", n)
+	}
+	if got := testutil.ToFloat64(c.errors.WithLabelValues(kept)); got != 1 {
+		t.Errorf("collection errors for GPU 1 = %v, want 1", got)
+	}
+}
+
 func TestRunCollectsUntilCancelled(t *testing.T) {
 	mn := newMockNode(t, 2, nil)
 	c, reg := newTestCollector(t, mn, Config{Interval: time.Hour})
