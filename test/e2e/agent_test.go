@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sort"
@@ -159,6 +161,54 @@ func TestGPUPod(t *testing.T) {
 	workloadPod(t, "two-gpus", map[string]int64{"nvidia.com/gpu": 2})
 	pod := waitPodRunning(t, "two-gpus", 2*time.Minute)
 	checkAllocated(t, pod, "nvidia.com/gpu", 2, whole)
+	checkPodAttribution(t, a, pod, strings.Split(podEnv(t, pod.Name)["NVIDIA_VISIBLE_DEVICES"], ","))
+}
+
+// checkPodAttribution: the agent's GPU metrics for the pod's devices carry
+// the pod, namespace and container labels, which the agent learns from the
+// real kubelet's pod-resources API (refreshed every collection interval).
+func checkPodAttribution(t *testing.T, a *agentdeploy.Agent, pod *corev1.Pod, uuids []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", a.MetricsPort)
+	var missing []string
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return false, nil
+		}
+		missing = missing[:0]
+		for _, uuid := range uuids {
+			found := false
+			for _, line := range strings.Split(string(body), "\n") {
+				if strings.HasPrefix(line, "DCGM_FI_DEV_FB_USED{") &&
+					strings.Contains(line, `UUID="`+uuid+`"`) &&
+					strings.Contains(line, `pod="`+pod.Name+`"`) &&
+					strings.Contains(line, `namespace="`+pod.Namespace+`"`) &&
+					strings.Contains(line, `container="workload"`) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				missing = append(missing, uuid)
+			}
+		}
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("no DCGM_FI_DEV_FB_USED series attributed to pod %s/%s for GPUs %v: %v", pod.Namespace, pod.Name, missing, err)
+	}
 }
 
 // TestMIGPod: a pod asking for one MIG slice gets a MIG device.
