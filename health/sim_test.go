@@ -191,8 +191,15 @@ func TestSimFaultLatency(t *testing.T) {
 				g := strconv.Itoa(gpu)
 				start := time.Now()
 				simFault(t, node, "POST", strings.ReplaceAll(tc.inject, "GPU", g))
+				// Bounded: a fault that never registers fails the test
+				// instead of hanging it until the go test timeout.
+				deadline := time.After(10 * time.Second)
 				for m.Healthy(id) {
-					<-changes
+					select {
+					case <-changes:
+					case <-deadline:
+						t.Fatalf("injection %d: %s still healthy 10s after %s", i, id, strings.ReplaceAll(tc.inject, "GPU", g))
+					}
 				}
 				lat = append(lat, time.Since(start))
 				if tc.clear != "" {
