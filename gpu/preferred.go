@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -23,24 +22,20 @@ type preferredResource struct {
 var _ plugin.PreferredAllocator = (*preferredResource)(nil)
 
 // PreferredAllocation asks the solver for size GPUs out of the healthy ones
-// in available (plus every mustInclude), and checks its answer.
+// in available (plus every mustInclude, healthy or not). The plugin server
+// has already checked the request (known, distinct IDs; must-include ones
+// available; a possible size) and checks the answer against available
+// (size distinct IDs including every must-include one), so only what it
+// cannot know is checked here: that enough healthy devices are left, and
+// that the solver chose none of the unhealthy ones it was not offered.
 func (r *preferredResource) PreferredAllocation(_ context.Context, available, mustInclude []string, size int) ([]string, error) {
 	offer := make([]string, 0, len(available))
 	for _, id := range available {
-		d, ok := r.byID[id]
-		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device %q", r.name, id)
-		}
-		if r.healthy(d) || slices.Contains(mustInclude, id) {
+		if d, ok := r.byID[id]; (ok && r.healthy(d)) || slices.Contains(mustInclude, id) {
 			offer = append(offer, id)
 		}
 	}
-	for _, id := range mustInclude {
-		if !slices.Contains(available, id) {
-			return nil, status.Errorf(codes.InvalidArgument, "%s: must-include device %q is not available", r.name, id)
-		}
-	}
-	if size < len(mustInclude) || size > len(offer) {
+	if size > len(offer) {
 		return nil, status.Errorf(codes.InvalidArgument, "%s: cannot choose %d devices from %d healthy available with %d required", r.name, size, len(offer), len(mustInclude))
 	}
 
@@ -48,32 +43,10 @@ func (r *preferredResource) PreferredAllocation(_ context.Context, available, mu
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "%s: preferred allocation: %v", r.name, err)
 	}
-	if err := checkChoice(got, offer, mustInclude, size); err != nil {
-		return nil, status.Errorf(codes.Internal, "%s: solver answer: %v", r.name, err)
+	for _, id := range got {
+		if !slices.Contains(offer, id) {
+			return nil, status.Errorf(codes.Internal, "%s: solver chose device %q, which was not offered (unhealthy or not available)", r.name, id)
+		}
 	}
 	return got, nil
-}
-
-// checkChoice guards the kubelet against a solver bug: the answer must be
-// size distinct offered IDs including every required one.
-func checkChoice(got, offer, mustInclude []string, size int) error {
-	if len(got) != size {
-		return fmt.Errorf("got %d devices, want %d", len(got), size)
-	}
-	seen := map[string]bool{}
-	for _, id := range got {
-		if seen[id] {
-			return fmt.Errorf("device %q chosen twice", id)
-		}
-		seen[id] = true
-		if !slices.Contains(offer, id) {
-			return fmt.Errorf("device %q was not offered", id)
-		}
-	}
-	for _, id := range mustInclude {
-		if !seen[id] {
-			return fmt.Errorf("required device %q left out", id)
-		}
-	}
-	return nil
 }
