@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -649,5 +650,34 @@ func TestStoppingServerDoesNotBlockManager(t *testing.T) {
 	<-syncDone
 	if err := <-allocErr; err != nil {
 		t.Errorf("Allocate in flight during removal: %v", err)
+	}
+}
+
+// TestStoppedServerErrorsNameResource checks that the errors of a stopped
+// server say which resource they are about.
+func TestStoppedServerErrorsNameResource(t *testing.T) {
+	const name = "nvidia.com/mig-1g.10gb"
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gen atomic.Uint64
+	s := newServer(name, shortTempDir(t), &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
+	if err := s.serve(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		err  error
+	}{
+		{"serve", s.serve()},
+		{"addWatcher", func() error { _, _, err := s.addWatcher(); return err }()},
+	} {
+		if tc.err == nil || !strings.Contains(tc.err.Error(), name) {
+			t.Errorf("%s after stop: error %v does not name %s", tc.what, tc.err, name)
+		}
 	}
 }

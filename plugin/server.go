@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -84,7 +83,7 @@ func (s *server) serve() error {
 	s.mu.Lock()
 	if s.stopped {
 		s.mu.Unlock()
-		return errors.New("server stopped")
+		return fmt.Errorf("device-plugin server for %s stopped", s.name)
 	}
 	lis, created, err := listenUnix(s.socket)
 	if err != nil {
@@ -243,7 +242,7 @@ func (s *server) addWatcher() (*watcher, *deviceList, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
-		return nil, nil, errors.New("resource no longer served")
+		return nil, nil, fmt.Errorf("resource %s no longer served", s.name)
 	}
 	w := &watcher{ch: make(chan *deviceList, 1)}
 	s.watchers[w] = struct{}{}
