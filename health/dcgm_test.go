@@ -3,7 +3,9 @@ package health
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestOpenDCGMWithoutLibrary checks the real adapter on a machine without
@@ -34,13 +36,15 @@ func TestOpenDCGMWithoutLibrary(t *testing.T) {
 }
 
 // TestRunDCGMFallsBack runs the DCGM goroutine without the library: it
-// returns at once and the monitor goes on with NVML.
+// returns at once and the monitor goes on with NVML, so an NVML-reported
+// fault still makes the device unhealthy.
 func TestRunDCGMFallsBack(t *testing.T) {
 	f := newFakeNVML(1)
-	m, err := NewMonitor(Config{DCGMMode: DCGMAuto}, f, discard(), nil)
+	m, err := NewMonitor(Config{DCGMMode: DCGMAuto, PollInterval: time.Hour}, f, discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.cfg.eventWait = 10 * time.Millisecond
 	if openErr := func() error {
 		d, err := openDCGM(m.cfg, discard())
 		if err == nil {
@@ -51,6 +55,28 @@ func TestRunDCGMFallsBack(t *testing.T) {
 		t.Skip("libdcgm.so.4 is installed here")
 	}
 	m.runDCGM(context.Background()) // must return, not block
+
+	// The whole monitor in auto mode: DCGM falls back again inside Run,
+	// and the NVML XID watcher still turns a fatal XID into a fault.
+	m.SetNode(f.node(false))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := m.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	defer func() { cancel(); wg.Wait() }()
+	h := &harness{f: f, m: m}
+	h.waitFor(t, "event set created", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.creates > 0 })
+	if !m.Healthy("GPU-0") {
+		t.Fatalf("GPU-0 unhealthy before any fault: %+v", m.Status("GPU-0"))
+	}
+	f.xid(0, 79)
+	h.waitFor(t, "GPU-0 unhealthy from an NVML XID after the DCGM fallback", func() bool { return !m.Healthy("GPU-0") })
+	if st := m.Status("GPU-0"); !strings.Contains(strings.Join(st.Reasons, ","), "79") {
+		t.Errorf("GPU-0 reasons %v, want the NVML XID 79", st.Reasons)
+	}
 }
 
 // TestDCGMNonFatalXID: DCGM's XID policy fires for every XID; only those in
