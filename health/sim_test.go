@@ -57,6 +57,11 @@ func simMonitor(t testing.TB, recovery time.Duration, clk *clocktesting.FakeCloc
 		}
 		time.Sleep(time.Millisecond)
 	}
+	// NodeFit is true before any poll has run, so the loop above does not
+	// prove one did: run one to completion here, so the polled checks have
+	// their baselines (an NVLink is only watched once seen up) before a
+	// test injects a fault.
+	m.pollOnce()
 	return node, m
 }
 
