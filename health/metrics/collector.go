@@ -118,14 +118,11 @@ func NewCollector(lib nvml.Interface, cfg Config, reg prometheus.Registerer, log
 
 // SetNode sets the GPUs and MIG devices to read (after discovery, and
 // again after a MIG reconfiguration) and asks Run for a fresh collection.
-// The per-GPU state and collection-error series of GPUs no longer in n are
-// dropped; this waits for a collection in progress (at most about
-// DeviceTimeout), since only the collecting goroutine touches that state.
+// It never waits for a collection in progress (a hung GPU read must not
+// hold up the caller, the agent's reconcile loop); the next collection
+// drops the per-GPU state and error series of GPUs no longer in n.
 func (c *Collector) SetNode(n *topology.Node) {
-	c.collect.Lock()
 	c.node.Store(n)
-	c.pruneLocked(n)
-	c.collect.Unlock()
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -195,6 +192,7 @@ func (c *Collector) CollectNow(ctx context.Context) {
 	defer c.collect.Unlock()
 	start := time.Now()
 	node := c.node.Load()
+	c.pruneLocked(node)
 	if node == nil {
 		return
 	}

@@ -287,7 +287,8 @@ func TestSetNodeReplacesDevices(t *testing.T) {
 	}
 }
 
-// TestSetNodeForgetsGoneGPUs: a GPU that leaves the node takes its busy
+// TestSetNodeForgetsGoneGPUs: a GPU that leaves the node (SetNode, then the
+// next collection) takes its busy
 // flag, failing mark and collection-error series with it; the GPUs that
 // stay keep theirs.
 func TestSetNodeForgetsGoneGPUs(t *testing.T) {
@@ -305,6 +306,7 @@ func TestSetNodeForgetsGoneGPUs(t *testing.T) {
 	smaller := *mn.node
 	smaller.GPUs = smaller.GPUs[:2]
 	c.SetNode(&smaller)
+	c.CollectNow(context.Background())
 
 	c.collect.Lock()
 	defer c.collect.Unlock()
@@ -320,8 +322,8 @@ func TestSetNodeForgetsGoneGPUs(t *testing.T) {
 	if n := testutil.CollectAndCount(c.errors); n != 1 {
 		t.Errorf("collection error series after SetNode = %d, want only GPU 1's", n)
 	}
-	if got := testutil.ToFloat64(c.errors.WithLabelValues(kept)); got != 1 {
-		t.Errorf("collection errors for GPU 1 = %v, want 1", got)
+	if got := testutil.ToFloat64(c.errors.WithLabelValues(kept)); got != 2 {
+		t.Errorf("collection errors for GPU 1 = %v, want 2 (one per collection)", got)
 	}
 }
 
