@@ -288,9 +288,8 @@ func TestSetNodeReplacesDevices(t *testing.T) {
 }
 
 // TestSetNodeForgetsGoneGPUs: a GPU that leaves the node (SetNode, then the
-// next collection) takes its busy
-// flag, failing mark and collection-error series with it; the GPUs that
-// stay keep theirs.
+// next collection) takes its busy flag, failing mark and collection-error
+// series with it; the GPUs that stay keep theirs.
 func TestSetNodeForgetsGoneGPUs(t *testing.T) {
 	mn := newMockNode(t, 3, nil)
 	for _, i := range []int{1, 2} {
