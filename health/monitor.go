@@ -292,6 +292,12 @@ func (m *Monitor) Observe(o Observation) {
 	}
 }
 
+// Listening reports whether the XID watcher has an NVML event set
+// registered. An XID raised before that is not seen (NVML queues events
+// only for registered sets), which callers that inject faults, such as
+// tests and the simulator demo, need to know.
+func (m *Monitor) Listening() bool { return m.eventsReady.Load() }
+
 // LastXID returns the most recent XID observed on GPU uuid (XIDs on its MIG
 // devices included), as dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports it.
 func (m *Monitor) LastXID(uuid string) (uint64, bool) {

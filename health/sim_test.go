@@ -66,7 +66,7 @@ func simMonitor(t testing.TB, recovery time.Duration, clk *clocktesting.FakeCloc
 }
 
 // eventsRegistered says the watcher has its event set registered.
-func eventsRegistered(m *Monitor) bool { return m.eventsReady.Load() }
+func eventsRegistered(m *Monitor) bool { return m.Listening() }
 
 func simFault(t testing.TB, n *sim.Node, method, body string) {
 	t.Helper()

@@ -90,6 +90,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		t.Fatal("healthy node tainted")
 	}
 
+	waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
 	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
 	waitFor(t, "taint after the xid", func() bool { return ourTaint(getNode()) })
 	waitFor(t, "taint removed after recovery", func() bool { return !ourTaint(getNode()) })

@@ -180,6 +180,7 @@ func TestAgentWiring(t *testing.T) {
 
 	t.Run("xid event: unhealthy, then healthy after the recovery period", func(t *testing.T) {
 		id := node.GPUs[3].UUID
+		waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
 		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":3,"xid":79}`)
 		recvUntil(t, stream, id, pluginapi.Unhealthy)
 		if fit, _ := a.mon.NodeFit(); fit {
