@@ -95,6 +95,14 @@ func (d *discovery) check(g *GPU, what string, ret nvml.Return) bool {
 func (d *discovery) gpu(i int) {
 	d.node.GPUs = append(d.node.GPUs, GPU{Index: i, NUMANode: -1})
 	g := &d.node.GPUs[len(d.node.GPUs)-1]
+	// A GPU lost before its UUID could be read still needs a device ID, or
+	// it would vanish from the device lists instead of being advertised
+	// Unhealthy (and two such GPUs would share the empty ID).
+	defer func() {
+		if g.UUID == "" {
+			g.UUID = LostGPUID(i)
+		}
+	}()
 	dev, ret := d.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
 		d.lost(g, "DeviceGetHandleByIndex", ret)
@@ -388,3 +396,8 @@ func PCIeLevelFromNVML(l nvml.GpuTopologyLevel) (PCIeLevel, bool) {
 	}
 	return "", false
 }
+
+// LostGPUID is the device ID of GPU index i when NVML could not report its
+// UUID (the GPU was lost before it could be read). It is stable across
+// rediscoveries while the GPU stays lost.
+func LostGPUID(i int) string { return fmt.Sprintf("GPU-lost-index-%d", i) }

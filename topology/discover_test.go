@@ -346,6 +346,9 @@ func TestDiscoverLostGPU(t *testing.T) {
 			if (g.UUID == spec.GPUs[tc.lost].UUID) != tc.wantUUID {
 				t.Errorf("gpu %d uuid %q", tc.lost, g.UUID)
 			}
+			if !tc.wantUUID && g.UUID != topology.LostGPUID(tc.lost) {
+				t.Errorf("gpu %d with no readable uuid has id %q, want %q", tc.lost, g.UUID, topology.LostGPUID(tc.lost))
+			}
 			for i, other := range got.GPUs {
 				if other.Lost && i != tc.lost && i != 3 {
 					t.Errorf("gpu %d marked lost too", i)
