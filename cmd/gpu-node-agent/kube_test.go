@@ -75,9 +75,11 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		}
 		return false
 	}
+	// Labels are applied as soon as the node is discovered, which can be
+	// before the reconciler records what it serves: wait for both.
 	waitFor(t, "topology labels on the node", func() bool {
 		n := getNode()
-		return n.Annotations[topology.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0
+		return n.Annotations[topology.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
 	})
 	want := topology.Labels(a.rec.current().node, cfg.MIGStrategy)
 	n := getNode()
