@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,22 +35,8 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-
-	client := dialPlugin(b, socketFor(dir, "nvidia.com/gpu"))
-	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := stream.Recv(); err != nil {
-		b.Fatal(err)
-	}
+	ctx, _ := startAgent(b, a)
+	stream, _ := watchFirst(b, ctx, dir, "nvidia.com/gpu")
 	layouts := [][]string{{"7g.80gb"}, nil}
 	want := []int{7, 8}
 	var samples []time.Duration
@@ -101,20 +86,8 @@ func BenchmarkFaultToListAndWatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	stream, err := dialPlugin(b, socketFor(dir, "nvidia.com/gpu")).ListAndWatch(ctx, &pluginapi.Empty{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := stream.Recv(); err != nil {
-		b.Fatal(err)
-	}
+	ctx, _ := startAgent(b, a)
+	stream, _ := watchFirst(b, ctx, dir, "nvidia.com/gpu")
 	node := a.rec.current().node
 	ctl := a.hw.sim.ControlHandler()
 	until := func(id, health string) {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,24 +86,9 @@ func TestAgentServesSimulatedNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	simRoot := a.hw.hostRoot
-	// The timeout only bounds a broken run; nothing asserts on speed.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-
+	ctx, stop := startAgent(t, a)
 	gpuClient := dialPlugin(t, socketFor(dir, "nvidia.com/gpu"))
-	stream, err := gpuClient.ListAndWatch(ctx, &pluginapi.Empty{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream, first := watchFirst(t, ctx, dir, "nvidia.com/gpu")
 	if len(first.Devices) != 8 {
 		t.Fatalf("nvidia.com/gpu: %d devices, want 8", len(first.Devices))
 	}
@@ -146,24 +132,15 @@ func TestAgentServesSimulatedNode(t *testing.T) {
 	if len(next.Devices) != 7 {
 		t.Errorf("after MIG on GPU 0: nvidia.com/gpu has %d devices, want 7", len(next.Devices))
 	}
-	migStream, err := dialPlugin(t, socketFor(dir, "nvidia.com/mig-3g.40gb")).ListAndWatch(ctx, &pluginapi.Empty{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	migList, err := migStream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, migList := watchFirst(t, ctx, dir, "nvidia.com/mig-3g.40gb")
 	if len(migList.Devices) != 2 {
 		t.Errorf("nvidia.com/mig-3g.40gb: %d devices, want 2", len(migList.Devices))
 	}
 
 	// Graceful stop removes the sockets and the temporary host root.
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	done <- nil // for the deferred receive
 	for _, r := range []string{"nvidia.com/gpu", "nvidia.com/mig-3g.40gb"} {
 		if _, err := os.Stat(socketFor(dir, r)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("socket for %s left behind: %v", r, err)
@@ -210,6 +187,47 @@ func TestDemo(t *testing.T) {
 // the simulator's control endpoint, and checks that the inventory is
 // reprinted with GPU 3 unhealthy and the node unfit, then fit again after
 // the (shortened) recovery period.
+// startAgent runs a until stop is called or the test or benchmark ends
+// (go test's -timeout bounds a broken run), and returns the context it runs
+// under. stop may be called more than once; it returns the agent's run
+// error, which also fails the test if stop was left to the cleanup.
+func startAgent(tb testing.TB, a *agent) (ctx context.Context, stop func() error) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			runErr = <-done
+		})
+		return runErr
+	}
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Errorf("agent run: %v", err)
+		}
+	})
+	return ctx, stop
+}
+
+// watchFirst opens a ListAndWatch stream on resource's socket in dir and
+// reads its first device list.
+func watchFirst(tb testing.TB, ctx context.Context, dir, resource string) (pluginapi.DevicePlugin_ListAndWatchClient, *pluginapi.ListAndWatchResponse) {
+	tb.Helper()
+	stream, err := dialPlugin(tb, socketFor(dir, resource)).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		tb.Fatalf("%s ListAndWatch: %v", resource, err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		tb.Fatalf("%s ListAndWatch: first list: %v", resource, err)
+	}
+	return stream, first
+}
+
 func TestDemoFault(t *testing.T) {
 	var stdout syncBuffer
 	var stderr bytes.Buffer

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -55,10 +54,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		}
 		return client, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx, _ := startAgent(t, a)
 
 	getNode := func() *corev1.Node {
 		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})

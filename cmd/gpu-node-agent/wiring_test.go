@@ -126,27 +126,15 @@ func TestAgentWiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
+	// Registered before startAgent's cleanup, so it runs after the agent
+	// has stopped and its log is complete.
+	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent log:\n%s", logs.String())
 		}
-	}()
-
-	stream, err := dialPlugin(t, socketFor(dir, "nvidia.com/gpu")).ListAndWatch(ctx, &pluginapi.Empty{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	ctx, _ := startAgent(t, a)
+	stream, first := watchFirst(t, ctx, dir, "nvidia.com/gpu")
 	if len(first.Devices) != 8 {
 		t.Fatalf("nvidia.com/gpu: %d devices, want 8", len(first.Devices))
 	}
@@ -250,10 +238,7 @@ func TestReadyzBeforeRegistration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	startAgent(t, a)
 	base := "http://" + cfg.MetricsAddress
 	waitFor(t, "/healthz", func() bool { code, _ := httpGet(base + "/healthz"); return code == http.StatusOK })
 	waitFor(t, "a discovered node", func() bool { return a.rec.current().node != nil })
