@@ -2,6 +2,7 @@ package chart
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -188,7 +189,7 @@ func TestDaemonSet(t *testing.T) {
 					"host-sys":       "/sys",
 					"host-dev":       "/dev",
 				}
-				if got := hostPaths(spec); !mapsEqual(got, wantPaths) {
+				if got := hostPaths(spec); !maps.Equal(got, wantPaths) {
 					t.Errorf("hostPaths %v, want %v", got, wantPaths)
 				}
 				m := mounts(c)
@@ -228,7 +229,7 @@ func TestDaemonSet(t *testing.T) {
 					"device-plugins": "/var/lib/kubelet/device-plugins",
 					"pod-resources":  "/var/lib/kubelet/pod-resources",
 				}
-				if got := hostPaths(spec); !mapsEqual(got, wantPaths) {
+				if got := hostPaths(spec); !maps.Equal(got, wantPaths) {
 					t.Errorf("simulate hostPaths %v, want only the kubelet's %v", got, wantPaths)
 				}
 				var hostRoot *corev1.Volume
@@ -299,18 +300,6 @@ func TestDaemonSet(t *testing.T) {
 			tt.check(t, ds, c)
 		})
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 func TestConfigMapCarriesValuesConfig(t *testing.T) {

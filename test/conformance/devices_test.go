@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -104,7 +105,7 @@ func TestDeviceLists(t *testing.T) {
 			}
 			seen := map[string]string{}
 			for name, devs := range got {
-				if h := numaHistogram(devs); !equalCounts(h, tc.want[name].numa) {
+				if h := numaHistogram(devs); !maps.Equal(h, tc.want[name].numa) {
 					t.Errorf("%s: devices per NUMA node = %v, want %v", name, h, tc.want[name].numa)
 				}
 				for _, d := range devs {

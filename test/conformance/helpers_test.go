@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"sort"
@@ -97,7 +98,7 @@ func (n *node) waitCounts(t *testing.T, want map[string]int) map[string][]*plugi
 	var last map[string][]*pluginapi.Device
 	_, err := n.kubelet.WaitFor(ctx, func(p map[string]devicemanager.Plugin) bool {
 		last = served(p, gen)
-		return equalCounts(counts(last), want)
+		return maps.Equal(counts(last), want)
 	})
 	if err != nil {
 		select {
@@ -108,18 +109,6 @@ func (n *node) waitCounts(t *testing.T, want map[string]int) map[string][]*plugi
 		t.Fatalf("resources served by the agent: got %v, want %v: %v", fmtCounts(counts(last)), fmtCounts(want), err)
 	}
 	return last
-}
-
-func equalCounts[K comparable](a, b map[K]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 func fmtCounts(m map[string]int) string {

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 func TestRDMAResources(t *testing.T) {
 	n := startNode(t, "dgx-h100", "none", "--config", "testdata/rdma-ib.yaml")
 	got := n.waitCounts(t, map[string]int{"nvidia.com/gpu": 8, "rdma/ib": 8})
-	if h := numaHistogram(got["rdma/ib"]); !equalCounts(h, map[int]int{0: 4, 1: 4}) {
+	if h := numaHistogram(got["rdma/ib"]); !maps.Equal(h, map[int]int{0: 4, 1: 4}) {
 		t.Errorf("rdma/ib devices per NUMA node = %v, want 4 and 4", h)
 	}
 	client, err := n.kubelet.Client("rdma/ib")

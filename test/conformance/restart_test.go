@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ func TestKubeletRestart(t *testing.T) {
 		var last map[string]int
 		_, err := n.kubelet.WaitFor(ctx, func(p map[string]devicemanager.Plugin) bool {
 			last = counts(served(p, gen))
-			return equalCounts(last, demoMixedCounts)
+			return maps.Equal(last, demoMixedCounts)
 		})
 		cancel()
 		if err != nil {

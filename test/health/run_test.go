@@ -2,6 +2,7 @@ package health
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -67,7 +68,7 @@ func TestRunFaultAndRecovery(t *testing.T) {
 
 	// taint added + removed; condition True, False, True; two events.
 	want := map[string]float64{"taint": 2, "condition": 3, "event": 2}
-	if got := metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind"); !mapsEqual(got, want) {
+	if got := metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind"); !maps.Equal(got, want) {
 		t.Errorf("gpu_node_agent_kube_api_writes_total by kind = %v, want %v", got, want)
 	}
 }
@@ -88,18 +89,6 @@ func checkEvent(t *testing.T, ev corev1.Event, node, typ, device string) {
 	if device != "" && !strings.Contains(ev.Message, device) {
 		t.Errorf("event %s message %q does not name %s", ev.Reason, ev.Message, device)
 	}
-}
-
-func mapsEqual(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestRunFaultToTaintLatency measures an XID injected into the simulator

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -41,7 +42,7 @@ func (c *Cluster) WaitNodeResources(ctx context.Context, prefix string, capacity
 		gotCap, gotAlloc, err := c.NodeResources(ctx, prefix)
 		if err == nil {
 			lastCap, lastAlloc = nonZero(gotCap), nonZero(gotAlloc)
-			if (capacity == nil || equal(lastCap, capacity)) && (allocatable == nil || equal(lastAlloc, allocatable)) {
+			if (capacity == nil || maps.Equal(lastCap, capacity)) && (allocatable == nil || maps.Equal(lastAlloc, allocatable)) {
 				return nil
 			}
 		}
@@ -62,18 +63,6 @@ func nonZero(m map[string]int64) map[string]int64 {
 		}
 	}
 	return out
-}
-
-func equal(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // FormatResources prints a resource map sorted, for messages.
