@@ -322,8 +322,19 @@ func devNumbers(name string) (major, minor uint32, ok bool) {
 	return 0, 0, false
 }
 
+// devMode is the permission rdma-core's udev rules give an RDMA device
+// node: verbs and the connection manager are open to everyone, the
+// management datagram nodes (umad, issm) to root only.
+func devMode(name string) os.FileMode {
+	if strings.HasPrefix(name, "umad") || strings.HasPrefix(name, "issm") {
+		return 0o600
+	}
+	return 0o666
+}
+
 // writeDevNode creates /dev/infiniband/<name>: a character device when
-// nodes is set and allowed, else an empty file.
+// nodes is set and allowed, else an empty file. Either has the mode of
+// devMode, whatever the umask.
 func writeDevNode(root, name string, nodes bool) error {
 	path := filepath.Join(root, "dev", "infiniband", name)
 	if !nodes {
@@ -336,18 +347,19 @@ func writeDevNode(root, name string, nodes bool) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-		return nil
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(major, minor) {
+		_ = os.Remove(path)
+		err := unix.Mknod(path, unix.S_IFCHR|uint32(devMode(name)), int(unix.Mkdev(major, minor)))
+		if errors.Is(err, unix.EPERM) {
+			if err := writeFile(path, ""); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return fmt.Errorf("mknod %s: %w", path, err)
+		}
 	}
-	_ = os.Remove(path)
-	err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
-	if errors.Is(err, unix.EPERM) {
-		return writeFile(path, "")
-	}
-	if err != nil {
-		return fmt.Errorf("mknod %s: %w", path, err)
-	}
-	return nil
+	return os.Chmod(path, devMode(name))
 }
 
 // symlinkRel makes root/link point at root/target with a relative target,

@@ -22,17 +22,21 @@ func TestDeviceNodes(t *testing.T) {
 	tests := []struct {
 		name         string
 		major, minor uint32
+		perm         uint32
 	}{
-		{"uverbs3", 231, 195},
-		{"umad3", 231, 3},
-		{"issm3", 231, 67},
-		{"rdma_cm", 10, 255},
+		{"uverbs3", 231, 195, 0o666},
+		{"umad3", 231, 3, 0o600},
+		{"issm3", 231, 67, 0o600},
+		{"rdma_cm", 10, 255, 0o666},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var st unix.Stat_t
 			if err := unix.Lstat(filepath.Join(root, "dev", "infiniband", tt.name), &st); err != nil {
 				t.Fatal(err)
+			}
+			if got := st.Mode & 0o777; got != tt.perm {
+				t.Errorf("permissions %o, want %o (rdma-core's udev rules)", got, tt.perm)
 			}
 			if !canMknod {
 				if st.Mode&unix.S_IFMT != unix.S_IFREG {

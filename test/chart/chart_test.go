@@ -225,21 +225,26 @@ func TestDaemonSet(t *testing.T) {
 				if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 					t.Errorf("simulate: hostNetwork %v dnsPolicy %q, want host networking", spec.HostNetwork, spec.DNSPolicy)
 				}
+				const simRoot = "/run/gpu-node-agent/sim"
 				wantPaths := map[string]string{
 					"device-plugins": "/var/lib/kubelet/device-plugins",
 					"pod-resources":  "/var/lib/kubelet/pod-resources",
+					"host-root":      simRoot,
 				}
 				if got := hostPaths(spec); !maps.Equal(got, wantPaths) {
-					t.Errorf("simulate hostPaths %v, want only the kubelet's %v", got, wantPaths)
+					t.Errorf("simulate hostPaths %v, want the kubelet's and the simulator's root %v", got, wantPaths)
 				}
-				var hostRoot *corev1.Volume
-				for i := range spec.Volumes {
-					if spec.Volumes[i].Name == "host-root" {
-						hostRoot = &spec.Volumes[i]
-					}
+				// The simulator's root is at the same path inside and out,
+				// so device paths handed to the kubelet are valid on the host.
+				m := mounts(c)
+				if m["host-root"].MountPath != simRoot || m["host-root"].ReadOnly {
+					t.Errorf("simulator root mounted at %q (read-only %v), want %q writable", m["host-root"].MountPath, m["host-root"].ReadOnly, simRoot)
 				}
-				if hostRoot == nil || hostRoot.EmptyDir == nil || mounts(c)["host-root"].MountPath != "/host" {
-					t.Errorf("simulate host root is not an emptyDir at /host: %+v", hostRoot)
+				if got := m["pod-resources"].MountPath; got != simRoot+"/var/lib/kubelet/pod-resources" {
+					t.Errorf("pod-resources mounted at %q, want under the simulator's root", got)
+				}
+				if !slices.Contains(c.Args, "--host-root="+simRoot) {
+					t.Errorf("args %v lack --host-root=%s", c.Args, simRoot)
 				}
 				if !slices.Contains(c.Args, "--simulate=dgx-h100,mig=0:1g.10gb+1g.10gb") {
 					t.Errorf("args %v lack --simulate", c.Args)
@@ -249,6 +254,8 @@ func TestDaemonSet(t *testing.T) {
 				}
 				if sc := c.SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 					t.Errorf("simulate security context %+v, want unprivileged with a read-only root", sc)
+				} else if caps := sc.Capabilities; caps == nil || !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(caps.Add, []corev1.Capability{"MKNOD"}) {
+					t.Errorf("simulate capabilities %+v, want all dropped but MKNOD (RDMA device nodes)", caps)
 				}
 			},
 		},
@@ -299,6 +306,23 @@ func TestDaemonSet(t *testing.T) {
 			}
 			tt.check(t, ds, c)
 		})
+	}
+}
+
+// TestSimulateHostRootMustBeAbsolute: a simulator root that is relative, or
+// the host's own / (which it would write a fake /sys and /dev over), is
+// refused at render time with a message naming the value.
+func TestSimulateHostRootMustBeAbsolute(t *testing.T) {
+	ch := loadChart(t)
+	for _, bad := range []string{"/", "", "run/sim"} {
+		_, err := Render(ch, map[string]any{"simulate": "dgx-h100", "simulateHostRoot": bad})
+		if err == nil || !strings.Contains(err.Error(), "simulateHostRoot must be an absolute path") {
+			t.Errorf("simulateHostRoot %q: err %v, want it refused", bad, err)
+		}
+	}
+	// Without simulate the value is not used.
+	if _, err := Render(ch, map[string]any{"simulateHostRoot": "/"}); err != nil {
+		t.Errorf("real-GPU render with an unused simulateHostRoot: %v", err)
 	}
 }
 

@@ -149,9 +149,10 @@ func podSummary(pod *corev1.Pod) string {
 	return b.String()
 }
 
-// podEnv reads the workload's printed environment from its log (through
-// the API server and the kubelet, like kubectl logs).
-func podEnv(t *testing.T, name string) map[string]string {
+// podLog reads the workload's log (through the API server and the
+// kubelet, like kubectl logs) once it has printed everything: its
+// environment, then its /dev/infiniband nodes.
+func podLog(t *testing.T, name string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -162,11 +163,18 @@ func podEnv(t *testing.T, name string) map[string]string {
 			return false, nil
 		}
 		logs = string(raw)
-		return strings.Contains(logs, "--- end of environment"), nil
+		return strings.Contains(logs, "--- end of devices"), nil
 	})
 	if err != nil {
 		t.Fatalf("logs of pod %s: %v; got:\n%s", name, err, logs)
 	}
+	return logs
+}
+
+// podEnv is the workload's printed environment.
+func podEnv(t *testing.T, name string) map[string]string {
+	t.Helper()
+	logs, _, _ := strings.Cut(podLog(t, name), "--- end of environment")
 	env := map[string]string{}
 	for _, line := range strings.Split(logs, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {

@@ -45,6 +45,19 @@ var DemoResources = map[string]int64{
 	"nvidia.com/mig-1g.10gb": 9,
 }
 
+// DemoRDMA are the RDMA resources Install configures and DemoNode serves:
+// its eight ConnectX-7 InfiniBand ports as rdma/ib, one device per port.
+var DemoRDMA = map[string]int64{"rdma/ib": 8}
+
+// demoRDMAConfig is the agent's rdma config section that serves DemoRDMA.
+var demoRDMAConfig = map[string]any{
+	"resources": []any{map[string]any{
+		"name":      "ib",
+		"mode":      "exclusive",
+		"selectors": map[string]any{"linkTypes": []any{"infiniband"}},
+	}},
+}
+
 // Options customise the install.
 type Options struct {
 	// Namespace is the release namespace (default "gpu-node-agent").
@@ -94,8 +107,12 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 	repo, tag, _ := strings.Cut(cluster.AgentImage, ":")
 	values := map[string]any{
 		"simulate": opts.Simulate,
-		"image":    map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
-		"metrics":  map[string]any{"port": metricsPort},
+		// The simulated node's tree lives in the cluster's directory, so
+		// it is removed with the cluster.
+		"simulateHostRoot": SimHostRoot(c),
+		"config":           map[string]any{"rdma": demoRDMAConfig},
+		"image":            map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
+		"metrics":          map[string]any{"port": metricsPort},
 		"extraArgs": []any{
 			"--sim-control-address=127.0.0.1:" + strconv.Itoa(ctlPort),
 		},
@@ -160,6 +177,12 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 		return nil, fmt.Errorf("chart rendered no DaemonSet (objects: %v)", a.Objects)
 	}
 	return a, nil
+}
+
+// SimHostRoot is the host directory the simulated node writes its sysfs
+// and /dev tree to (the chart's simulateHostRoot).
+func SimHostRoot(c *cluster.Cluster) string {
+	return filepath.Join(c.Dir, "sim-host")
 }
 
 // kindOrder ranks kinds as helm installs them (unknown kinds last).

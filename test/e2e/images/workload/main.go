@@ -1,14 +1,19 @@
 // Command workload is the e2e test pods' image: it prints its environment
-// (one VAR=value per line, sorted) so tests can read the container log,
-// then waits until it is terminated.
+// (one VAR=value per line, sorted) and the device nodes under
+// /dev/infiniband (one "DEVICE path type major:minor mode" line each), so
+// tests can read what the container was given from its log, then waits
+// until it is terminated.
 package main
 
 import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -18,7 +23,37 @@ func main() {
 		fmt.Println(kv)
 	}
 	fmt.Println("--- end of environment")
+	printDevices("/dev/infiniband")
+	fmt.Println("--- end of devices")
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	<-sigs
+}
+
+// printDevices lists dir's entries as the container sees them; a missing
+// dir lists nothing.
+func printDevices(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if !os.IsNotExist(err) {
+			fmt.Printf("DEVICE-ERROR %s: %v\n", dir, err)
+		}
+		return
+	}
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			fmt.Printf("DEVICE-ERROR %s: %v\n", path, err)
+			continue
+		}
+		kind := "other"
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR:
+			kind = "char"
+		case unix.S_IFREG:
+			kind = "file"
+		}
+		fmt.Printf("DEVICE %s %s %d:%d %o\n", path, kind, unix.Major(st.Rdev), unix.Minor(st.Rdev), st.Mode&0o777)
+	}
 }
