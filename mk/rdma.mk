@@ -1,5 +1,5 @@
 # RDMA: package tests (real netlink in a test network namespace when run
-# as root) and the port-down-to-watcher latency quoted in issue 7's note.
+# as root) and the port-down-to-ListAndWatch latency quoted in issue 7's note.
 
 .PHONY: test-rdma measure-rdma-port-down
 
@@ -7,5 +7,5 @@ test-rdma: deps ## go test -race rdma/ and the simulator's NICs (netlink tests n
 	$(GO) test -race -count=1 ./rdma/...
 	$(GO) test -race -count=1 -run 'NIC|PortState' ./sim
 
-measure-rdma-port-down: deps ## p50/p99 from a simulated port going down to the rdma watcher's callback (20 samples)
-	$(GO) test -run '^$$' -bench PortDownToObservation -benchtime 20x ./sim
+measure-rdma-port-down: deps ## p50/p99 from a simulated port going down to Unhealthy on the running agent's rdma/ib ListAndWatch (20 samples per poll interval)
+	$(GO) test -count=1 -run '^$$' -bench PortDownToListAndWatch -benchtime 20x ./cmd/gpu-node-agent

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"context"
-	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -145,72 +144,6 @@ func TestSetPortState(t *testing.T) {
 			if got := p.NetDevs[0].OperState; got != tt.wantOper {
 				t.Errorf("netdev operstate = %s, want %s", got, tt.wantOper)
 			}
-		})
-	}
-}
-
-// BenchmarkPortDownToObservation measures the time from setPortState
-// taking a simulated port down to the rdma Watcher's callback reporting
-// it, at the default poll interval and a short one. The simulated netdevs
-// are not kernel links, so only polling sees the change: latency is
-// uniform over one interval (about half of it on average).
-//
-//	go test ./sim -run '^$' -bench PortDownToObservation -benchtime 20x
-func BenchmarkPortDownToObservation(b *testing.B) {
-	for _, interval := range []time.Duration{rdma.DefaultPollInterval, 100 * time.Millisecond} {
-		b.Run("interval="+interval.String(), func(b *testing.B) {
-			n := newSim(b, "dgx-h100")
-			devs, err := rdma.Discover(context.Background(), rdma.DiscoverOptions{Root: n.HostRoot()})
-			if err != nil {
-				b.Fatal(err)
-			}
-			type obs struct {
-				id      string
-				healthy bool
-				at      time.Time
-			}
-			ch := make(chan obs, 64)
-			w, err := rdma.NewWatcher(rdma.WatcherOptions{Root: n.HostRoot(), Devices: devs, Interval: interval,
-				Observe: func(id string, healthy bool, _ string) { ch <- obs{id, healthy, time.Now()} }})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); _ = w.Run(ctx) }()
-			defer func() { cancel(); <-done }()
-			for range devs { // initial state of every port
-				<-ch
-			}
-			wait := func(healthy bool) time.Time {
-				for o := range ch {
-					if o.id == "mlx5_2" && o.healthy == healthy {
-						return o.at
-					}
-				}
-				return time.Time{}
-			}
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for range b.N {
-				// Ports fail at random moments relative to the poll ticks.
-				time.Sleep(rand.N(interval))
-				start := time.Now()
-				if err := n.setPortState("mlx5_2", false); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, wait(false).Sub(start))
-				if err := n.setPortState("mlx5_2", true); err != nil {
-					b.Fatal(err)
-				}
-				wait(true)
-			}
-			b.StopTimer()
-			slices.Sort(lat)
-			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-			b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
-			b.ReportMetric(ms(lat[(len(lat)*99+99)/100-1]), "p99-ms")
-			b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 )
 
 // BenchmarkMIGChangeToListAndWatch measures the whole path of a device
@@ -58,11 +60,7 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 		samples = append(samples, time.Since(start))
 	}
 	b.StopTimer()
-	slices.Sort(samples)
-	if n := len(samples); n > 0 {
-		b.ReportMetric(float64(samples[n/2].Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(samples[(n*99)/100].Microseconds())/1000, "p99-ms")
-	}
+	reportPercentiles(b, samples)
 }
 
 // BenchmarkFaultToListAndWatch measures a device fault's path through the
@@ -121,6 +119,91 @@ func BenchmarkFaultToListAndWatch(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
+	reportPercentiles(b, samples)
+}
+
+// BenchmarkPortDownToListAndWatch measures an RDMA port's failure through
+// the running agent: port-down injected on the simulator's control endpoint
+// (ports DOWN/Polling and netdev down in the simulated sysfs), the rdma
+// watcher's poll seeing it, the health monitor's observation and the push
+// that reaches an open rdma/ib ListAndWatch stream with that port
+// Unhealthy. The simulator has no netlink, so the poll interval bounds it:
+// one sub-benchmark per interval (1s is the default). Each iteration takes
+// the next NIC down at a random point of the poll cycle (a fault does not
+// wait for the next poll) and waits (untimed) for it to recover. Reports
+// p50 and p99 in ms.
+func BenchmarkPortDownToListAndWatch(b *testing.B) {
+	for _, poll := range []time.Duration{rdma.DefaultPollInterval, 100 * time.Millisecond} {
+		b.Run("poll="+poll.String(), func(b *testing.B) {
+			dir := shortTempDir(b)
+			cfg := defaults()
+			cfg.Simulate = "dgx-h100"
+			cfg.DevicePluginDir = dir
+			cfg.MetricsAddress = ""
+			cfg.SimControlAddress = ""
+			cfg.RescanInterval.Duration = 0
+			cfg.Health.RecoveryPeriod = 20 * time.Millisecond
+			cfg.Health.MaxRecoveryPeriod = 20 * time.Millisecond
+			cfg.Health.DCGMMode = "off"
+			cfg.RDMA = rdma.Config{
+				PollInterval: rdma.Duration(poll),
+				Resources:    []rdma.ResourceConfig{{Name: "ib", Selectors: rdma.Selectors{LinkTypes: []string{"infiniband"}}}},
+			}
+			a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, _ := startAgent(b, a)
+			stream, first := watchFirst(b, ctx, dir, "rdma/ib")
+			if len(first.Devices) != 8 {
+				b.Fatalf("rdma/ib serves %d ports, want 8", len(first.Devices))
+			}
+			ctl := a.hw.sim.ControlHandler()
+			send := func(method, nic string) {
+				req := httptest.NewRequest(method, "/faults", strings.NewReader(fmt.Sprintf(`{"kind":"port-down","nic":%q}`, nic)))
+				rec := httptest.NewRecorder()
+				ctl.ServeHTTP(rec, req)
+				if rec.Code/100 != 2 {
+					b.Fatalf("%s port-down %s: %d %s", method, nic, rec.Code, rec.Body)
+				}
+			}
+			until := func(id, health string) {
+				for {
+					resp, err := stream.Recv()
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, d := range resp.Devices {
+						if d.ID == id && d.Health == health {
+							return
+						}
+					}
+				}
+			}
+			var samples []time.Duration
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				nic := first.Devices[i%len(first.Devices)].ID
+				b.StopTimer()
+				time.Sleep(rand.N(poll))
+				b.StartTimer()
+				start := time.Now()
+				send(http.MethodPost, nic)
+				until(nic, pluginapi.Unhealthy)
+				samples = append(samples, time.Since(start))
+				b.StopTimer()
+				send(http.MethodDelete, nic)
+				until(nic, pluginapi.Healthy)
+				b.StartTimer()
+			}
+			b.StopTimer()
+			reportPercentiles(b, samples)
+		})
+	}
+}
+
+// reportPercentiles reports the samples' p50 and p99 in ms.
+func reportPercentiles(b *testing.B, samples []time.Duration) {
 	slices.Sort(samples)
 	if n := len(samples); n > 0 {
 		b.ReportMetric(float64(samples[n/2].Microseconds())/1000, "p50-ms")
