@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"strings"
@@ -56,18 +57,21 @@ func run() int {
 	if err != nil {
 		logf("%v", err)
 	}
+	if rdmaCap, _, err := c.NodeResources(upCtx, "rdma/"); err == nil && capacity != nil {
+		maps.Copy(capacity, rdmaCap)
+	}
 	fmt.Printf(`
 The cluster is up: one node (%s) running gpu-node-agent as a DaemonSet on a
 simulated DGX H100 (MIG on GPUs 0 and 1, --mig-strategy mixed).
 
   node resources: %s
-  sample pod:     default/gpu-sample (nvidia.com/gpu: 2)
+  sample pod:     default/gpu-sample (nvidia.com/gpu: 2, rdma/ib: 2)
   agent metrics:  http://127.0.0.1:%d/metrics
   sim control:    %s  (e.g. curl -X POST %s/mig -d '{"gpu":1,"profiles":["3g.40gb","3g.40gb"]}')
 
   export KUBECONFIG=%s
   kubectl get nodes -o jsonpath='{.items[0].status.allocatable}'
-  kubectl logs gpu-sample | grep NVIDIA_VISIBLE_DEVICES
+  kubectl logs gpu-sample | grep -E 'NVIDIA_VISIBLE_DEVICES|RDMA_DEVICES|^DEVICE'
 
 Component logs are in %s. Ctrl-C stops everything.
 `, c.NodeName, cluster.FormatResources(capacity), a.MetricsPort, a.Control.Base, a.Control.Base, c.Kubeconfig, c.LogDir)
@@ -97,6 +101,9 @@ func deploy(ctx context.Context, c *cluster.Cluster) (*agentdeploy.Agent, error)
 	if err := c.WaitNodeResources(rctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
 		return a, err
 	}
+	if err := c.WaitNodeResources(rctx, "rdma/", agentdeploy.DemoRDMA, agentdeploy.DemoRDMA); err != nil {
+		return a, err
+	}
 	logf("agent Ready, node resources registered")
 	grace := int64(1)
 	pod := &corev1.Pod{
@@ -110,6 +117,7 @@ func deploy(ctx context.Context, c *cluster.Cluster) (*agentdeploy.Agent, error)
 				ImagePullPolicy: corev1.PullNever,
 				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
 					"nvidia.com/gpu": *resource.NewQuantity(2, resource.DecimalSI),
+					"rdma/ib":        *resource.NewQuantity(2, resource.DecimalSI),
 				}},
 			}},
 		},
