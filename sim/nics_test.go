@@ -75,11 +75,14 @@ func TestSimNICsDiscoverable(t *testing.T) {
 					t.Errorf("%s: GPUs on its switch = %v, want %v", d.Name, single, tt.nearest[d.Name])
 				}
 				p := d.Ports[0]
-				if p.State != "ACTIVE" || p.PhysState != "LinkUp" || p.LinkLayer != rdma.LinkLayerInfiniBand {
-					t.Errorf("%s port = %s/%s/%s, want ACTIVE/LinkUp/InfiniBand", d.Name, p.State, p.PhysState, p.LinkLayer)
+				i := slices.IndexFunc(want, func(n topology.NIC) bool { return n.Name == d.Name })
+				ib := want[i].LinkLayer == rdma.LinkLayerInfiniBand
+				if p.State != "ACTIVE" || p.PhysState != "LinkUp" || p.LinkLayer != want[i].LinkLayer {
+					t.Errorf("%s port = %s/%s/%s, want ACTIVE/LinkUp/%s", d.Name, p.State, p.PhysState, p.LinkLayer, want[i].LinkLayer)
 				}
-				if d.UVerbs == nil || p.UMAD == nil || p.ISSM == nil || d.RDMACM == nil {
-					t.Errorf("%s char devices: uverbs %v umad %v issm %v rdma_cm %v, want all", d.Name, d.UVerbs, p.UMAD, p.ISSM, d.RDMACM)
+				// issm exists on InfiniBand ports only (subnet management).
+				if d.UVerbs == nil || p.UMAD == nil || (p.ISSM != nil) != ib || d.RDMACM == nil {
+					t.Errorf("%s char devices: uverbs %v umad %v issm %v rdma_cm %v, want all (issm only on InfiniBand)", d.Name, d.UVerbs, p.UMAD, p.ISSM, d.RDMACM)
 				}
 				if d.PCI.Driver != "mlx5_core" || d.PCI.Vendor != "15b3" {
 					t.Errorf("%s pci = %+v, want mlx5_core 15b3", d.Name, d.PCI)
@@ -148,21 +151,18 @@ func TestSetPortState(t *testing.T) {
 	}
 }
 
-// TestSimRoCEStorageNICs adds DGX-style storage NICs (one dual-port RoCE
-// ConnectX on a CPU root port of socket 1, one PCI function per port) to a
-// profile and checks they come out as Ethernet ports whose netdev backs
-// the RoCE GIDs, without issm, at the right distance from the GPUs.
+// TestSimRoCEStorageNICs: the dgx-a100 profile's storage NIC (one
+// dual-port RoCE ConnectX on a CPU root port of socket 1, one PCI function
+// per port) comes out as Ethernet ports whose netdev backs the RoCE GIDs,
+// without issm, at the right distance from the GPUs, and the profile's
+// model agrees with what discovery finds in the simulated sysfs.
 func TestSimRoCEStorageNICs(t *testing.T) {
 	spec, err := Profile("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for fn, nd := range []string{"enp193s0f0np0", "enp193s0f1np1"} {
-		spec.NICs = append(spec.NICs, topology.NIC{
-			Name: "mlx5_" + string(rune('8'+fn)), NUMANode: 1, LinkLayer: rdma.LinkLayerEthernet,
-			PCIBusID: "0000:c1:00." + string(rune('0'+fn)), PCIPath: []string{"0000:c0:01.1", "0000:c1:00." + string(rune('0'+fn))},
-			NetDevs: []string{nd},
-		})
+	if len(spec.NICs) != 10 || spec.NICs[8].Name != "mlx5_8" || spec.NICs[9].Name != "mlx5_9" {
+		t.Fatalf("dgx-a100 NICs %v, want mlx5_0..mlx5_9", spec.NICs)
 	}
 	n, err := New(spec, t.TempDir(), nil)
 	if err != nil {
@@ -193,6 +193,11 @@ func TestSimRoCEStorageNICs(t *testing.T) {
 			if l.PCIe != wantLevel {
 				t.Errorf("%s to gpu %d: %s, want %s", d.Name, l.GPU, l.PCIe, wantLevel)
 			}
+		}
+	}
+	for i := range nics {
+		if !slices.Equal(nics[i].GPUs, spec.NICs[i].GPUs) {
+			t.Errorf("%s: discovered GPU distances %v, profile says %v", nics[i].Name, nics[i].GPUs, spec.NICs[i].GPUs)
 		}
 	}
 	if got := rdma.Distance(devs[8].PCI.Path, 1, devs[9].PCI.Path, 1); got != topology.PCIeSameBoard {

@@ -59,6 +59,19 @@ type profileDef struct {
 	direct [][3]int
 	// nicLinkLayer is the link layer of the profile's NICs.
 	nicLinkLayer string
+	// storageNICs are extra NICs after the compute ones, outside the GPU
+	// switch tree.
+	storageNICs []topology.NIC
+}
+
+// dgxA100Storage is the DGX A100's storage NIC: one dual-port ConnectX
+// running RoCE on a root port of socket 1, one PCI function per port, so
+// mlx5_8 and mlx5_9 follow the eight InfiniBand compute NICs.
+var dgxA100Storage = []topology.NIC{
+	{Name: "mlx5_8", NUMANode: 1, LinkLayer: "Ethernet", PCIBusID: "0000:c1:00.0",
+		PCIPath: []string{"0000:c0:01.1", "0000:c1:00.0"}, NetDevs: []string{"enp193s0f0np0"}},
+	{Name: "mlx5_9", NUMANode: 1, LinkLayer: "Ethernet", PCIBusID: "0000:c1:00.1",
+		PCIPath: []string{"0000:c0:01.1", "0000:c1:00.1"}, NetDevs: []string{"enp193s0f1np1"}},
 }
 
 // dgx1vLinks is the DGX-1 (Volta) hybrid cube-mesh: two NVLinks on the
@@ -73,6 +86,7 @@ var profiles = map[string]profileDef{
 		gpu: realisticMIG(gpus.A100_SXM4_40GB), count: 8, nvswitchLinks: 12, nvswitches: 6,
 		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 2, subtreesPerHostBridge: 1},
 		nicLinkLayer: "InfiniBand",
+		storageNICs:  dgxA100Storage,
 	},
 	"dgx-h100": {
 		gpu: realisticMIG(gpus.H100_SXM5_80GB), count: 8, nvswitchLinks: 18, nvswitches: 4,
@@ -199,21 +213,28 @@ func Profile(name string, opts ...ProfileOption) (*topology.Node, error) {
 	}
 	for i, path := range tree.nicPaths {
 		busID := path[len(path)-1]
-		nic := topology.NIC{
+		node.NICs = append(node.NICs, topology.NIC{
 			Name:      fmt.Sprintf("mlx5_%d", i),
 			PCIBusID:  busID,
 			NUMANode:  tree.nicNUMA[i],
 			PCIPath:   path,
 			LinkLayer: def.nicLinkLayer,
 			NetDevs:   []string{netdevName(busID)},
-		}
+		})
+	}
+	for _, nic := range def.storageNICs {
+		nic.PCIPath = slices.Clone(nic.PCIPath)
+		nic.NetDevs = slices.Clone(nic.NetDevs)
+		node.NICs = append(node.NICs, nic)
+	}
+	for i := range node.NICs {
+		nic := &node.NICs[i]
 		for g := range node.GPUs {
 			nic.GPUs = append(nic.GPUs, topology.NICGPULink{
 				GPU:  g,
-				PCIe: pcieLevel(path, tree.gpuPaths[g], tree.nicNUMA[i], tree.gpuNUMA[g]),
+				PCIe: pcieLevel(nic.PCIPath, tree.gpuPaths[g], nic.NUMANode, tree.gpuNUMA[g]),
 			})
 		}
-		node.NICs = append(node.NICs, nic)
 	}
 	return node, nil
 }
