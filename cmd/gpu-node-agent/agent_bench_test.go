@@ -88,19 +88,7 @@ func BenchmarkFaultToListAndWatch(b *testing.B) {
 	stream, _ := watchFirst(b, ctx, dir, "nvidia.com/gpu")
 	node := a.rec.current().node
 	ctl := a.hw.sim.ControlHandler()
-	until := func(id, health string) {
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, d := range resp.Devices {
-				if d.ID == id && d.Health == health {
-					return
-				}
-			}
-		}
-	}
+	until := func(id, health string) { recvUntilHealth(b, stream, id, health) }
 	var samples []time.Duration
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -167,19 +155,7 @@ func BenchmarkPortDownToListAndWatch(b *testing.B) {
 					b.Fatalf("%s port-down %s: %d %s", method, nic, rec.Code, rec.Body)
 				}
 			}
-			until := func(id, health string) {
-				for {
-					resp, err := stream.Recv()
-					if err != nil {
-						b.Fatal(err)
-					}
-					for _, d := range resp.Devices {
-						if d.ID == id && d.Health == health {
-							return
-						}
-					}
-				}
-			}
+			until := func(id, health string) { recvUntilHealth(b, stream, id, health) }
 			var samples []time.Duration
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
@@ -199,6 +175,22 @@ func BenchmarkPortDownToListAndWatch(b *testing.B) {
 			b.StopTimer()
 			reportPercentiles(b, samples)
 		})
+	}
+}
+
+// recvUntilHealth reads the ListAndWatch stream until device id is
+// reported with the given health.
+func recvUntilHealth(b *testing.B, stream pluginapi.DevicePlugin_ListAndWatchClient, id, health string) {
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, d := range resp.Devices {
+			if d.ID == id && d.Health == health {
+				return
+			}
+		}
 	}
 }
 

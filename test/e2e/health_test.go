@@ -38,6 +38,50 @@ func nodeHealth(ctx context.Context) (*corev1.Taint, *corev1.NodeCondition, erro
 	return taint, cond, nil
 }
 
+// injectFault injects f on the simulated node and returns what clears it;
+// a fault the test leaves injected is cleared at its end.
+func injectFault(ctx context.Context, t *testing.T, a *agentdeploy.Agent, f agentproc.Fault) (clearFault func()) {
+	t.Helper()
+	if err := a.Control.InjectFault(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	cleared := false
+	t.Cleanup(func() {
+		if !cleared {
+			_ = a.Control.ClearFault(context.Background(), f)
+		}
+	})
+	return func() {
+		t.Helper()
+		if err := a.Control.ClearFault(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+		cleared = true
+	}
+}
+
+// waitNodeHealth waits until the node is healthy (no taint of the agent,
+// GPUHealthy True) or unfit (tainted, GPUHealthy False) and returns the
+// taint and condition; after says what led there, for the failure message.
+func waitNodeHealth(ctx context.Context, t *testing.T, healthy bool, after string) (*corev1.Taint, *corev1.NodeCondition) {
+	t.Helper()
+	var taint *corev1.Taint
+	var cond *corev1.NodeCondition
+	want := corev1.ConditionFalse
+	if healthy {
+		want = corev1.ConditionTrue
+	}
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
+		var err error
+		taint, cond, err = nodeHealth(ctx)
+		return err == nil && (taint == nil) == healthy && cond != nil && cond.Status == want, nil
+	})
+	if err != nil {
+		t.Fatalf("after %s: node taint %v, condition %v; want GPUHealthy %s", after, taint, cond, want)
+	}
+	return taint, cond
+}
+
 // TestGPUFaultTaintsNode: a GPU lost on the simulated node (fault injected
 // through the simulator's control endpoint) leaves the node's allocatable,
 // the agent taints the node and says why in its GPUHealthy condition, and a
@@ -51,32 +95,14 @@ func TestGPUFaultTaintsNode(t *testing.T) {
 	lost := st[3]
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fault := agentproc.Fault{Kind: "gpu-lost", GPU: 3}
-	if err := a.Control.InjectFault(ctx, fault); err != nil {
-		t.Fatal(err)
-	}
-	cleared := false
-	t.Cleanup(func() {
-		if !cleared {
-			_ = a.Control.ClearFault(context.Background(), fault)
-		}
-	})
+	clearFault := injectFault(ctx, t, a, agentproc.Fault{Kind: "gpu-lost", GPU: 3})
 
 	degraded := maps.Clone(agentdeploy.DemoResources)
 	degraded["nvidia.com/gpu"]--
 	if err := shared.WaitNodeResources(ctx, "nvidia.com/", agentdeploy.DemoResources, degraded); err != nil {
 		t.Fatalf("lost GPU still allocatable: %v", err)
 	}
-	var taint *corev1.Taint
-	var cond *corev1.NodeCondition
-	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		var err error
-		taint, cond, err = nodeHealth(ctx)
-		return err == nil && taint != nil && cond != nil && cond.Status == corev1.ConditionFalse, nil
-	})
-	if err != nil {
-		t.Fatalf("node not tainted/condition not False after a lost GPU: taint %v, condition %v", taint, cond)
-	}
+	taint, cond := waitNodeHealth(ctx, t, false, "a lost GPU")
 	if taint.Effect != corev1.TaintEffectNoSchedule {
 		t.Errorf("taint effect %s, want NoSchedule", taint.Effect)
 	}
@@ -86,7 +112,7 @@ func TestGPUFaultTaintsNode(t *testing.T) {
 
 	workloadPod(t, "during-fault", map[string]int64{"nvidia.com/gpu": 1})
 	var pod *corev1.Pod
-	err = poll(ctx, func(ctx context.Context) (bool, error) {
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
 		var err error
 		if pod, err = shared.Client.CoreV1().Pods(testNamespace).Get(ctx, "during-fault", metav1.GetOptions{}); err != nil {
 			return false, nil
@@ -103,17 +129,8 @@ func TestGPUFaultTaintsNode(t *testing.T) {
 	}
 
 	start := time.Now()
-	if err := a.Control.ClearFault(ctx, fault); err != nil {
-		t.Fatal(err)
-	}
-	cleared = true
-	err = poll(ctx, func(ctx context.Context) (bool, error) {
-		taint, cond, err = nodeHealth(ctx)
-		return err == nil && taint == nil && cond != nil && cond.Status == corev1.ConditionTrue, nil
-	})
-	if err != nil {
-		t.Fatalf("node not untainted after the fault cleared: taint %v, condition %v", taint, cond)
-	}
+	clearFault()
+	waitNodeHealth(ctx, t, true, "the fault cleared")
 	waitDemoResources(t, time.Minute)
 	t.Logf("fault cleared: node untainted and GPU back after %s (recovery period 10s)", time.Since(start).Round(time.Millisecond))
 	pod = waitPodRunning(t, "during-fault", 2*time.Minute)

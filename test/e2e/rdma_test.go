@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
@@ -159,47 +158,19 @@ func TestRDMAPortDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const nic = "mlx5_5"
-	fault := agentproc.Fault{Kind: "port-down", NIC: nic}
 	start := time.Now()
-	if err := a.Control.InjectFault(ctx, fault); err != nil {
-		t.Fatal(err)
-	}
-	cleared := false
-	t.Cleanup(func() {
-		if !cleared {
-			_ = a.Control.ClearFault(context.Background(), fault)
-		}
-	})
+	clearFault := injectFault(ctx, t, a, agentproc.Fault{Kind: "port-down", NIC: nic})
 	degraded := maps.Clone(agentdeploy.DemoRDMA)
 	degraded["rdma/ib"]--
 	if err := shared.WaitNodeResources(ctx, "rdma/", agentdeploy.DemoRDMA, degraded); err != nil {
 		t.Fatalf("down port still allocatable: %v", err)
 	}
 	t.Logf("port down → rdma/ib allocatable 8→7 on the Node object after %s", time.Since(start).Round(time.Millisecond))
-	var taint *corev1.Taint
-	var cond *corev1.NodeCondition
-	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		var err error
-		taint, cond, err = nodeHealth(ctx)
-		return err == nil && taint != nil && cond != nil && cond.Status == corev1.ConditionFalse, nil
-	})
-	if err != nil {
-		t.Fatalf("node not tainted after a port went down: taint %v, condition %v", taint, cond)
-	}
+	_, cond := waitNodeHealth(ctx, t, false, "port "+nic+" went down")
 	if !strings.Contains(cond.Message, nic) {
 		t.Errorf("GPUHealthy message %q does not name the down port %s", cond.Message, nic)
 	}
-
-	if err := a.Control.ClearFault(ctx, fault); err != nil {
-		t.Fatal(err)
-	}
-	cleared = true
-	err = poll(ctx, func(ctx context.Context) (bool, error) {
-		taint, cond, err = nodeHealth(ctx)
-		return err == nil && taint == nil && cond != nil && cond.Status == corev1.ConditionTrue, nil
-	})
-	if err != nil {
-		t.Fatalf("node not untainted after the port came back: taint %v, condition %v", taint, cond)
-	}
+	clearFault()
+	waitNodeHealth(ctx, t, true, "port "+nic+" came back")
 	waitDemoRDMA(t, time.Minute)
 }
