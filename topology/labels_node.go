@@ -26,9 +26,9 @@ import (
 // controllers own.
 const OwnedLabelsAnnotation = "gpu-node-agent.io/owned-labels"
 
-// NodeLabeler keeps the agent's labels on one Node object. It only writes
-// when the labels it owns change, removes owned labels that disappear and
-// never touches any other label.
+// NodeLabeler keeps the agent's labels and annotations on one Node object.
+// It only writes when what it owns changes, removes what it owns and no
+// longer wants, and never touches any other label or annotation.
 type NodeLabeler struct {
 	client   kubernetes.Interface
 	nodeName string
@@ -36,9 +36,12 @@ type NodeLabeler struct {
 	backoff  wait.Backoff
 
 	mu sync.Mutex
-	// applied is what the node carries from us, as of the last successful
-	// Apply; nil until the node has been read once.
-	applied map[string]string
+	// read is set once the node has been read: labels and annotations
+	// then hold what the node carries from us, as of the last successful
+	// Apply.
+	read        bool
+	labels      map[string]string
+	annotations map[string]string
 }
 
 // NewNodeLabeler returns a labeler for the node named nodeName.
@@ -51,77 +54,123 @@ func NewNodeLabeler(client kubernetes.Interface, nodeName string, log *slog.Logg
 	}
 }
 
-// Apply makes the labels the agent owns on the node equal to labels: it
-// adds and updates those, and removes the ones it set before that are no
-// longer in labels. Nothing is sent when that is already the case. Writes
-// are JSON merge patches (no read-modify-write race with other writers),
-// retried with backoff on conflicts and transient API errors.
-func (l *NodeLabeler) Apply(ctx context.Context, labels map[string]string) error {
+// Apply makes the labels and annotations the agent owns on the node equal
+// to labels and annotations: it adds and updates those, and removes the
+// ones it set before that are no longer wanted. Owned labels are the ones
+// listed in OwnedLabelsAnnotation; owned annotations are the fixed keys
+// Annotations can return (any other key in annotations is refused), so
+// restarts need no bookkeeping for them. Nothing is sent when the node is
+// already as wanted; otherwise one JSON merge patch carries every change
+// (no read-modify-write race with other writers), retried with backoff on
+// conflicts and transient API errors.
+func (l *NodeLabeler) Apply(ctx context.Context, labels, annotations map[string]string) error {
+	for k := range annotations {
+		if !slices.Contains(annotationKeys, k) {
+			return fmt.Errorf("node %s: annotation %s is not one the agent owns", l.nodeName, k)
+		}
+	}
+
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
-	if l.applied == nil {
-		// First call: learn what a previous run left on the node.
-		var node map[string]string
-		var owned []string
-		err := retry.OnError(l.backoff, retriable, func() error {
-			n, err := l.client.CoreV1().Nodes().Get(ctx, l.nodeName, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			node = n.Labels
-			owned = splitOwned(n.Annotations[OwnedLabelsAnnotation])
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("read node %s labels: %w", l.nodeName, err)
-		}
-		l.applied = map[string]string{}
-		for _, k := range owned {
-			if v, ok := node[k]; ok {
-				l.applied[k] = v
-			} else {
-				l.applied[k] = "\x00" // owned but absent: still in the annotation
-			}
+	if !l.read {
+		if err := l.learn(ctx); err != nil {
+			return err
 		}
 	}
-	if maps.Equal(l.applied, labels) {
+	if maps.Equal(l.labels, labels) && maps.Equal(l.annotations, annotations) {
 		return nil
 	}
 
-	patchLabels := map[string]any{}
-	for k, v := range labels {
-		if old, ok := l.applied[k]; !ok || old != v {
-			patchLabels[k] = v
+	patchLabels, removedLabels := mergePatch(l.labels, labels)
+	patchAnnotations, removedAnnotations := mergePatch(l.annotations, annotations)
+	var setAnnotations []string
+	for k, v := range patchAnnotations {
+		if v != nil {
+			setAnnotations = append(setAnnotations, k)
 		}
 	}
-	var removed []string
-	for k := range l.applied {
-		if _, ok := labels[k]; !ok {
-			patchLabels[k] = nil
-			removed = append(removed, k)
-		}
+	slices.Sort(setAnnotations)
+	if len(patchLabels) > 0 {
+		patchAnnotations[OwnedLabelsAnnotation] = strings.Join(slices.Sorted(maps.Keys(labels)), ",")
 	}
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{
-			"labels":      patchLabels,
-			"annotations": map[string]any{OwnedLabelsAnnotation: strings.Join(slices.Sorted(maps.Keys(labels)), ",")},
-		},
-	})
+	meta := map[string]any{}
+	if len(patchLabels) > 0 {
+		meta["labels"] = patchLabels
+	}
+	if len(patchAnnotations) > 0 {
+		meta["annotations"] = patchAnnotations
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
-		return fmt.Errorf("node %s label patch: %w", l.nodeName, err)
+		return fmt.Errorf("node %s patch: %w", l.nodeName, err)
 	}
 	err = retry.OnError(l.backoff, retriable, func() error {
 		_, err := l.client.CoreV1().Nodes().Patch(ctx, l.nodeName, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("patch node %s labels: %w", l.nodeName, err)
+		return fmt.Errorf("patch node %s labels and annotations: %w", l.nodeName, err)
+	}
+	l.log.Info("node labels and annotations updated", "node", l.nodeName,
+		"labelsSet", len(patchLabels)-len(removedLabels), "labelsRemoved", removedLabels,
+		"annotationsSet", setAnnotations, "annotationsRemoved", removedAnnotations)
+	l.labels = maps.Clone(labels)
+	l.annotations = maps.Clone(annotations)
+	return nil
+}
+
+// learn reads what a previous run left on the node: the labels listed in
+// OwnedLabelsAnnotation and the annotations the agent owns.
+func (l *NodeLabeler) learn(ctx context.Context) error {
+	var nodeLabels, nodeAnnotations map[string]string
+	err := retry.OnError(l.backoff, retriable, func() error {
+		n, err := l.client.CoreV1().Nodes().Get(ctx, l.nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		nodeLabels, nodeAnnotations = n.Labels, n.Annotations
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read node %s: %w", l.nodeName, err)
+	}
+	l.labels = map[string]string{}
+	for _, k := range splitOwned(nodeAnnotations[OwnedLabelsAnnotation]) {
+		if v, ok := nodeLabels[k]; ok {
+			l.labels[k] = v
+		} else {
+			l.labels[k] = "\x00" // owned but absent: still in the annotation
+		}
+	}
+	l.annotations = map[string]string{}
+	for _, k := range annotationKeys {
+		if v, ok := nodeAnnotations[k]; ok {
+			l.annotations[k] = v
+		}
+	}
+	l.read = true
+	return nil
+}
+
+// mergePatch returns the merge-patch entries that turn have into want
+// (null for a key to remove) and the removed keys, sorted.
+func mergePatch(have, want map[string]string) (map[string]any, []string) {
+	patch := map[string]any{}
+	for k, v := range want {
+		if old, ok := have[k]; !ok || old != v {
+			patch[k] = v
+		}
+	}
+	var removed []string
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			patch[k] = nil
+			removed = append(removed, k)
+		}
 	}
 	slices.Sort(removed)
-	l.log.Info("node labels updated", "node", l.nodeName, "set", len(patchLabels)-len(removed), "removed", removed)
-	l.applied = maps.Clone(labels)
-	return nil
+	return patch, removed
 }
 
 // retriable says whether an API error is worth another try.

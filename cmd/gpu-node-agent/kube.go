@@ -18,10 +18,10 @@ import (
 )
 
 // nodeObject keeps this node's Node object in step with the agent: the
-// health taint and condition (health.Tainter) and the topology labels
-// (topology.NodeLabeler). Devices are served whether or not the API
-// server is reachable: the client is built, and every write retried, in
-// the background.
+// health taint and condition (health.Tainter) and the topology labels and
+// annotations (topology.NodeLabeler). Devices are served whether or not
+// the API server is reachable: the client is built, and every write
+// retried, in the background.
 type nodeObject struct {
 	cfg Config
 	log *slog.Logger
@@ -66,7 +66,8 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return c, nil
 }
 
-// setNode is told every discovered node; the labels follow it.
+// setNode is told every discovered node; the labels and annotations follow
+// it.
 func (o *nodeObject) setNode(n *topology.Node) {
 	o.node.Store(n)
 	select {
@@ -108,8 +109,9 @@ func (o *nodeObject) run(ctx context.Context) error {
 	return nil
 }
 
-// label applies the labels of the latest node on every discovery (the
-// labeler writes only what changed) and retries failures.
+// label applies the labels and annotations (NIC↔GPU PCIe distances) of the
+// latest node on every discovery (the labeler writes only what changed)
+// and retries failures.
 func (o *nodeObject) label(ctx context.Context, l *topology.NodeLabeler) {
 	var retry <-chan time.Time
 	for {
@@ -124,8 +126,8 @@ func (o *nodeObject) label(ctx context.Context, l *topology.NodeLabeler) {
 		if n == nil {
 			continue
 		}
-		if err := l.Apply(ctx, topology.Labels(n, o.cfg.MIGStrategy)); err != nil && ctx.Err() == nil {
-			o.log.Warn("node labels not updated; retrying", "node", o.cfg.NodeName, "err", err, "retry", o.retry)
+		if err := l.Apply(ctx, topology.Labels(n, o.cfg.MIGStrategy), topology.Annotations(n)); err != nil && ctx.Err() == nil {
+			o.log.Warn("node labels and annotations not updated; retrying", "node", o.cfg.NodeName, "err", err, "retry", o.retry)
 			retry = time.After(o.retry)
 		}
 	}

@@ -21,8 +21,9 @@ import (
 
 // TestAgentTaintsAndLabelsNode runs the agent with a node name against a
 // fake API server whose client only becomes available on the second try:
-// devices are served meanwhile, then the node gets the topology labels,
-// and an injected XID taints it until the device recovers.
+// devices are served meanwhile, then the node gets the topology labels and
+// the NIC annotation, and an injected XID taints it until the device
+// recovers.
 func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	dir := shortTempDir(t)
 	cfg := defaults()
@@ -82,6 +83,16 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	for k, v := range want {
 		if n.Labels[k] != v {
 			t.Errorf("label %s = %q, want %q", k, n.Labels[k], v)
+		}
+	}
+	// The simulated NICs' PCIe distances to the GPUs come in the same patch.
+	wantAnn := topology.Annotations(a.rec.current().node)
+	if len(wantAnn) == 0 {
+		t.Error("the simulated dgx-h100 has no NIC annotation")
+	}
+	for k, v := range wantAnn {
+		if n.Annotations[k] != v {
+			t.Errorf("annotation %s = %q, want %q", k, n.Annotations[k], v)
 		}
 	}
 	if ourTaint(n) {
