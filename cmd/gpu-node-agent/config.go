@@ -139,7 +139,7 @@ var options = []option{
 	{name: "log-format", usage: "log format: text or json", bind: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "log-level", usage: "log level: debug, info, warn or error", bind: str(func(c *Config) *string { return &c.LogLevel })},
 	{name: "print-inventory", usage: "print what is served at start and on every change", bind: boolean(func(c *Config) *bool { return &c.PrintInventory })},
-	{name: "node-labels", usage: "keep topology labels (gpu count, product, MIG, NVLink) on the Node (needs node-name)", bind: boolean(func(c *Config) *bool { return &c.NodeLabels })},
+	{name: "node-labels", usage: "keep topology labels (gpu count, product, MIG, NVLink) and the NIC↔GPU annotation on the Node (needs node-name)", bind: boolean(func(c *Config) *bool { return &c.NodeLabels })},
 	{name: "taint-mode", usage: "taint the Node while it is unfit: off, dry-run or on (needs node-name; config taint.mode)", bind: str(func(c *Config) *string { return &c.Taint.Mode })},
 	{name: "recovery-period", usage: "how long every cause of a device fault must stay clear before it is healthy again (config health.recoveryPeriod; default 5m)", bind: stdDuration(func(c *Config) *time.Duration { return &c.Health.RecoveryPeriod })},
 	{name: "fatal-xids", usage: "comma-separated XIDs that make a GPU unhealthy (config health.fatalXIDs; default NVIDIA's reset/reboot XIDs)", bind: uintList(func(c *Config) *[]uint64 { return &c.Health.FatalXIDs })},
