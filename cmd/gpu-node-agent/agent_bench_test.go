@@ -71,16 +71,7 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 // waits (untimed) for it to recover. Reports p50 and p99 in ms.
 func BenchmarkFaultToListAndWatch(b *testing.B) {
 	dir := shortTempDir(b)
-	cfg := defaults()
-	cfg.Simulate = "dgx-h100"
-	cfg.DevicePluginDir = dir
-	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = ""
-	cfg.RescanInterval.Duration = 0
-	cfg.Health.RecoveryPeriod = 20 * time.Millisecond
-	cfg.Health.MaxRecoveryPeriod = 20 * time.Millisecond
-	cfg.Health.DCGMMode = "off"
-	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	a, err := openAgent(faultBenchConfig(dir), slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -124,15 +115,7 @@ func BenchmarkPortDownToListAndWatch(b *testing.B) {
 	for _, poll := range []time.Duration{rdma.DefaultPollInterval, 100 * time.Millisecond} {
 		b.Run("poll="+poll.String(), func(b *testing.B) {
 			dir := shortTempDir(b)
-			cfg := defaults()
-			cfg.Simulate = "dgx-h100"
-			cfg.DevicePluginDir = dir
-			cfg.MetricsAddress = ""
-			cfg.SimControlAddress = ""
-			cfg.RescanInterval.Duration = 0
-			cfg.Health.RecoveryPeriod = 20 * time.Millisecond
-			cfg.Health.MaxRecoveryPeriod = 20 * time.Millisecond
-			cfg.Health.DCGMMode = "off"
+			cfg := faultBenchConfig(dir)
 			cfg.RDMA = rdma.Config{
 				PollInterval: rdma.Duration(poll),
 				Resources:    []rdma.ResourceConfig{{Name: "ib", Selectors: rdma.Selectors{LinkTypes: []string{"infiniband"}}}},
@@ -176,6 +159,22 @@ func BenchmarkPortDownToListAndWatch(b *testing.B) {
 			reportPercentiles(b, samples)
 		})
 	}
+}
+
+// faultBenchConfig is the fault benchmarks' agent: a simulated DGX H100
+// serving into dir, without metrics, control endpoint, rescans or DCGM,
+// whose devices recover 20 ms after their fault clears.
+func faultBenchConfig(dir string) Config {
+	cfg := defaults()
+	cfg.Simulate = "dgx-h100"
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = ""
+	cfg.RescanInterval.Duration = 0
+	cfg.Health.RecoveryPeriod = 20 * time.Millisecond
+	cfg.Health.MaxRecoveryPeriod = 20 * time.Millisecond
+	cfg.Health.DCGMMode = "off"
+	return cfg
 }
 
 // recvUntilHealth reads the ListAndWatch stream until device id is
