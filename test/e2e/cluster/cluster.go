@@ -204,9 +204,13 @@ func (c *Cluster) Stop() error {
 	if c.containerd != nil {
 		errs = append(errs, c.stopContainerd())
 	}
+	// The control plane is the harness, not what is tested: one that
+	// needs SIGKILL (once, a kube-apiserver took over 15 s to drain after
+	// every test had passed) is still stopped, and its log tail is shown
+	// so the reason can be read, but it does not fail the run.
 	for _, p := range []*process{c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
-		if p != nil {
-			errs = append(errs, p.stop(15*time.Second))
+		if err := p.stop(30 * time.Second); err != nil {
+			c.opts.Log("NOTE: %v; last lines of %s:\n%s", err, p.logPath, tailFile(p.logPath, 20))
 		}
 	}
 	if c.opts.Node {
