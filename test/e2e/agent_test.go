@@ -61,9 +61,19 @@ func TestAgentDaemonSet(t *testing.T) {
 	t.Logf("node capacity %s, allocatable %s (matched after %s)", cluster.FormatResources(capacity), cluster.FormatResources(alloc), d.Round(time.Millisecond))
 }
 
-// simGPUs reads the simulated node from the agent's control endpoint:
-// whole-GPU UUIDs of GPUs without MIG, and every MIG device UUID.
-func simGPUs(t *testing.T, a *agentdeploy.Agent) (whole, mig []string) {
+// simGPU is a GPU of the simulator's GET /state (a topology snapshot).
+type simGPU struct {
+	Index      int    `json:"index"`
+	UUID       string `json:"uuid"`
+	MIGEnabled bool   `json:"migEnabled"`
+	MIG        []struct {
+		UUID string `json:"uuid"`
+	} `json:"mig"`
+}
+
+// simNodeGPUs reads the simulated node's GPUs from the agent's control
+// endpoint.
+func simNodeGPUs(t *testing.T, a *agentdeploy.Agent) []simGPU {
 	t.Helper()
 	resp, err := http.Get(a.Control.Base + "/state")
 	if err != nil {
@@ -71,18 +81,19 @@ func simGPUs(t *testing.T, a *agentdeploy.Agent) (whole, mig []string) {
 	}
 	defer resp.Body.Close()
 	var st struct {
-		GPUs []struct {
-			UUID       string `json:"uuid"`
-			MIGEnabled bool   `json:"migEnabled"`
-			MIG        []struct {
-				UUID string `json:"uuid"`
-			} `json:"mig"`
-		} `json:"gpus"`
+		GPUs []simGPU `json:"gpus"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("decode simulator state: %v", err)
 	}
-	for _, g := range st.GPUs {
+	return st.GPUs
+}
+
+// simGPUs returns the whole-GPU UUIDs of GPUs without MIG, and every MIG
+// device UUID, of the simulated node.
+func simGPUs(t *testing.T, a *agentdeploy.Agent) (whole, mig []string) {
+	t.Helper()
+	for _, g := range simNodeGPUs(t, a) {
 		if !g.MIGEnabled {
 			whole = append(whole, g.UUID)
 		}
@@ -96,22 +107,8 @@ func simGPUs(t *testing.T, a *agentdeploy.Agent) (whole, mig []string) {
 // simState returns the simulated GPUs' UUIDs by index.
 func simState(t *testing.T, a *agentdeploy.Agent) map[int]string {
 	t.Helper()
-	resp, err := http.Get(a.Control.Base + "/state")
-	if err != nil {
-		t.Fatalf("simulator state: %v", err)
-	}
-	defer resp.Body.Close()
-	var st struct {
-		GPUs []struct {
-			Index int    `json:"index"`
-			UUID  string `json:"uuid"`
-		} `json:"gpus"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("decode simulator state: %v", err)
-	}
 	out := map[int]string{}
-	for _, g := range st.GPUs {
+	for _, g := range simNodeGPUs(t, a) {
 		out[g.Index] = g.UUID
 	}
 	return out
