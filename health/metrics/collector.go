@@ -244,8 +244,12 @@ func (c *Collector) readAll(ctx context.Context, node *topology.Node) []*gpuResu
 		waiting++
 		started[i] = true
 		go func() {
-			defer flag.Store(false)
-			ch <- done{i, readGPU(c.lib, g, c.cfg.XIDs)}
+			res := readGPU(c.lib, g, c.cfg.XIDs)
+			// Clear the flag before handing the result over: once the
+			// collector has the result, the next cycle (or a prune) must
+			// see this GPU as idle. ch is buffered, so the send never blocks.
+			flag.Store(false)
+			ch <- done{i, res}
 		}()
 	}
 	timer := time.NewTimer(c.cfg.DeviceTimeout)
