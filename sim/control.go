@@ -18,7 +18,10 @@ import (
 type Fault struct {
 	// Kind names the fault, e.g. "xid", "gpu-lost", "nvlink-down".
 	Kind string `json:"kind"`
-	// GPU is the index of the GPU the fault concerns.
+	// GPU is the index of the GPU the fault concerns, in the order of the
+	// spec the node was built from (NVML's index while no GPU is
+	// gpu-missing). -1, for kind "xid" only, raises the event without a
+	// device, as NVML does for an error it cannot attribute.
 	GPU int `json:"gpu"`
 	// XID is the XID error code for "xid" faults.
 	XID uint64 `json:"xid,omitempty"`
@@ -26,8 +29,12 @@ type Fault struct {
 	Link int `json:"link,omitempty"`
 	// NIC is the RDMA device name for NIC faults.
 	NIC string `json:"nic,omitempty"`
-	// MIG is the UUID of the MIG device a fault is confined to.
+	// MIG is the UUID of the MIG device a fault is confined to: its event
+	// carries the device's GPU and compute instance IDs.
 	MIG string `json:"mig,omitempty"`
+	// GI is the GPU instance ID an "xid" or "ecc-dbe" event is attributed
+	// to without a compute instance (ComputeInstanceId 0xFFFFFFFF).
+	GI *uint32 `json:"gi,omitempty"`
 }
 
 // migRequest is the body of POST /mig.
@@ -44,7 +51,8 @@ const maxControlBody = 1 << 16
 //	POST   /mig     {"gpu":1,"profiles":["3g.40gb","3g.40gb"]}  (empty list: MIG off)
 //	POST   /faults  a Fault
 //	DELETE /faults  a Fault
-//	GET    /state   the current layout (topology.Node JSON)
+//	GET    /state   the current layout as NVML lists it (topology.Node JSON)
+//	GET    /calls   NVML calls made so far, by method ({"GetUUID":12,...})
 //
 // Bad requests get 400 with a message naming the offending field.
 func (n *Node) ControlHandler() http.Handler {
@@ -53,6 +61,7 @@ func (n *Node) ControlHandler() http.Handler {
 	mux.HandleFunc("POST /faults", func(w http.ResponseWriter, r *http.Request) { n.handleFault(w, r, n.injectFault) })
 	mux.HandleFunc("DELETE /faults", func(w http.ResponseWriter, r *http.Request) { n.handleFault(w, r, n.clearFault) })
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Spec()) })
+	mux.HandleFunc("GET /calls", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.NVMLCalls()) })
 	return mux
 }
 
@@ -74,7 +83,7 @@ func (n *Node) handleMIG(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, fmt.Errorf("profiles: %w", err))
 		return
 	}
-	writeJSON(w, http.StatusOK, n.Spec().GPUs[*req.GPU])
+	writeJSON(w, http.StatusOK, n.gpuSpec(*req.GPU))
 }
 
 func (n *Node) handleFault(w http.ResponseWriter, r *http.Request, apply func(Fault) error) {
@@ -85,10 +94,6 @@ func (n *Node) handleFault(w http.ResponseWriter, r *http.Request, apply func(Fa
 	}
 	if f.Kind == "" {
 		httpError(w, http.StatusBadRequest, errors.New("kind: required"))
-		return
-	}
-	if err := n.checkGPU(f.GPU); err != nil {
-		httpError(w, http.StatusBadRequest, err)
 		return
 	}
 	if err := apply(f); err != nil {

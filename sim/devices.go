@@ -132,7 +132,7 @@ func (n *Node) installServer() {
 		for _, g := range n.gpus {
 			for _, m := range g.mig {
 				if m.info.UUID == uuid {
-					return directDevice{m: m.dev}, nvml.SUCCESS
+					return n.migHandle(g.index, m.dev), nvml.SUCCESS
 				}
 			}
 		}

@@ -6,2514 +6,3988 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
+const numLibCalls = 391
+
+var libCallNames = [...]string{
+	"ComputeInstanceDestroy",
+	"ComputeInstanceGetInfo",
+	"DeviceClearAccountingPids",
+	"DeviceClearCpuAffinity",
+	"DeviceClearEccErrorCounts",
+	"DeviceClearFieldValues",
+	"DeviceCreateGpuInstance",
+	"DeviceCreateGpuInstanceWithPlacement",
+	"DeviceDiscoverGpus",
+	"DeviceFreezeNvLinkUtilizationCounter",
+	"DeviceGetAPIRestriction",
+	"DeviceGetAccountingBufferSize",
+	"DeviceGetAccountingMode",
+	"DeviceGetAccountingPids",
+	"DeviceGetAccountingStats",
+	"DeviceGetAccountingStats_v2",
+	"DeviceGetActiveVgpus",
+	"DeviceGetAdaptiveClockInfoStatus",
+	"DeviceGetAddressingMode",
+	"DeviceGetApplicationsClock",
+	"DeviceGetArchitecture",
+	"DeviceGetAttributes",
+	"DeviceGetAutoBoostedClocksEnabled",
+	"DeviceGetBAR1MemoryInfo",
+	"DeviceGetBBXTimeData_v1",
+	"DeviceGetBoardId",
+	"DeviceGetBoardPartNumber",
+	"DeviceGetBrand",
+	"DeviceGetBridgeChipInfo",
+	"DeviceGetBusType",
+	"DeviceGetC2cModeInfoV",
+	"DeviceGetCapabilities",
+	"DeviceGetClkMonStatus",
+	"DeviceGetClock",
+	"DeviceGetClockInfo",
+	"DeviceGetClockOffsets",
+	"DeviceGetComputeInstanceId",
+	"DeviceGetComputeMode",
+	"DeviceGetComputeRunningProcesses",
+	"DeviceGetConfComputeGpuAttestationReport",
+	"DeviceGetConfComputeGpuCertificate",
+	"DeviceGetConfComputeMemSizeInfo",
+	"DeviceGetConfComputeProtectedMemoryUsage",
+	"DeviceGetCoolerInfo",
+	"DeviceGetCount",
+	"DeviceGetCpuAffinity",
+	"DeviceGetCpuAffinityWithinScope",
+	"DeviceGetCreatableVgpus",
+	"DeviceGetCudaComputeCapability",
+	"DeviceGetCurrPcieLinkGeneration",
+	"DeviceGetCurrPcieLinkWidth",
+	"DeviceGetCurrentClockFreqs",
+	"DeviceGetCurrentClocksEventReasons",
+	"DeviceGetCurrentClocksThrottleReasons",
+	"DeviceGetDecoderUtilization",
+	"DeviceGetDefaultApplicationsClock",
+	"DeviceGetDefaultEccMode",
+	"DeviceGetDetailedEccErrors",
+	"DeviceGetDeviceHandleFromMigDeviceHandle",
+	"DeviceGetDisplayActive",
+	"DeviceGetDisplayMode",
+	"DeviceGetDramEncryptionMode",
+	"DeviceGetDriverModel",
+	"DeviceGetDriverModel_v2",
+	"DeviceGetDynamicPstatesInfo",
+	"DeviceGetEccMode",
+	"DeviceGetEncoderCapacity",
+	"DeviceGetEncoderSessions",
+	"DeviceGetEncoderStats",
+	"DeviceGetEncoderUtilization",
+	"DeviceGetEnforcedPowerLimit",
+	"DeviceGetFBCSessions",
+	"DeviceGetFBCStats",
+	"DeviceGetFanControlPolicy_v2",
+	"DeviceGetFanSpeed",
+	"DeviceGetFanSpeedRPM",
+	"DeviceGetFanSpeed_v2",
+	"DeviceGetFieldValues",
+	"DeviceGetGpcClkMinMaxVfOffset",
+	"DeviceGetGpcClkVfOffset",
+	"DeviceGetGpuFabricInfo",
+	"DeviceGetGpuFabricInfoV",
+	"DeviceGetGpuInstanceById",
+	"DeviceGetGpuInstanceId",
+	"DeviceGetGpuInstancePossiblePlacements",
+	"DeviceGetGpuInstanceProfileInfo",
+	"DeviceGetGpuInstanceProfileInfoByIdV",
+	"DeviceGetGpuInstanceProfileInfoV",
+	"DeviceGetGpuInstanceRemainingCapacity",
+	"DeviceGetGpuInstances",
+	"DeviceGetGpuMaxPcieLinkGeneration",
+	"DeviceGetGpuOperationMode",
+	"DeviceGetGraphicsRunningProcesses",
+	"DeviceGetGridLicensableFeatures",
+	"DeviceGetGspFirmwareMode",
+	"DeviceGetGspFirmwareVersion",
+	"DeviceGetHandleByIndex",
+	"DeviceGetHandleByPciBusId",
+	"DeviceGetHandleBySerial",
+	"DeviceGetHandleByUUID",
+	"DeviceGetHandleByUUIDV",
+	"DeviceGetHostVgpuMode",
+	"DeviceGetHostname_v1",
+	"DeviceGetIndex",
+	"DeviceGetInforomConfigurationChecksum",
+	"DeviceGetInforomImageVersion",
+	"DeviceGetInforomVersion",
+	"DeviceGetIrqNum",
+	"DeviceGetJpgUtilization",
+	"DeviceGetLastBBXFlushTime",
+	"DeviceGetMPSComputeRunningProcesses",
+	"DeviceGetMarginTemperature",
+	"DeviceGetMaxClockInfo",
+	"DeviceGetMaxCustomerBoostClock",
+	"DeviceGetMaxMigDeviceCount",
+	"DeviceGetMaxPcieLinkGeneration",
+	"DeviceGetMaxPcieLinkWidth",
+	"DeviceGetMemClkMinMaxVfOffset",
+	"DeviceGetMemClkVfOffset",
+	"DeviceGetMemoryAffinity",
+	"DeviceGetMemoryBusWidth",
+	"DeviceGetMemoryErrorCounter",
+	"DeviceGetMemoryInfo",
+	"DeviceGetMemoryInfo_v2",
+	"DeviceGetMigDeviceHandleByIndex",
+	"DeviceGetMigMode",
+	"DeviceGetMinMaxClockOfPState",
+	"DeviceGetMinMaxFanSpeed",
+	"DeviceGetMinorNumber",
+	"DeviceGetModuleId",
+	"DeviceGetMultiGpuBoard",
+	"DeviceGetName",
+	"DeviceGetNumFans",
+	"DeviceGetNumGpuCores",
+	"DeviceGetNumaNodeId",
+	"DeviceGetNvLinkCapability",
+	"DeviceGetNvLinkErrorCounter",
+	"DeviceGetNvLinkInfo",
+	"DeviceGetNvLinkRemoteDeviceType",
+	"DeviceGetNvLinkRemotePciInfo",
+	"DeviceGetNvLinkState",
+	"DeviceGetNvLinkUtilizationControl",
+	"DeviceGetNvLinkUtilizationCounter",
+	"DeviceGetNvLinkVersion",
+	"DeviceGetNvlinkBwMode",
+	"DeviceGetNvlinkSupportedBwModes",
+	"DeviceGetOfaUtilization",
+	"DeviceGetP2PStatus",
+	"DeviceGetPciInfo",
+	"DeviceGetPciInfoExt",
+	"DeviceGetPcieLinkMaxSpeed",
+	"DeviceGetPcieReplayCounter",
+	"DeviceGetPcieSpeed",
+	"DeviceGetPcieThroughput",
+	"DeviceGetPdi",
+	"DeviceGetPerformanceModes",
+	"DeviceGetPerformanceState",
+	"DeviceGetPersistenceMode",
+	"DeviceGetPgpuMetadataString",
+	"DeviceGetPlatformInfo",
+	"DeviceGetPowerManagementDefaultLimit",
+	"DeviceGetPowerManagementLimit",
+	"DeviceGetPowerManagementLimitConstraints",
+	"DeviceGetPowerManagementMode",
+	"DeviceGetPowerMizerMode_v1",
+	"DeviceGetPowerSource",
+	"DeviceGetPowerState",
+	"DeviceGetPowerUsage",
+	"DeviceGetProcessUtilization",
+	"DeviceGetProcessesUtilizationInfo",
+	"DeviceGetRemappedRows",
+	"DeviceGetRemappedRows_v2",
+	"DeviceGetRepairStatus",
+	"DeviceGetRetiredPages",
+	"DeviceGetRetiredPagesPendingStatus",
+	"DeviceGetRetiredPages_v2",
+	"DeviceGetRowRemapperHistogram",
+	"DeviceGetRunningProcessDetailList",
+	"DeviceGetSamples",
+	"DeviceGetSerial",
+	"DeviceGetSramEccErrorStatus",
+	"DeviceGetSramUniqueUncorrectedEccErrorCounts",
+	"DeviceGetSupportedClocksEventReasons",
+	"DeviceGetSupportedClocksThrottleReasons",
+	"DeviceGetSupportedEventTypes",
+	"DeviceGetSupportedGraphicsClocks",
+	"DeviceGetSupportedMemoryClocks",
+	"DeviceGetSupportedPerformanceStates",
+	"DeviceGetSupportedVgpus",
+	"DeviceGetTargetFanSpeed",
+	"DeviceGetTemperature",
+	"DeviceGetTemperatureThreshold",
+	"DeviceGetTemperatureV",
+	"DeviceGetThermalSettings",
+	"DeviceGetTopologyCommonAncestor",
+	"DeviceGetTopologyNearestGpus",
+	"DeviceGetTotalEccErrors",
+	"DeviceGetTotalEnergyConsumption",
+	"DeviceGetUUID",
+	"DeviceGetUnrepairableMemoryFlag_v1",
+	"DeviceGetUtilizationRates",
+	"DeviceGetVbiosVersion",
+	"DeviceGetVgpuCapabilities",
+	"DeviceGetVgpuHeterogeneousMode",
+	"DeviceGetVgpuInstancesUtilizationInfo",
+	"DeviceGetVgpuMetadata",
+	"DeviceGetVgpuProcessUtilization",
+	"DeviceGetVgpuProcessesUtilizationInfo",
+	"DeviceGetVgpuSchedulerCapabilities",
+	"DeviceGetVgpuSchedulerLog",
+	"DeviceGetVgpuSchedulerLog_v2",
+	"DeviceGetVgpuSchedulerState",
+	"DeviceGetVgpuSchedulerState_v2",
+	"DeviceGetVgpuTypeCreatablePlacements",
+	"DeviceGetVgpuTypeSupportedPlacements",
+	"DeviceGetVgpuUtilization",
+	"DeviceGetViolationStatus",
+	"DeviceGetVirtualizationMode",
+	"DeviceIsMigDeviceHandle",
+	"DeviceModifyDrainState",
+	"DeviceOnSameBoard",
+	"DevicePowerSmoothingActivatePresetProfile",
+	"DevicePowerSmoothingSetState",
+	"DevicePowerSmoothingUpdatePresetProfileParam",
+	"DeviceQueryDrainState",
+	"DeviceReadPRMCounters_v1",
+	"DeviceReadWritePRM_v1",
+	"DeviceRegisterEvents",
+	"DeviceRemoveGpu",
+	"DeviceRemoveGpu_v2",
+	"DeviceResetApplicationsClocks",
+	"DeviceResetGpuLockedClocks",
+	"DeviceResetMemoryLockedClocks",
+	"DeviceResetNvLinkErrorCounters",
+	"DeviceResetNvLinkUtilizationCounter",
+	"DeviceSetAPIRestriction",
+	"DeviceSetAccountingMode",
+	"DeviceSetApplicationsClocks",
+	"DeviceSetAutoBoostedClocksEnabled",
+	"DeviceSetClockOffsets",
+	"DeviceSetComputeMode",
+	"DeviceSetConfComputeUnprotectedMemSize",
+	"DeviceSetCpuAffinity",
+	"DeviceSetDefaultAutoBoostedClocksEnabled",
+	"DeviceSetDefaultFanSpeed_v2",
+	"DeviceSetDramEncryptionMode",
+	"DeviceSetDriverModel",
+	"DeviceSetEccMode",
+	"DeviceSetFanControlPolicy",
+	"DeviceSetFanSpeed_v2",
+	"DeviceSetGpcClkVfOffset",
+	"DeviceSetGpuLockedClocks",
+	"DeviceSetGpuOperationMode",
+	"DeviceSetHostname_v1",
+	"DeviceSetMemClkVfOffset",
+	"DeviceSetMemoryLockedClocks",
+	"DeviceSetMigMode",
+	"DeviceSetNvLinkDeviceLowPowerThreshold",
+	"DeviceSetNvLinkUtilizationControl",
+	"DeviceSetNvlinkBwMode",
+	"DeviceSetPersistenceMode",
+	"DeviceSetPowerManagementLimit",
+	"DeviceSetPowerManagementLimit_v2",
+	"DeviceSetRusdSettings_v1",
+	"DeviceSetTemperatureThreshold",
+	"DeviceSetVgpuCapabilities",
+	"DeviceSetVgpuHeterogeneousMode",
+	"DeviceSetVgpuSchedulerState",
+	"DeviceSetVgpuSchedulerState_v2",
+	"DeviceSetVirtualizationMode",
+	"DeviceValidateInforom",
+	"DeviceVgpuForceGspUnload",
+	"DeviceWorkloadPowerProfileClearRequestedProfiles",
+	"DeviceWorkloadPowerProfileGetCurrentProfiles",
+	"DeviceWorkloadPowerProfileGetProfilesInfo",
+	"DeviceWorkloadPowerProfileSetRequestedProfiles",
+	"DeviceWorkloadPowerProfileUpdateProfiles_v1",
+	"ErrorString",
+	"EventSetCreate",
+	"EventSetFree",
+	"EventSetWait",
+	"Extensions",
+	"GetExcludedDeviceCount",
+	"GetExcludedDeviceInfoByIndex",
+	"GetVgpuCompatibility",
+	"GetVgpuDriverCapabilities",
+	"GetVgpuVersion",
+	"GpmMetricsGet",
+	"GpmMetricsGetV",
+	"GpmMigSampleGet",
+	"GpmQueryDeviceSupport",
+	"GpmQueryDeviceSupportV",
+	"GpmQueryIfStreamingEnabled",
+	"GpmSampleAlloc",
+	"GpmSampleFree",
+	"GpmSampleGet",
+	"GpmSetStreamingEnabled",
+	"GpuInstanceCreateComputeInstance",
+	"GpuInstanceCreateComputeInstanceWithPlacement",
+	"GpuInstanceDestroy",
+	"GpuInstanceGetActiveVgpus",
+	"GpuInstanceGetComputeInstanceById",
+	"GpuInstanceGetComputeInstancePossiblePlacements",
+	"GpuInstanceGetComputeInstanceProfileInfo",
+	"GpuInstanceGetComputeInstanceProfileInfoV",
+	"GpuInstanceGetComputeInstanceRemainingCapacity",
+	"GpuInstanceGetComputeInstances",
+	"GpuInstanceGetCreatableVgpus",
+	"GpuInstanceGetInfo",
+	"GpuInstanceGetVgpuHeterogeneousMode",
+	"GpuInstanceGetVgpuSchedulerLog",
+	"GpuInstanceGetVgpuSchedulerLog_v2",
+	"GpuInstanceGetVgpuSchedulerState",
+	"GpuInstanceGetVgpuSchedulerState_v2",
+	"GpuInstanceGetVgpuTypeCreatablePlacements",
+	"GpuInstanceSetVgpuHeterogeneousMode",
+	"GpuInstanceSetVgpuSchedulerState",
+	"GpuInstanceSetVgpuSchedulerState_v2",
+	"Init",
+	"InitWithFlags",
+	"SetVgpuVersion",
+	"Shutdown",
+	"SystemEventSetCreate",
+	"SystemEventSetFree",
+	"SystemEventSetWait",
+	"SystemGetCPER_v1",
+	"SystemGetConfComputeCapabilities",
+	"SystemGetConfComputeGpusReadyState",
+	"SystemGetConfComputeKeyRotationThresholdInfo",
+	"SystemGetConfComputeSettings",
+	"SystemGetConfComputeState",
+	"SystemGetCudaDriverVersion",
+	"SystemGetCudaDriverVersion_v2",
+	"SystemGetDriverBranch",
+	"SystemGetDriverVersion",
+	"SystemGetHicVersion",
+	"SystemGetNVMLVersion",
+	"SystemGetNvlinkBwMode",
+	"SystemGetProcessName",
+	"SystemGetTopologyGpuSet",
+	"SystemRegisterEvents",
+	"SystemSetConfComputeGpusReadyState",
+	"SystemSetConfComputeKeyRotationThresholdInfo",
+	"SystemSetNvlinkBwMode",
+	"UnitGetCount",
+	"UnitGetDevices",
+	"UnitGetFanSpeedInfo",
+	"UnitGetHandleByIndex",
+	"UnitGetLedState",
+	"UnitGetPsuInfo",
+	"UnitGetTemperature",
+	"UnitGetUnitInfo",
+	"UnitSetLedState",
+	"VgpuInstanceClearAccountingPids",
+	"VgpuInstanceGetAccountingMode",
+	"VgpuInstanceGetAccountingPids",
+	"VgpuInstanceGetAccountingStats",
+	"VgpuInstanceGetEccMode",
+	"VgpuInstanceGetEncoderCapacity",
+	"VgpuInstanceGetEncoderSessions",
+	"VgpuInstanceGetEncoderStats",
+	"VgpuInstanceGetFBCSessions",
+	"VgpuInstanceGetFBCStats",
+	"VgpuInstanceGetFbUsage",
+	"VgpuInstanceGetFrameRateLimit",
+	"VgpuInstanceGetGpuInstanceId",
+	"VgpuInstanceGetGpuPciId",
+	"VgpuInstanceGetLicenseInfo",
+	"VgpuInstanceGetLicenseStatus",
+	"VgpuInstanceGetMdevUUID",
+	"VgpuInstanceGetMetadata",
+	"VgpuInstanceGetRuntimeStateSize",
+	"VgpuInstanceGetType",
+	"VgpuInstanceGetUUID",
+	"VgpuInstanceGetVmDriverVersion",
+	"VgpuInstanceGetVmID",
+	"VgpuInstanceSetEncoderCapacity",
+	"VgpuTypeGetBAR1Info",
+	"VgpuTypeGetCapabilities",
+	"VgpuTypeGetClass",
+	"VgpuTypeGetDeviceID",
+	"VgpuTypeGetFrameRateLimit",
+	"VgpuTypeGetFramebufferSize",
+	"VgpuTypeGetGpuInstanceProfileId",
+	"VgpuTypeGetLicense",
+	"VgpuTypeGetMaxInstances",
+	"VgpuTypeGetMaxInstancesPerGpuInstance",
+	"VgpuTypeGetMaxInstancesPerVm",
+	"VgpuTypeGetName",
+	"VgpuTypeGetNumDisplayHeads",
+	"VgpuTypeGetResolution",
+}
+
+const numDeviceCalls = 271
+
+var deviceCallNames = [...]string{
+	"ClearAccountingPids",
+	"ClearCpuAffinity",
+	"ClearEccErrorCounts",
+	"ClearFieldValues",
+	"CreateGpuInstance",
+	"CreateGpuInstanceWithPlacement",
+	"FreezeNvLinkUtilizationCounter",
+	"GetAPIRestriction",
+	"GetAccountingBufferSize",
+	"GetAccountingMode",
+	"GetAccountingPids",
+	"GetAccountingStats",
+	"GetAccountingStats_v2",
+	"GetActiveVgpus",
+	"GetAdaptiveClockInfoStatus",
+	"GetAddressingMode",
+	"GetApplicationsClock",
+	"GetArchitecture",
+	"GetAttributes",
+	"GetAutoBoostedClocksEnabled",
+	"GetBAR1MemoryInfo",
+	"GetBBXTimeData_v1",
+	"GetBoardId",
+	"GetBoardPartNumber",
+	"GetBrand",
+	"GetBridgeChipInfo",
+	"GetBusType",
+	"GetC2cModeInfoV",
+	"GetCapabilities",
+	"GetClkMonStatus",
+	"GetClock",
+	"GetClockInfo",
+	"GetClockOffsets",
+	"GetComputeInstanceId",
+	"GetComputeMode",
+	"GetComputeRunningProcesses",
+	"GetConfComputeGpuAttestationReport",
+	"GetConfComputeGpuCertificate",
+	"GetConfComputeMemSizeInfo",
+	"GetConfComputeProtectedMemoryUsage",
+	"GetCoolerInfo",
+	"GetCpuAffinity",
+	"GetCpuAffinityWithinScope",
+	"GetCreatableVgpus",
+	"GetCudaComputeCapability",
+	"GetCurrPcieLinkGeneration",
+	"GetCurrPcieLinkWidth",
+	"GetCurrentClockFreqs",
+	"GetCurrentClocksEventReasons",
+	"GetCurrentClocksThrottleReasons",
+	"GetDecoderUtilization",
+	"GetDefaultApplicationsClock",
+	"GetDefaultEccMode",
+	"GetDetailedEccErrors",
+	"GetDeviceHandleFromMigDeviceHandle",
+	"GetDisplayActive",
+	"GetDisplayMode",
+	"GetDramEncryptionMode",
+	"GetDriverModel",
+	"GetDriverModel_v2",
+	"GetDynamicPstatesInfo",
+	"GetEccMode",
+	"GetEncoderCapacity",
+	"GetEncoderSessions",
+	"GetEncoderStats",
+	"GetEncoderUtilization",
+	"GetEnforcedPowerLimit",
+	"GetFBCSessions",
+	"GetFBCStats",
+	"GetFanControlPolicy_v2",
+	"GetFanSpeed",
+	"GetFanSpeedRPM",
+	"GetFanSpeed_v2",
+	"GetFieldValues",
+	"GetGpcClkMinMaxVfOffset",
+	"GetGpcClkVfOffset",
+	"GetGpuFabricInfo",
+	"GetGpuFabricInfoV",
+	"GetGpuInstanceById",
+	"GetGpuInstanceId",
+	"GetGpuInstancePossiblePlacements",
+	"GetGpuInstanceProfileInfo",
+	"GetGpuInstanceProfileInfoByIdV",
+	"GetGpuInstanceProfileInfoV",
+	"GetGpuInstanceRemainingCapacity",
+	"GetGpuInstances",
+	"GetGpuMaxPcieLinkGeneration",
+	"GetGpuOperationMode",
+	"GetGraphicsRunningProcesses",
+	"GetGridLicensableFeatures",
+	"GetGspFirmwareMode",
+	"GetGspFirmwareVersion",
+	"GetHostVgpuMode",
+	"GetHostname_v1",
+	"GetIndex",
+	"GetInforomConfigurationChecksum",
+	"GetInforomImageVersion",
+	"GetInforomVersion",
+	"GetIrqNum",
+	"GetJpgUtilization",
+	"GetLastBBXFlushTime",
+	"GetMPSComputeRunningProcesses",
+	"GetMarginTemperature",
+	"GetMaxClockInfo",
+	"GetMaxCustomerBoostClock",
+	"GetMaxMigDeviceCount",
+	"GetMaxPcieLinkGeneration",
+	"GetMaxPcieLinkWidth",
+	"GetMemClkMinMaxVfOffset",
+	"GetMemClkVfOffset",
+	"GetMemoryAffinity",
+	"GetMemoryBusWidth",
+	"GetMemoryErrorCounter",
+	"GetMemoryInfo",
+	"GetMemoryInfo_v2",
+	"GetMigDeviceHandleByIndex",
+	"GetMigMode",
+	"GetMinMaxClockOfPState",
+	"GetMinMaxFanSpeed",
+	"GetMinorNumber",
+	"GetModuleId",
+	"GetMultiGpuBoard",
+	"GetName",
+	"GetNumFans",
+	"GetNumGpuCores",
+	"GetNumaNodeId",
+	"GetNvLinkCapability",
+	"GetNvLinkErrorCounter",
+	"GetNvLinkInfo",
+	"GetNvLinkRemoteDeviceType",
+	"GetNvLinkRemotePciInfo",
+	"GetNvLinkState",
+	"GetNvLinkUtilizationControl",
+	"GetNvLinkUtilizationCounter",
+	"GetNvLinkVersion",
+	"GetNvlinkBwMode",
+	"GetNvlinkSupportedBwModes",
+	"GetOfaUtilization",
+	"GetP2PStatus",
+	"GetPciInfo",
+	"GetPciInfoExt",
+	"GetPcieLinkMaxSpeed",
+	"GetPcieReplayCounter",
+	"GetPcieSpeed",
+	"GetPcieThroughput",
+	"GetPdi",
+	"GetPerformanceModes",
+	"GetPerformanceState",
+	"GetPersistenceMode",
+	"GetPgpuMetadataString",
+	"GetPlatformInfo",
+	"GetPowerManagementDefaultLimit",
+	"GetPowerManagementLimit",
+	"GetPowerManagementLimitConstraints",
+	"GetPowerManagementMode",
+	"GetPowerMizerMode_v1",
+	"GetPowerSource",
+	"GetPowerState",
+	"GetPowerUsage",
+	"GetProcessUtilization",
+	"GetProcessesUtilizationInfo",
+	"GetRemappedRows",
+	"GetRemappedRows_v2",
+	"GetRepairStatus",
+	"GetRetiredPages",
+	"GetRetiredPagesPendingStatus",
+	"GetRetiredPages_v2",
+	"GetRowRemapperHistogram",
+	"GetRunningProcessDetailList",
+	"GetSamples",
+	"GetSerial",
+	"GetSramEccErrorStatus",
+	"GetSramUniqueUncorrectedEccErrorCounts",
+	"GetSupportedClocksEventReasons",
+	"GetSupportedClocksThrottleReasons",
+	"GetSupportedEventTypes",
+	"GetSupportedGraphicsClocks",
+	"GetSupportedMemoryClocks",
+	"GetSupportedPerformanceStates",
+	"GetSupportedVgpus",
+	"GetTargetFanSpeed",
+	"GetTemperature",
+	"GetTemperatureThreshold",
+	"GetTemperatureV",
+	"GetThermalSettings",
+	"GetTopologyCommonAncestor",
+	"GetTopologyNearestGpus",
+	"GetTotalEccErrors",
+	"GetTotalEnergyConsumption",
+	"GetUUID",
+	"GetUnrepairableMemoryFlag_v1",
+	"GetUtilizationRates",
+	"GetVbiosVersion",
+	"GetVgpuCapabilities",
+	"GetVgpuHeterogeneousMode",
+	"GetVgpuInstancesUtilizationInfo",
+	"GetVgpuMetadata",
+	"GetVgpuProcessUtilization",
+	"GetVgpuProcessesUtilizationInfo",
+	"GetVgpuSchedulerCapabilities",
+	"GetVgpuSchedulerLog",
+	"GetVgpuSchedulerLog_v2",
+	"GetVgpuSchedulerState",
+	"GetVgpuSchedulerState_v2",
+	"GetVgpuTypeCreatablePlacements",
+	"GetVgpuTypeSupportedPlacements",
+	"GetVgpuUtilization",
+	"GetViolationStatus",
+	"GetVirtualizationMode",
+	"GpmMigSampleGet",
+	"GpmQueryDeviceSupport",
+	"GpmQueryDeviceSupportV",
+	"GpmQueryIfStreamingEnabled",
+	"GpmSampleGet",
+	"GpmSetStreamingEnabled",
+	"IsMigDeviceHandle",
+	"OnSameBoard",
+	"PowerSmoothingActivatePresetProfile",
+	"PowerSmoothingSetState",
+	"PowerSmoothingUpdatePresetProfileParam",
+	"ReadPRMCounters_v1",
+	"ReadWritePRM_v1",
+	"RegisterEvents",
+	"ResetApplicationsClocks",
+	"ResetGpuLockedClocks",
+	"ResetMemoryLockedClocks",
+	"ResetNvLinkErrorCounters",
+	"ResetNvLinkUtilizationCounter",
+	"SetAPIRestriction",
+	"SetAccountingMode",
+	"SetApplicationsClocks",
+	"SetAutoBoostedClocksEnabled",
+	"SetClockOffsets",
+	"SetComputeMode",
+	"SetConfComputeUnprotectedMemSize",
+	"SetCpuAffinity",
+	"SetDefaultAutoBoostedClocksEnabled",
+	"SetDefaultFanSpeed_v2",
+	"SetDramEncryptionMode",
+	"SetDriverModel",
+	"SetEccMode",
+	"SetFanControlPolicy",
+	"SetFanSpeed_v2",
+	"SetGpcClkVfOffset",
+	"SetGpuLockedClocks",
+	"SetGpuOperationMode",
+	"SetHostname_v1",
+	"SetMemClkVfOffset",
+	"SetMemoryLockedClocks",
+	"SetMigMode",
+	"SetNvLinkDeviceLowPowerThreshold",
+	"SetNvLinkUtilizationControl",
+	"SetNvlinkBwMode",
+	"SetPersistenceMode",
+	"SetPowerManagementLimit",
+	"SetPowerManagementLimit_v2",
+	"SetRusdSettings_v1",
+	"SetTemperatureThreshold",
+	"SetVgpuCapabilities",
+	"SetVgpuHeterogeneousMode",
+	"SetVgpuSchedulerState",
+	"SetVgpuSchedulerState_v2",
+	"SetVirtualizationMode",
+	"ValidateInforom",
+	"VgpuForceGspUnload",
+	"VgpuTypeGetMaxInstances",
+	"WorkloadPowerProfileClearRequestedProfiles",
+	"WorkloadPowerProfileGetCurrentProfiles",
+	"WorkloadPowerProfileGetProfilesInfo",
+	"WorkloadPowerProfileSetRequestedProfiles",
+	"WorkloadPowerProfileUpdateProfiles_v1",
+}
+
+const libCallEventSetWait = 280
+
+const libCallEventSetFree = 279
+
 func (d directLib) ComputeInstanceDestroy(a0 nvml.ComputeInstance) nvml.Return {
+	d.c.count(0)
 	return d.m.ComputeInstanceDestroyFunc(a0)
 }
 
 func (d directLib) ComputeInstanceGetInfo(a0 nvml.ComputeInstance) (nvml.ComputeInstanceInfo, nvml.Return) {
+	d.c.count(1)
 	return d.m.ComputeInstanceGetInfoFunc(a0)
 }
 
 func (d directLib) DeviceClearAccountingPids(a0 nvml.Device) nvml.Return {
+	d.c.count(2)
 	return d.m.DeviceClearAccountingPidsFunc(a0)
 }
 
 func (d directLib) DeviceClearCpuAffinity(a0 nvml.Device) nvml.Return {
+	d.c.count(3)
 	return d.m.DeviceClearCpuAffinityFunc(a0)
 }
 
 func (d directLib) DeviceClearEccErrorCounts(a0 nvml.Device, a1 nvml.EccCounterType) nvml.Return {
+	d.c.count(4)
 	return d.m.DeviceClearEccErrorCountsFunc(a0, a1)
 }
 
 func (d directLib) DeviceClearFieldValues(a0 nvml.Device, a1 []nvml.FieldValue) nvml.Return {
+	d.c.count(5)
 	return d.m.DeviceClearFieldValuesFunc(a0, a1)
 }
 
 func (d directLib) DeviceCreateGpuInstance(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
+	d.c.count(6)
 	return d.m.DeviceCreateGpuInstanceFunc(a0, a1)
 }
 
 func (d directLib) DeviceCreateGpuInstanceWithPlacement(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo, a2 *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+	d.c.count(7)
 	return d.m.DeviceCreateGpuInstanceWithPlacementFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceDiscoverGpus() (nvml.PciInfo, nvml.Return) {
+	d.c.count(8)
 	return d.m.DeviceDiscoverGpusFunc()
 }
 
 func (d directLib) DeviceFreezeNvLinkUtilizationCounter(a0 nvml.Device, a1 int, a2 int, a3 nvml.EnableState) nvml.Return {
+	d.c.count(9)
 	return d.m.DeviceFreezeNvLinkUtilizationCounterFunc(a0, a1, a2, a3)
 }
 
 func (d directLib) DeviceGetAPIRestriction(a0 nvml.Device, a1 nvml.RestrictedAPI) (nvml.EnableState, nvml.Return) {
+	d.c.count(10)
 	return d.m.DeviceGetAPIRestrictionFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetAccountingBufferSize(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(11)
 	return d.m.DeviceGetAccountingBufferSizeFunc(a0)
 }
 
 func (d directLib) DeviceGetAccountingMode(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(12)
 	return d.m.DeviceGetAccountingModeFunc(a0)
 }
 
 func (d directLib) DeviceGetAccountingPids(a0 nvml.Device) ([]int, nvml.Return) {
+	d.c.count(13)
 	return d.m.DeviceGetAccountingPidsFunc(a0)
 }
 
 func (d directLib) DeviceGetAccountingStats(a0 nvml.Device, a1 uint32) (nvml.AccountingStats, nvml.Return) {
+	d.c.count(14)
 	return d.m.DeviceGetAccountingStatsFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetAccountingStats_v2(a0 nvml.Device, a1 uint32) (nvml.AccountingStats_v2, nvml.Return) {
+	d.c.count(15)
 	return d.m.DeviceGetAccountingStats_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceGetActiveVgpus(a0 nvml.Device) ([]nvml.VgpuInstance, nvml.Return) {
+	d.c.count(16)
 	return d.m.DeviceGetActiveVgpusFunc(a0)
 }
 
 func (d directLib) DeviceGetAdaptiveClockInfoStatus(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(17)
 	return d.m.DeviceGetAdaptiveClockInfoStatusFunc(a0)
 }
 
 func (d directLib) DeviceGetAddressingMode(a0 nvml.Device) (nvml.DeviceAddressingMode, nvml.Return) {
+	d.c.count(18)
 	return d.m.DeviceGetAddressingModeFunc(a0)
 }
 
 func (d directLib) DeviceGetApplicationsClock(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) {
+	d.c.count(19)
 	return d.m.DeviceGetApplicationsClockFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetArchitecture(a0 nvml.Device) (nvml.DeviceArchitecture, nvml.Return) {
+	d.c.count(20)
 	return d.m.DeviceGetArchitectureFunc(a0)
 }
 
 func (d directLib) DeviceGetAttributes(a0 nvml.Device) (nvml.DeviceAttributes, nvml.Return) {
+	d.c.count(21)
 	return d.m.DeviceGetAttributesFunc(a0)
 }
 
 func (d directLib) DeviceGetAutoBoostedClocksEnabled(a0 nvml.Device) (nvml.EnableState, nvml.EnableState, nvml.Return) {
+	d.c.count(22)
 	return d.m.DeviceGetAutoBoostedClocksEnabledFunc(a0)
 }
 
 func (d directLib) DeviceGetBAR1MemoryInfo(a0 nvml.Device) (nvml.BAR1Memory, nvml.Return) {
+	d.c.count(23)
 	return d.m.DeviceGetBAR1MemoryInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetBBXTimeData_v1(a0 nvml.Device) (nvml.BBXTimeData_v1, nvml.Return) {
+	d.c.count(24)
 	return d.m.DeviceGetBBXTimeData_v1Func(a0)
 }
 
 func (d directLib) DeviceGetBoardId(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(25)
 	return d.m.DeviceGetBoardIdFunc(a0)
 }
 
 func (d directLib) DeviceGetBoardPartNumber(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(26)
 	return d.m.DeviceGetBoardPartNumberFunc(a0)
 }
 
 func (d directLib) DeviceGetBrand(a0 nvml.Device) (nvml.BrandType, nvml.Return) {
+	d.c.count(27)
 	return d.m.DeviceGetBrandFunc(a0)
 }
 
 func (d directLib) DeviceGetBridgeChipInfo(a0 nvml.Device) (nvml.BridgeChipHierarchy, nvml.Return) {
+	d.c.count(28)
 	return d.m.DeviceGetBridgeChipInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetBusType(a0 nvml.Device) (nvml.BusType, nvml.Return) {
+	d.c.count(29)
 	return d.m.DeviceGetBusTypeFunc(a0)
 }
 
 func (d directLib) DeviceGetC2cModeInfoV(a0 nvml.Device) nvml.C2cModeInfoHandler {
+	d.c.count(30)
 	return d.m.DeviceGetC2cModeInfoVFunc(a0)
 }
 
 func (d directLib) DeviceGetCapabilities(a0 nvml.Device) (nvml.DeviceCapabilities, nvml.Return) {
+	d.c.count(31)
 	return d.m.DeviceGetCapabilitiesFunc(a0)
 }
 
 func (d directLib) DeviceGetClkMonStatus(a0 nvml.Device) (nvml.ClkMonStatus, nvml.Return) {
+	d.c.count(32)
 	return d.m.DeviceGetClkMonStatusFunc(a0)
 }
 
 func (d directLib) DeviceGetClock(a0 nvml.Device, a1 nvml.ClockType, a2 nvml.ClockId) (uint32, nvml.Return) {
+	d.c.count(33)
 	return d.m.DeviceGetClockFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetClockInfo(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) {
+	d.c.count(34)
 	return d.m.DeviceGetClockInfoFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetClockOffsets(a0 nvml.Device) (nvml.ClockOffset, nvml.Return) {
+	d.c.count(35)
 	return d.m.DeviceGetClockOffsetsFunc(a0)
 }
 
 func (d directLib) DeviceGetComputeInstanceId(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(36)
 	return d.m.DeviceGetComputeInstanceIdFunc(a0)
 }
 
 func (d directLib) DeviceGetComputeMode(a0 nvml.Device) (nvml.ComputeMode, nvml.Return) {
+	d.c.count(37)
 	return d.m.DeviceGetComputeModeFunc(a0)
 }
 
 func (d directLib) DeviceGetComputeRunningProcesses(a0 nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
+	d.c.count(38)
 	return d.m.DeviceGetComputeRunningProcessesFunc(a0)
 }
 
 func (d directLib) DeviceGetConfComputeGpuAttestationReport(a0 nvml.Device, a1 *nvml.ConfComputeGpuAttestationReport) nvml.Return {
+	d.c.count(39)
 	return d.m.DeviceGetConfComputeGpuAttestationReportFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetConfComputeGpuCertificate(a0 nvml.Device) (nvml.ConfComputeGpuCertificate, nvml.Return) {
+	d.c.count(40)
 	return d.m.DeviceGetConfComputeGpuCertificateFunc(a0)
 }
 
 func (d directLib) DeviceGetConfComputeMemSizeInfo(a0 nvml.Device) (nvml.ConfComputeMemSizeInfo, nvml.Return) {
+	d.c.count(41)
 	return d.m.DeviceGetConfComputeMemSizeInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetConfComputeProtectedMemoryUsage(a0 nvml.Device) (nvml.Memory, nvml.Return) {
+	d.c.count(42)
 	return d.m.DeviceGetConfComputeProtectedMemoryUsageFunc(a0)
 }
 
 func (d directLib) DeviceGetCoolerInfo(a0 nvml.Device) (nvml.CoolerInfo, nvml.Return) {
+	d.c.count(43)
 	return d.m.DeviceGetCoolerInfoFunc(a0)
 }
 
-func (d directLib) DeviceGetCount() (int, nvml.Return) { return d.m.DeviceGetCountFunc() }
+func (d directLib) DeviceGetCount() (int, nvml.Return) {
+	d.c.count(44)
+	return d.m.DeviceGetCountFunc()
+}
 
 func (d directLib) DeviceGetCpuAffinity(a0 nvml.Device, a1 int) ([]uint, nvml.Return) {
+	d.c.count(45)
 	return d.m.DeviceGetCpuAffinityFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetCpuAffinityWithinScope(a0 nvml.Device, a1 int, a2 nvml.AffinityScope) ([]uint, nvml.Return) {
+	d.c.count(46)
 	return d.m.DeviceGetCpuAffinityWithinScopeFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetCreatableVgpus(a0 nvml.Device) ([]nvml.VgpuTypeId, nvml.Return) {
+	d.c.count(47)
 	return d.m.DeviceGetCreatableVgpusFunc(a0)
 }
 
 func (d directLib) DeviceGetCudaComputeCapability(a0 nvml.Device) (int, int, nvml.Return) {
+	d.c.count(48)
 	return d.m.DeviceGetCudaComputeCapabilityFunc(a0)
 }
 
 func (d directLib) DeviceGetCurrPcieLinkGeneration(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(49)
 	return d.m.DeviceGetCurrPcieLinkGenerationFunc(a0)
 }
 
 func (d directLib) DeviceGetCurrPcieLinkWidth(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(50)
 	return d.m.DeviceGetCurrPcieLinkWidthFunc(a0)
 }
 
 func (d directLib) DeviceGetCurrentClockFreqs(a0 nvml.Device) (nvml.DeviceCurrentClockFreqs, nvml.Return) {
+	d.c.count(51)
 	return d.m.DeviceGetCurrentClockFreqsFunc(a0)
 }
 
 func (d directLib) DeviceGetCurrentClocksEventReasons(a0 nvml.Device) (uint64, nvml.Return) {
+	d.c.count(52)
 	return d.m.DeviceGetCurrentClocksEventReasonsFunc(a0)
 }
 
 func (d directLib) DeviceGetCurrentClocksThrottleReasons(a0 nvml.Device) (uint64, nvml.Return) {
+	d.c.count(53)
 	return d.m.DeviceGetCurrentClocksThrottleReasonsFunc(a0)
 }
 
 func (d directLib) DeviceGetDecoderUtilization(a0 nvml.Device) (uint32, uint32, nvml.Return) {
+	d.c.count(54)
 	return d.m.DeviceGetDecoderUtilizationFunc(a0)
 }
 
 func (d directLib) DeviceGetDefaultApplicationsClock(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) {
+	d.c.count(55)
 	return d.m.DeviceGetDefaultApplicationsClockFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetDefaultEccMode(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(56)
 	return d.m.DeviceGetDefaultEccModeFunc(a0)
 }
 
 func (d directLib) DeviceGetDetailedEccErrors(a0 nvml.Device, a1 nvml.MemoryErrorType, a2 nvml.EccCounterType) (nvml.EccErrorCounts, nvml.Return) {
+	d.c.count(57)
 	return d.m.DeviceGetDetailedEccErrorsFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetDeviceHandleFromMigDeviceHandle(a0 nvml.Device) (nvml.Device, nvml.Return) {
+	d.c.count(58)
 	return d.m.DeviceGetDeviceHandleFromMigDeviceHandleFunc(a0)
 }
 
 func (d directLib) DeviceGetDisplayActive(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(59)
 	return d.m.DeviceGetDisplayActiveFunc(a0)
 }
 
 func (d directLib) DeviceGetDisplayMode(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(60)
 	return d.m.DeviceGetDisplayModeFunc(a0)
 }
 
 func (d directLib) DeviceGetDramEncryptionMode(a0 nvml.Device) (nvml.DramEncryptionInfo, nvml.DramEncryptionInfo, nvml.Return) {
+	d.c.count(61)
 	return d.m.DeviceGetDramEncryptionModeFunc(a0)
 }
 
 func (d directLib) DeviceGetDriverModel(a0 nvml.Device) (nvml.DriverModel, nvml.DriverModel, nvml.Return) {
+	d.c.count(62)
 	return d.m.DeviceGetDriverModelFunc(a0)
 }
 
 func (d directLib) DeviceGetDriverModel_v2(a0 nvml.Device) (nvml.DriverModel, nvml.DriverModel, nvml.Return) {
+	d.c.count(63)
 	return d.m.DeviceGetDriverModel_v2Func(a0)
 }
 
 func (d directLib) DeviceGetDynamicPstatesInfo(a0 nvml.Device) (nvml.GpuDynamicPstatesInfo, nvml.Return) {
+	d.c.count(64)
 	return d.m.DeviceGetDynamicPstatesInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetEccMode(a0 nvml.Device) (nvml.EnableState, nvml.EnableState, nvml.Return) {
+	d.c.count(65)
 	return d.m.DeviceGetEccModeFunc(a0)
 }
 
 func (d directLib) DeviceGetEncoderCapacity(a0 nvml.Device, a1 nvml.EncoderType) (int, nvml.Return) {
+	d.c.count(66)
 	return d.m.DeviceGetEncoderCapacityFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetEncoderSessions(a0 nvml.Device) ([]nvml.EncoderSessionInfo, nvml.Return) {
+	d.c.count(67)
 	return d.m.DeviceGetEncoderSessionsFunc(a0)
 }
 
 func (d directLib) DeviceGetEncoderStats(a0 nvml.Device) (int, uint32, uint32, nvml.Return) {
+	d.c.count(68)
 	return d.m.DeviceGetEncoderStatsFunc(a0)
 }
 
 func (d directLib) DeviceGetEncoderUtilization(a0 nvml.Device) (uint32, uint32, nvml.Return) {
+	d.c.count(69)
 	return d.m.DeviceGetEncoderUtilizationFunc(a0)
 }
 
 func (d directLib) DeviceGetEnforcedPowerLimit(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(70)
 	return d.m.DeviceGetEnforcedPowerLimitFunc(a0)
 }
 
 func (d directLib) DeviceGetFBCSessions(a0 nvml.Device) ([]nvml.FBCSessionInfo, nvml.Return) {
+	d.c.count(71)
 	return d.m.DeviceGetFBCSessionsFunc(a0)
 }
 
 func (d directLib) DeviceGetFBCStats(a0 nvml.Device) (nvml.FBCStats, nvml.Return) {
+	d.c.count(72)
 	return d.m.DeviceGetFBCStatsFunc(a0)
 }
 
 func (d directLib) DeviceGetFanControlPolicy_v2(a0 nvml.Device, a1 int) (nvml.FanControlPolicy, nvml.Return) {
+	d.c.count(73)
 	return d.m.DeviceGetFanControlPolicy_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceGetFanSpeed(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(74)
 	return d.m.DeviceGetFanSpeedFunc(a0)
 }
 
 func (d directLib) DeviceGetFanSpeedRPM(a0 nvml.Device) (nvml.FanSpeedInfo, nvml.Return) {
+	d.c.count(75)
 	return d.m.DeviceGetFanSpeedRPMFunc(a0)
 }
 
 func (d directLib) DeviceGetFanSpeed_v2(a0 nvml.Device, a1 int) (uint32, nvml.Return) {
+	d.c.count(76)
 	return d.m.DeviceGetFanSpeed_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceGetFieldValues(a0 nvml.Device, a1 []nvml.FieldValue) nvml.Return {
+	d.c.count(77)
 	return d.m.DeviceGetFieldValuesFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpcClkMinMaxVfOffset(a0 nvml.Device) (int, int, nvml.Return) {
+	d.c.count(78)
 	return d.m.DeviceGetGpcClkMinMaxVfOffsetFunc(a0)
 }
 
 func (d directLib) DeviceGetGpcClkVfOffset(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(79)
 	return d.m.DeviceGetGpcClkVfOffsetFunc(a0)
 }
 
 func (d directLib) DeviceGetGpuFabricInfo(a0 nvml.Device) (nvml.GpuFabricInfo, nvml.Return) {
+	d.c.count(80)
 	return d.m.DeviceGetGpuFabricInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetGpuFabricInfoV(a0 nvml.Device) nvml.GpuFabricInfoHandler {
+	d.c.count(81)
 	return d.m.DeviceGetGpuFabricInfoVFunc(a0)
 }
 
 func (d directLib) DeviceGetGpuInstanceById(a0 nvml.Device, a1 int) (nvml.GpuInstance, nvml.Return) {
+	d.c.count(82)
 	return d.m.DeviceGetGpuInstanceByIdFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuInstanceId(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(83)
 	return d.m.DeviceGetGpuInstanceIdFunc(a0)
 }
 
 func (d directLib) DeviceGetGpuInstancePossiblePlacements(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+	d.c.count(84)
 	return d.m.DeviceGetGpuInstancePossiblePlacementsFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuInstanceProfileInfo(a0 nvml.Device, a1 int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+	d.c.count(85)
 	return d.m.DeviceGetGpuInstanceProfileInfoFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuInstanceProfileInfoByIdV(a0 nvml.Device, a1 int) nvml.GpuInstanceProfileInfoByIdHandler {
+	d.c.count(86)
 	return d.m.DeviceGetGpuInstanceProfileInfoByIdVFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuInstanceProfileInfoV(a0 nvml.Device, a1 int) nvml.GpuInstanceProfileInfoHandler {
+	d.c.count(87)
 	return d.m.DeviceGetGpuInstanceProfileInfoVFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuInstanceRemainingCapacity(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
+	d.c.count(88)
 	return d.m.DeviceGetGpuInstanceRemainingCapacityFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuInstances(a0 nvml.Device, a1 *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
+	d.c.count(89)
 	return d.m.DeviceGetGpuInstancesFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetGpuMaxPcieLinkGeneration(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(90)
 	return d.m.DeviceGetGpuMaxPcieLinkGenerationFunc(a0)
 }
 
 func (d directLib) DeviceGetGpuOperationMode(a0 nvml.Device) (nvml.GpuOperationMode, nvml.GpuOperationMode, nvml.Return) {
+	d.c.count(91)
 	return d.m.DeviceGetGpuOperationModeFunc(a0)
 }
 
 func (d directLib) DeviceGetGraphicsRunningProcesses(a0 nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
+	d.c.count(92)
 	return d.m.DeviceGetGraphicsRunningProcessesFunc(a0)
 }
 
 func (d directLib) DeviceGetGridLicensableFeatures(a0 nvml.Device) (nvml.GridLicensableFeatures, nvml.Return) {
+	d.c.count(93)
 	return d.m.DeviceGetGridLicensableFeaturesFunc(a0)
 }
 
 func (d directLib) DeviceGetGspFirmwareMode(a0 nvml.Device) (bool, bool, nvml.Return) {
+	d.c.count(94)
 	return d.m.DeviceGetGspFirmwareModeFunc(a0)
 }
 
 func (d directLib) DeviceGetGspFirmwareVersion(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(95)
 	return d.m.DeviceGetGspFirmwareVersionFunc(a0)
 }
 
 func (d directLib) DeviceGetHandleByIndex(a0 int) (nvml.Device, nvml.Return) {
+	d.c.count(96)
 	return d.m.DeviceGetHandleByIndexFunc(a0)
 }
 
 func (d directLib) DeviceGetHandleByPciBusId(a0 string) (nvml.Device, nvml.Return) {
+	d.c.count(97)
 	return d.m.DeviceGetHandleByPciBusIdFunc(a0)
 }
 
 func (d directLib) DeviceGetHandleBySerial(a0 string) (nvml.Device, nvml.Return) {
+	d.c.count(98)
 	return d.m.DeviceGetHandleBySerialFunc(a0)
 }
 
 func (d directLib) DeviceGetHandleByUUID(a0 string) (nvml.Device, nvml.Return) {
+	d.c.count(99)
 	return d.m.DeviceGetHandleByUUIDFunc(a0)
 }
 
 func (d directLib) DeviceGetHandleByUUIDV(a0 *nvml.UUID) (nvml.Device, nvml.Return) {
+	d.c.count(100)
 	return d.m.DeviceGetHandleByUUIDVFunc(a0)
 }
 
 func (d directLib) DeviceGetHostVgpuMode(a0 nvml.Device) (nvml.HostVgpuMode, nvml.Return) {
+	d.c.count(101)
 	return d.m.DeviceGetHostVgpuModeFunc(a0)
 }
 
 func (d directLib) DeviceGetHostname_v1(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(102)
 	return d.m.DeviceGetHostname_v1Func(a0)
 }
 
 func (d directLib) DeviceGetIndex(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(103)
 	return d.m.DeviceGetIndexFunc(a0)
 }
 
 func (d directLib) DeviceGetInforomConfigurationChecksum(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(104)
 	return d.m.DeviceGetInforomConfigurationChecksumFunc(a0)
 }
 
 func (d directLib) DeviceGetInforomImageVersion(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(105)
 	return d.m.DeviceGetInforomImageVersionFunc(a0)
 }
 
 func (d directLib) DeviceGetInforomVersion(a0 nvml.Device, a1 nvml.InforomObject) (string, nvml.Return) {
+	d.c.count(106)
 	return d.m.DeviceGetInforomVersionFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetIrqNum(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(107)
 	return d.m.DeviceGetIrqNumFunc(a0)
 }
 
 func (d directLib) DeviceGetJpgUtilization(a0 nvml.Device) (uint32, uint32, nvml.Return) {
+	d.c.count(108)
 	return d.m.DeviceGetJpgUtilizationFunc(a0)
 }
 
 func (d directLib) DeviceGetLastBBXFlushTime(a0 nvml.Device) (uint64, uint, nvml.Return) {
+	d.c.count(109)
 	return d.m.DeviceGetLastBBXFlushTimeFunc(a0)
 }
 
 func (d directLib) DeviceGetMPSComputeRunningProcesses(a0 nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
+	d.c.count(110)
 	return d.m.DeviceGetMPSComputeRunningProcessesFunc(a0)
 }
 
 func (d directLib) DeviceGetMarginTemperature(a0 nvml.Device) (nvml.MarginTemperature, nvml.Return) {
+	d.c.count(111)
 	return d.m.DeviceGetMarginTemperatureFunc(a0)
 }
 
 func (d directLib) DeviceGetMaxClockInfo(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) {
+	d.c.count(112)
 	return d.m.DeviceGetMaxClockInfoFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetMaxCustomerBoostClock(a0 nvml.Device, a1 nvml.ClockType) (uint32, nvml.Return) {
+	d.c.count(113)
 	return d.m.DeviceGetMaxCustomerBoostClockFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetMaxMigDeviceCount(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(114)
 	return d.m.DeviceGetMaxMigDeviceCountFunc(a0)
 }
 
 func (d directLib) DeviceGetMaxPcieLinkGeneration(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(115)
 	return d.m.DeviceGetMaxPcieLinkGenerationFunc(a0)
 }
 
 func (d directLib) DeviceGetMaxPcieLinkWidth(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(116)
 	return d.m.DeviceGetMaxPcieLinkWidthFunc(a0)
 }
 
 func (d directLib) DeviceGetMemClkMinMaxVfOffset(a0 nvml.Device) (int, int, nvml.Return) {
+	d.c.count(117)
 	return d.m.DeviceGetMemClkMinMaxVfOffsetFunc(a0)
 }
 
 func (d directLib) DeviceGetMemClkVfOffset(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(118)
 	return d.m.DeviceGetMemClkVfOffsetFunc(a0)
 }
 
 func (d directLib) DeviceGetMemoryAffinity(a0 nvml.Device, a1 int, a2 nvml.AffinityScope) ([]uint, nvml.Return) {
+	d.c.count(119)
 	return d.m.DeviceGetMemoryAffinityFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetMemoryBusWidth(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(120)
 	return d.m.DeviceGetMemoryBusWidthFunc(a0)
 }
 
 func (d directLib) DeviceGetMemoryErrorCounter(a0 nvml.Device, a1 nvml.MemoryErrorType, a2 nvml.EccCounterType, a3 nvml.MemoryLocation) (uint64, nvml.Return) {
+	d.c.count(121)
 	return d.m.DeviceGetMemoryErrorCounterFunc(a0, a1, a2, a3)
 }
 
 func (d directLib) DeviceGetMemoryInfo(a0 nvml.Device) (nvml.Memory, nvml.Return) {
+	d.c.count(122)
 	return d.m.DeviceGetMemoryInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetMemoryInfo_v2(a0 nvml.Device) (nvml.Memory_v2, nvml.Return) {
+	d.c.count(123)
 	return d.m.DeviceGetMemoryInfo_v2Func(a0)
 }
 
 func (d directLib) DeviceGetMigDeviceHandleByIndex(a0 nvml.Device, a1 int) (nvml.Device, nvml.Return) {
+	d.c.count(124)
 	return d.m.DeviceGetMigDeviceHandleByIndexFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetMigMode(a0 nvml.Device) (int, int, nvml.Return) {
+	d.c.count(125)
 	return d.m.DeviceGetMigModeFunc(a0)
 }
 
 func (d directLib) DeviceGetMinMaxClockOfPState(a0 nvml.Device, a1 nvml.ClockType, a2 nvml.Pstates) (uint32, uint32, nvml.Return) {
+	d.c.count(126)
 	return d.m.DeviceGetMinMaxClockOfPStateFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetMinMaxFanSpeed(a0 nvml.Device) (int, int, nvml.Return) {
+	d.c.count(127)
 	return d.m.DeviceGetMinMaxFanSpeedFunc(a0)
 }
 
 func (d directLib) DeviceGetMinorNumber(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(128)
 	return d.m.DeviceGetMinorNumberFunc(a0)
 }
 
 func (d directLib) DeviceGetModuleId(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(129)
 	return d.m.DeviceGetModuleIdFunc(a0)
 }
 
 func (d directLib) DeviceGetMultiGpuBoard(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(130)
 	return d.m.DeviceGetMultiGpuBoardFunc(a0)
 }
 
 func (d directLib) DeviceGetName(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(131)
 	return d.m.DeviceGetNameFunc(a0)
 }
 
 func (d directLib) DeviceGetNumFans(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(132)
 	return d.m.DeviceGetNumFansFunc(a0)
 }
 
 func (d directLib) DeviceGetNumGpuCores(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(133)
 	return d.m.DeviceGetNumGpuCoresFunc(a0)
 }
 
 func (d directLib) DeviceGetNumaNodeId(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(134)
 	return d.m.DeviceGetNumaNodeIdFunc(a0)
 }
 
 func (d directLib) DeviceGetNvLinkCapability(a0 nvml.Device, a1 int, a2 nvml.NvLinkCapability) (uint32, nvml.Return) {
+	d.c.count(135)
 	return d.m.DeviceGetNvLinkCapabilityFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetNvLinkErrorCounter(a0 nvml.Device, a1 int, a2 nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
+	d.c.count(136)
 	return d.m.DeviceGetNvLinkErrorCounterFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetNvLinkInfo(a0 nvml.Device) nvml.NvLinkInfoHandler {
+	d.c.count(137)
 	return d.m.DeviceGetNvLinkInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetNvLinkRemoteDeviceType(a0 nvml.Device, a1 int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+	d.c.count(138)
 	return d.m.DeviceGetNvLinkRemoteDeviceTypeFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetNvLinkRemotePciInfo(a0 nvml.Device, a1 int) (nvml.PciInfo, nvml.Return) {
+	d.c.count(139)
 	return d.m.DeviceGetNvLinkRemotePciInfoFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetNvLinkState(a0 nvml.Device, a1 int) (nvml.EnableState, nvml.Return) {
+	d.c.count(140)
 	return d.m.DeviceGetNvLinkStateFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetNvLinkUtilizationControl(a0 nvml.Device, a1 int, a2 int) (nvml.NvLinkUtilizationControl, nvml.Return) {
+	d.c.count(141)
 	return d.m.DeviceGetNvLinkUtilizationControlFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetNvLinkUtilizationCounter(a0 nvml.Device, a1 int, a2 int) (uint64, uint64, nvml.Return) {
+	d.c.count(142)
 	return d.m.DeviceGetNvLinkUtilizationCounterFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetNvLinkVersion(a0 nvml.Device, a1 int) (uint32, nvml.Return) {
+	d.c.count(143)
 	return d.m.DeviceGetNvLinkVersionFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetNvlinkBwMode(a0 nvml.Device) (nvml.NvlinkGetBwMode, nvml.Return) {
+	d.c.count(144)
 	return d.m.DeviceGetNvlinkBwModeFunc(a0)
 }
 
 func (d directLib) DeviceGetNvlinkSupportedBwModes(a0 nvml.Device) (nvml.NvlinkSupportedBwModes, nvml.Return) {
+	d.c.count(145)
 	return d.m.DeviceGetNvlinkSupportedBwModesFunc(a0)
 }
 
 func (d directLib) DeviceGetOfaUtilization(a0 nvml.Device) (uint32, uint32, nvml.Return) {
+	d.c.count(146)
 	return d.m.DeviceGetOfaUtilizationFunc(a0)
 }
 
 func (d directLib) DeviceGetP2PStatus(a0 nvml.Device, a1 nvml.Device, a2 nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
+	d.c.count(147)
 	return d.m.DeviceGetP2PStatusFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetPciInfo(a0 nvml.Device) (nvml.PciInfo, nvml.Return) {
+	d.c.count(148)
 	return d.m.DeviceGetPciInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetPciInfoExt(a0 nvml.Device) (nvml.PciInfoExt, nvml.Return) {
+	d.c.count(149)
 	return d.m.DeviceGetPciInfoExtFunc(a0)
 }
 
 func (d directLib) DeviceGetPcieLinkMaxSpeed(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(150)
 	return d.m.DeviceGetPcieLinkMaxSpeedFunc(a0)
 }
 
 func (d directLib) DeviceGetPcieReplayCounter(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(151)
 	return d.m.DeviceGetPcieReplayCounterFunc(a0)
 }
 
 func (d directLib) DeviceGetPcieSpeed(a0 nvml.Device) (int, nvml.Return) {
+	d.c.count(152)
 	return d.m.DeviceGetPcieSpeedFunc(a0)
 }
 
 func (d directLib) DeviceGetPcieThroughput(a0 nvml.Device, a1 nvml.PcieUtilCounter) (uint32, nvml.Return) {
+	d.c.count(153)
 	return d.m.DeviceGetPcieThroughputFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetPdi(a0 nvml.Device) (nvml.Pdi, nvml.Return) {
+	d.c.count(154)
 	return d.m.DeviceGetPdiFunc(a0)
 }
 
 func (d directLib) DeviceGetPerformanceModes(a0 nvml.Device) (nvml.DevicePerfModes, nvml.Return) {
+	d.c.count(155)
 	return d.m.DeviceGetPerformanceModesFunc(a0)
 }
 
 func (d directLib) DeviceGetPerformanceState(a0 nvml.Device) (nvml.Pstates, nvml.Return) {
+	d.c.count(156)
 	return d.m.DeviceGetPerformanceStateFunc(a0)
 }
 
 func (d directLib) DeviceGetPersistenceMode(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(157)
 	return d.m.DeviceGetPersistenceModeFunc(a0)
 }
 
 func (d directLib) DeviceGetPgpuMetadataString(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(158)
 	return d.m.DeviceGetPgpuMetadataStringFunc(a0)
 }
 
 func (d directLib) DeviceGetPlatformInfo(a0 nvml.Device) (nvml.PlatformInfo, nvml.Return) {
+	d.c.count(159)
 	return d.m.DeviceGetPlatformInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerManagementDefaultLimit(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(160)
 	return d.m.DeviceGetPowerManagementDefaultLimitFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerManagementLimit(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(161)
 	return d.m.DeviceGetPowerManagementLimitFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerManagementLimitConstraints(a0 nvml.Device) (uint32, uint32, nvml.Return) {
+	d.c.count(162)
 	return d.m.DeviceGetPowerManagementLimitConstraintsFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerManagementMode(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(163)
 	return d.m.DeviceGetPowerManagementModeFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerMizerMode_v1(a0 nvml.Device) (nvml.DevicePowerMizerModes_v1, nvml.Return) {
+	d.c.count(164)
 	return d.m.DeviceGetPowerMizerMode_v1Func(a0)
 }
 
 func (d directLib) DeviceGetPowerSource(a0 nvml.Device) (nvml.PowerSource, nvml.Return) {
+	d.c.count(165)
 	return d.m.DeviceGetPowerSourceFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerState(a0 nvml.Device) (nvml.Pstates, nvml.Return) {
+	d.c.count(166)
 	return d.m.DeviceGetPowerStateFunc(a0)
 }
 
 func (d directLib) DeviceGetPowerUsage(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(167)
 	return d.m.DeviceGetPowerUsageFunc(a0)
 }
 
 func (d directLib) DeviceGetProcessUtilization(a0 nvml.Device, a1 uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	d.c.count(168)
 	return d.m.DeviceGetProcessUtilizationFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetProcessesUtilizationInfo(a0 nvml.Device) (nvml.ProcessesUtilizationInfo, nvml.Return) {
+	d.c.count(169)
 	return d.m.DeviceGetProcessesUtilizationInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetRemappedRows(a0 nvml.Device) (int, int, bool, bool, nvml.Return) {
+	d.c.count(170)
 	return d.m.DeviceGetRemappedRowsFunc(a0)
 }
 
 func (d directLib) DeviceGetRemappedRows_v2(a0 nvml.Device) (nvml.RemappedRowsInfo_v2, nvml.Return) {
+	d.c.count(171)
 	return d.m.DeviceGetRemappedRows_v2Func(a0)
 }
 
 func (d directLib) DeviceGetRepairStatus(a0 nvml.Device) (nvml.RepairStatus, nvml.Return) {
+	d.c.count(172)
 	return d.m.DeviceGetRepairStatusFunc(a0)
 }
 
 func (d directLib) DeviceGetRetiredPages(a0 nvml.Device, a1 nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+	d.c.count(173)
 	return d.m.DeviceGetRetiredPagesFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetRetiredPagesPendingStatus(a0 nvml.Device) (nvml.EnableState, nvml.Return) {
+	d.c.count(174)
 	return d.m.DeviceGetRetiredPagesPendingStatusFunc(a0)
 }
 
 func (d directLib) DeviceGetRetiredPages_v2(a0 nvml.Device, a1 nvml.PageRetirementCause) ([]uint64, []uint64, nvml.Return) {
+	d.c.count(175)
 	return d.m.DeviceGetRetiredPages_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceGetRowRemapperHistogram(a0 nvml.Device) (nvml.RowRemapperHistogramValues, nvml.Return) {
+	d.c.count(176)
 	return d.m.DeviceGetRowRemapperHistogramFunc(a0)
 }
 
 func (d directLib) DeviceGetRunningProcessDetailList(a0 nvml.Device) (nvml.ProcessDetailList, nvml.Return) {
+	d.c.count(177)
 	return d.m.DeviceGetRunningProcessDetailListFunc(a0)
 }
 
 func (d directLib) DeviceGetSamples(a0 nvml.Device, a1 nvml.SamplingType, a2 uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+	d.c.count(178)
 	return d.m.DeviceGetSamplesFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetSerial(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(179)
 	return d.m.DeviceGetSerialFunc(a0)
 }
 
 func (d directLib) DeviceGetSramEccErrorStatus(a0 nvml.Device) (nvml.EccSramErrorStatus, nvml.Return) {
+	d.c.count(180)
 	return d.m.DeviceGetSramEccErrorStatusFunc(a0)
 }
 
 func (d directLib) DeviceGetSramUniqueUncorrectedEccErrorCounts(a0 nvml.Device, a1 *nvml.EccSramUniqueUncorrectedErrorCounts) nvml.Return {
+	d.c.count(181)
 	return d.m.DeviceGetSramUniqueUncorrectedEccErrorCountsFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetSupportedClocksEventReasons(a0 nvml.Device) (uint64, nvml.Return) {
+	d.c.count(182)
 	return d.m.DeviceGetSupportedClocksEventReasonsFunc(a0)
 }
 
 func (d directLib) DeviceGetSupportedClocksThrottleReasons(a0 nvml.Device) (uint64, nvml.Return) {
+	d.c.count(183)
 	return d.m.DeviceGetSupportedClocksThrottleReasonsFunc(a0)
 }
 
 func (d directLib) DeviceGetSupportedEventTypes(a0 nvml.Device) (uint64, nvml.Return) {
+	d.c.count(184)
 	return d.m.DeviceGetSupportedEventTypesFunc(a0)
 }
 
 func (d directLib) DeviceGetSupportedGraphicsClocks(a0 nvml.Device, a1 int) (int, uint32, nvml.Return) {
+	d.c.count(185)
 	return d.m.DeviceGetSupportedGraphicsClocksFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetSupportedMemoryClocks(a0 nvml.Device) (int, uint32, nvml.Return) {
+	d.c.count(186)
 	return d.m.DeviceGetSupportedMemoryClocksFunc(a0)
 }
 
 func (d directLib) DeviceGetSupportedPerformanceStates(a0 nvml.Device) ([]nvml.Pstates, nvml.Return) {
+	d.c.count(187)
 	return d.m.DeviceGetSupportedPerformanceStatesFunc(a0)
 }
 
 func (d directLib) DeviceGetSupportedVgpus(a0 nvml.Device) ([]nvml.VgpuTypeId, nvml.Return) {
+	d.c.count(188)
 	return d.m.DeviceGetSupportedVgpusFunc(a0)
 }
 
 func (d directLib) DeviceGetTargetFanSpeed(a0 nvml.Device, a1 int) (int, nvml.Return) {
+	d.c.count(189)
 	return d.m.DeviceGetTargetFanSpeedFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetTemperature(a0 nvml.Device, a1 nvml.TemperatureSensors) (uint32, nvml.Return) {
+	d.c.count(190)
 	return d.m.DeviceGetTemperatureFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetTemperatureThreshold(a0 nvml.Device, a1 nvml.TemperatureThresholds) (uint32, nvml.Return) {
+	d.c.count(191)
 	return d.m.DeviceGetTemperatureThresholdFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetTemperatureV(a0 nvml.Device) nvml.TemperatureHandler {
+	d.c.count(192)
 	return d.m.DeviceGetTemperatureVFunc(a0)
 }
 
 func (d directLib) DeviceGetThermalSettings(a0 nvml.Device, a1 uint32) (nvml.GpuThermalSettings, nvml.Return) {
+	d.c.count(193)
 	return d.m.DeviceGetThermalSettingsFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetTopologyCommonAncestor(a0 nvml.Device, a1 nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+	d.c.count(194)
 	return d.m.DeviceGetTopologyCommonAncestorFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetTopologyNearestGpus(a0 nvml.Device, a1 nvml.GpuTopologyLevel) ([]nvml.Device, nvml.Return) {
+	d.c.count(195)
 	return d.m.DeviceGetTopologyNearestGpusFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetTotalEccErrors(a0 nvml.Device, a1 nvml.MemoryErrorType, a2 nvml.EccCounterType) (uint64, nvml.Return) {
+	d.c.count(196)
 	return d.m.DeviceGetTotalEccErrorsFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceGetTotalEnergyConsumption(a0 nvml.Device) (uint64, nvml.Return) {
+	d.c.count(197)
 	return d.m.DeviceGetTotalEnergyConsumptionFunc(a0)
 }
 
 func (d directLib) DeviceGetUUID(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(198)
 	return d.m.DeviceGetUUIDFunc(a0)
 }
 
 func (d directLib) DeviceGetUnrepairableMemoryFlag_v1(a0 nvml.Device) (nvml.UnrepairableMemoryStatus_v1, nvml.Return) {
+	d.c.count(199)
 	return d.m.DeviceGetUnrepairableMemoryFlag_v1Func(a0)
 }
 
 func (d directLib) DeviceGetUtilizationRates(a0 nvml.Device) (nvml.Utilization, nvml.Return) {
+	d.c.count(200)
 	return d.m.DeviceGetUtilizationRatesFunc(a0)
 }
 
 func (d directLib) DeviceGetVbiosVersion(a0 nvml.Device) (string, nvml.Return) {
+	d.c.count(201)
 	return d.m.DeviceGetVbiosVersionFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuCapabilities(a0 nvml.Device, a1 nvml.DeviceVgpuCapability) (bool, nvml.Return) {
+	d.c.count(202)
 	return d.m.DeviceGetVgpuCapabilitiesFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetVgpuHeterogeneousMode(a0 nvml.Device) (nvml.VgpuHeterogeneousMode, nvml.Return) {
+	d.c.count(203)
 	return d.m.DeviceGetVgpuHeterogeneousModeFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuInstancesUtilizationInfo(a0 nvml.Device) (nvml.VgpuInstancesUtilizationInfo, nvml.Return) {
+	d.c.count(204)
 	return d.m.DeviceGetVgpuInstancesUtilizationInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuMetadata(a0 nvml.Device) (nvml.VgpuPgpuMetadata, nvml.Return) {
+	d.c.count(205)
 	return d.m.DeviceGetVgpuMetadataFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuProcessUtilization(a0 nvml.Device, a1 uint64) ([]nvml.VgpuProcessUtilizationSample, nvml.Return) {
+	d.c.count(206)
 	return d.m.DeviceGetVgpuProcessUtilizationFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetVgpuProcessesUtilizationInfo(a0 nvml.Device) (nvml.VgpuProcessesUtilizationInfo, nvml.Return) {
+	d.c.count(207)
 	return d.m.DeviceGetVgpuProcessesUtilizationInfoFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuSchedulerCapabilities(a0 nvml.Device) (nvml.VgpuSchedulerCapabilities, nvml.Return) {
+	d.c.count(208)
 	return d.m.DeviceGetVgpuSchedulerCapabilitiesFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuSchedulerLog(a0 nvml.Device) (nvml.VgpuSchedulerLog, nvml.Return) {
+	d.c.count(209)
 	return d.m.DeviceGetVgpuSchedulerLogFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuSchedulerLog_v2(a0 nvml.Device, a1 nvml.VgpuSchedulerLogInfo_v2) (nvml.VgpuSchedulerLogInfo_v2, nvml.Return) {
+	d.c.count(210)
 	return d.m.DeviceGetVgpuSchedulerLog_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceGetVgpuSchedulerState(a0 nvml.Device) (nvml.VgpuSchedulerGetState, nvml.Return) {
+	d.c.count(211)
 	return d.m.DeviceGetVgpuSchedulerStateFunc(a0)
 }
 
 func (d directLib) DeviceGetVgpuSchedulerState_v2(a0 nvml.Device, a1 nvml.VgpuSchedulerStateInfo_v2) (nvml.VgpuSchedulerStateInfo_v2, nvml.Return) {
+	d.c.count(212)
 	return d.m.DeviceGetVgpuSchedulerState_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceGetVgpuTypeCreatablePlacements(a0 nvml.Device, a1 nvml.VgpuTypeId) (nvml.VgpuPlacementList, nvml.Return) {
+	d.c.count(213)
 	return d.m.DeviceGetVgpuTypeCreatablePlacementsFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetVgpuTypeSupportedPlacements(a0 nvml.Device, a1 nvml.VgpuTypeId) (nvml.VgpuPlacementList, nvml.Return) {
+	d.c.count(214)
 	return d.m.DeviceGetVgpuTypeSupportedPlacementsFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetVgpuUtilization(a0 nvml.Device, a1 uint64) (nvml.ValueType, []nvml.VgpuInstanceUtilizationSample, nvml.Return) {
+	d.c.count(215)
 	return d.m.DeviceGetVgpuUtilizationFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetViolationStatus(a0 nvml.Device, a1 nvml.PerfPolicyType) (nvml.ViolationTime, nvml.Return) {
+	d.c.count(216)
 	return d.m.DeviceGetViolationStatusFunc(a0, a1)
 }
 
 func (d directLib) DeviceGetVirtualizationMode(a0 nvml.Device) (nvml.GpuVirtualizationMode, nvml.Return) {
+	d.c.count(217)
 	return d.m.DeviceGetVirtualizationModeFunc(a0)
 }
 
 func (d directLib) DeviceIsMigDeviceHandle(a0 nvml.Device) (bool, nvml.Return) {
+	d.c.count(218)
 	return d.m.DeviceIsMigDeviceHandleFunc(a0)
 }
 
 func (d directLib) DeviceModifyDrainState(a0 *nvml.PciInfo, a1 nvml.EnableState) nvml.Return {
+	d.c.count(219)
 	return d.m.DeviceModifyDrainStateFunc(a0, a1)
 }
 
 func (d directLib) DeviceOnSameBoard(a0 nvml.Device, a1 nvml.Device) (int, nvml.Return) {
+	d.c.count(220)
 	return d.m.DeviceOnSameBoardFunc(a0, a1)
 }
 
 func (d directLib) DevicePowerSmoothingActivatePresetProfile(a0 nvml.Device, a1 *nvml.PowerSmoothingProfile) nvml.Return {
+	d.c.count(221)
 	return d.m.DevicePowerSmoothingActivatePresetProfileFunc(a0, a1)
 }
 
 func (d directLib) DevicePowerSmoothingSetState(a0 nvml.Device, a1 *nvml.PowerSmoothingState) nvml.Return {
+	d.c.count(222)
 	return d.m.DevicePowerSmoothingSetStateFunc(a0, a1)
 }
 
 func (d directLib) DevicePowerSmoothingUpdatePresetProfileParam(a0 nvml.Device, a1 *nvml.PowerSmoothingProfile) nvml.Return {
+	d.c.count(223)
 	return d.m.DevicePowerSmoothingUpdatePresetProfileParamFunc(a0, a1)
 }
 
 func (d directLib) DeviceQueryDrainState(a0 *nvml.PciInfo) (nvml.EnableState, nvml.Return) {
+	d.c.count(224)
 	return d.m.DeviceQueryDrainStateFunc(a0)
 }
 
 func (d directLib) DeviceReadPRMCounters_v1(a0 nvml.Device, a1 []nvml.PRMCounterId, a2 int) ([]nvml.PRMCounter_v1, nvml.Return) {
+	d.c.count(225)
 	return d.m.DeviceReadPRMCounters_v1Func(a0, a1, a2)
 }
 
 func (d directLib) DeviceReadWritePRM_v1(a0 nvml.Device, a1 *nvml.PRMTLV_v1) nvml.Return {
+	d.c.count(226)
 	return d.m.DeviceReadWritePRM_v1Func(a0, a1)
 }
 
 func (d directLib) DeviceRegisterEvents(a0 nvml.Device, a1 uint64, a2 nvml.EventSet) nvml.Return {
+	d.c.count(227)
 	return d.m.DeviceRegisterEventsFunc(a0, a1, a2)
 }
 
-func (d directLib) DeviceRemoveGpu(a0 *nvml.PciInfo) nvml.Return { return d.m.DeviceRemoveGpuFunc(a0) }
+func (d directLib) DeviceRemoveGpu(a0 *nvml.PciInfo) nvml.Return {
+	d.c.count(228)
+	return d.m.DeviceRemoveGpuFunc(a0)
+}
 
 func (d directLib) DeviceRemoveGpu_v2(a0 *nvml.PciInfo, a1 nvml.DetachGpuState, a2 nvml.PcieLinkState) nvml.Return {
+	d.c.count(229)
 	return d.m.DeviceRemoveGpu_v2Func(a0, a1, a2)
 }
 
 func (d directLib) DeviceResetApplicationsClocks(a0 nvml.Device) nvml.Return {
+	d.c.count(230)
 	return d.m.DeviceResetApplicationsClocksFunc(a0)
 }
 
 func (d directLib) DeviceResetGpuLockedClocks(a0 nvml.Device) nvml.Return {
+	d.c.count(231)
 	return d.m.DeviceResetGpuLockedClocksFunc(a0)
 }
 
 func (d directLib) DeviceResetMemoryLockedClocks(a0 nvml.Device) nvml.Return {
+	d.c.count(232)
 	return d.m.DeviceResetMemoryLockedClocksFunc(a0)
 }
 
 func (d directLib) DeviceResetNvLinkErrorCounters(a0 nvml.Device, a1 int) nvml.Return {
+	d.c.count(233)
 	return d.m.DeviceResetNvLinkErrorCountersFunc(a0, a1)
 }
 
 func (d directLib) DeviceResetNvLinkUtilizationCounter(a0 nvml.Device, a1 int, a2 int) nvml.Return {
+	d.c.count(234)
 	return d.m.DeviceResetNvLinkUtilizationCounterFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetAPIRestriction(a0 nvml.Device, a1 nvml.RestrictedAPI, a2 nvml.EnableState) nvml.Return {
+	d.c.count(235)
 	return d.m.DeviceSetAPIRestrictionFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetAccountingMode(a0 nvml.Device, a1 nvml.EnableState) nvml.Return {
+	d.c.count(236)
 	return d.m.DeviceSetAccountingModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetApplicationsClocks(a0 nvml.Device, a1 uint32, a2 uint32) nvml.Return {
+	d.c.count(237)
 	return d.m.DeviceSetApplicationsClocksFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetAutoBoostedClocksEnabled(a0 nvml.Device, a1 nvml.EnableState) nvml.Return {
+	d.c.count(238)
 	return d.m.DeviceSetAutoBoostedClocksEnabledFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetClockOffsets(a0 nvml.Device, a1 nvml.ClockOffset) nvml.Return {
+	d.c.count(239)
 	return d.m.DeviceSetClockOffsetsFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetComputeMode(a0 nvml.Device, a1 nvml.ComputeMode) nvml.Return {
+	d.c.count(240)
 	return d.m.DeviceSetComputeModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetConfComputeUnprotectedMemSize(a0 nvml.Device, a1 uint64) nvml.Return {
+	d.c.count(241)
 	return d.m.DeviceSetConfComputeUnprotectedMemSizeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetCpuAffinity(a0 nvml.Device) nvml.Return {
+	d.c.count(242)
 	return d.m.DeviceSetCpuAffinityFunc(a0)
 }
 
 func (d directLib) DeviceSetDefaultAutoBoostedClocksEnabled(a0 nvml.Device, a1 nvml.EnableState, a2 uint32) nvml.Return {
+	d.c.count(243)
 	return d.m.DeviceSetDefaultAutoBoostedClocksEnabledFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetDefaultFanSpeed_v2(a0 nvml.Device, a1 int) nvml.Return {
+	d.c.count(244)
 	return d.m.DeviceSetDefaultFanSpeed_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceSetDramEncryptionMode(a0 nvml.Device, a1 *nvml.DramEncryptionInfo) nvml.Return {
+	d.c.count(245)
 	return d.m.DeviceSetDramEncryptionModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetDriverModel(a0 nvml.Device, a1 nvml.DriverModel, a2 uint32) nvml.Return {
+	d.c.count(246)
 	return d.m.DeviceSetDriverModelFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetEccMode(a0 nvml.Device, a1 nvml.EnableState) nvml.Return {
+	d.c.count(247)
 	return d.m.DeviceSetEccModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetFanControlPolicy(a0 nvml.Device, a1 int, a2 nvml.FanControlPolicy) nvml.Return {
+	d.c.count(248)
 	return d.m.DeviceSetFanControlPolicyFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetFanSpeed_v2(a0 nvml.Device, a1 int, a2 int) nvml.Return {
+	d.c.count(249)
 	return d.m.DeviceSetFanSpeed_v2Func(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetGpcClkVfOffset(a0 nvml.Device, a1 int) nvml.Return {
+	d.c.count(250)
 	return d.m.DeviceSetGpcClkVfOffsetFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetGpuLockedClocks(a0 nvml.Device, a1 uint32, a2 uint32) nvml.Return {
+	d.c.count(251)
 	return d.m.DeviceSetGpuLockedClocksFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetGpuOperationMode(a0 nvml.Device, a1 nvml.GpuOperationMode) nvml.Return {
+	d.c.count(252)
 	return d.m.DeviceSetGpuOperationModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetHostname_v1(a0 nvml.Device, a1 string) nvml.Return {
+	d.c.count(253)
 	return d.m.DeviceSetHostname_v1Func(a0, a1)
 }
 
 func (d directLib) DeviceSetMemClkVfOffset(a0 nvml.Device, a1 int) nvml.Return {
+	d.c.count(254)
 	return d.m.DeviceSetMemClkVfOffsetFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetMemoryLockedClocks(a0 nvml.Device, a1 uint32, a2 uint32) nvml.Return {
+	d.c.count(255)
 	return d.m.DeviceSetMemoryLockedClocksFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetMigMode(a0 nvml.Device, a1 int) (nvml.Return, nvml.Return) {
+	d.c.count(256)
 	return d.m.DeviceSetMigModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetNvLinkDeviceLowPowerThreshold(a0 nvml.Device, a1 *nvml.NvLinkPowerThres) nvml.Return {
+	d.c.count(257)
 	return d.m.DeviceSetNvLinkDeviceLowPowerThresholdFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetNvLinkUtilizationControl(a0 nvml.Device, a1 int, a2 int, a3 *nvml.NvLinkUtilizationControl, a4 bool) nvml.Return {
+	d.c.count(258)
 	return d.m.DeviceSetNvLinkUtilizationControlFunc(a0, a1, a2, a3, a4)
 }
 
 func (d directLib) DeviceSetNvlinkBwMode(a0 nvml.Device, a1 *nvml.NvlinkSetBwMode) nvml.Return {
+	d.c.count(259)
 	return d.m.DeviceSetNvlinkBwModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetPersistenceMode(a0 nvml.Device, a1 nvml.EnableState) nvml.Return {
+	d.c.count(260)
 	return d.m.DeviceSetPersistenceModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetPowerManagementLimit(a0 nvml.Device, a1 uint32) nvml.Return {
+	d.c.count(261)
 	return d.m.DeviceSetPowerManagementLimitFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetPowerManagementLimit_v2(a0 nvml.Device, a1 *nvml.PowerValue_v2) nvml.Return {
+	d.c.count(262)
 	return d.m.DeviceSetPowerManagementLimit_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceSetRusdSettings_v1(a0 nvml.Device, a1 nvml.RusdSettings_v1) nvml.Return {
+	d.c.count(263)
 	return d.m.DeviceSetRusdSettings_v1Func(a0, a1)
 }
 
 func (d directLib) DeviceSetTemperatureThreshold(a0 nvml.Device, a1 nvml.TemperatureThresholds, a2 int) nvml.Return {
+	d.c.count(264)
 	return d.m.DeviceSetTemperatureThresholdFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetVgpuCapabilities(a0 nvml.Device, a1 nvml.DeviceVgpuCapability, a2 nvml.EnableState) nvml.Return {
+	d.c.count(265)
 	return d.m.DeviceSetVgpuCapabilitiesFunc(a0, a1, a2)
 }
 
 func (d directLib) DeviceSetVgpuHeterogeneousMode(a0 nvml.Device, a1 nvml.VgpuHeterogeneousMode) nvml.Return {
+	d.c.count(266)
 	return d.m.DeviceSetVgpuHeterogeneousModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetVgpuSchedulerState(a0 nvml.Device, a1 *nvml.VgpuSchedulerSetState) nvml.Return {
+	d.c.count(267)
 	return d.m.DeviceSetVgpuSchedulerStateFunc(a0, a1)
 }
 
 func (d directLib) DeviceSetVgpuSchedulerState_v2(a0 nvml.Device, a1 *nvml.VgpuSchedulerState_v2) nvml.Return {
+	d.c.count(268)
 	return d.m.DeviceSetVgpuSchedulerState_v2Func(a0, a1)
 }
 
 func (d directLib) DeviceSetVirtualizationMode(a0 nvml.Device, a1 nvml.GpuVirtualizationMode) nvml.Return {
+	d.c.count(269)
 	return d.m.DeviceSetVirtualizationModeFunc(a0, a1)
 }
 
 func (d directLib) DeviceValidateInforom(a0 nvml.Device) nvml.Return {
+	d.c.count(270)
 	return d.m.DeviceValidateInforomFunc(a0)
 }
 
 func (d directLib) DeviceVgpuForceGspUnload(a0 nvml.Device) nvml.Return {
+	d.c.count(271)
 	return d.m.DeviceVgpuForceGspUnloadFunc(a0)
 }
 
 func (d directLib) DeviceWorkloadPowerProfileClearRequestedProfiles(a0 nvml.Device, a1 *nvml.WorkloadPowerProfileRequestedProfiles) nvml.Return {
+	d.c.count(272)
 	return d.m.DeviceWorkloadPowerProfileClearRequestedProfilesFunc(a0, a1)
 }
 
 func (d directLib) DeviceWorkloadPowerProfileGetCurrentProfiles(a0 nvml.Device) (nvml.WorkloadPowerProfileCurrentProfiles, nvml.Return) {
+	d.c.count(273)
 	return d.m.DeviceWorkloadPowerProfileGetCurrentProfilesFunc(a0)
 }
 
 func (d directLib) DeviceWorkloadPowerProfileGetProfilesInfo(a0 nvml.Device) (nvml.WorkloadPowerProfileProfilesInfo, nvml.Return) {
+	d.c.count(274)
 	return d.m.DeviceWorkloadPowerProfileGetProfilesInfoFunc(a0)
 }
 
 func (d directLib) DeviceWorkloadPowerProfileSetRequestedProfiles(a0 nvml.Device, a1 *nvml.WorkloadPowerProfileRequestedProfiles) nvml.Return {
+	d.c.count(275)
 	return d.m.DeviceWorkloadPowerProfileSetRequestedProfilesFunc(a0, a1)
 }
 
 func (d directLib) DeviceWorkloadPowerProfileUpdateProfiles_v1(a0 nvml.Device, a1 nvml.PowerProfileOperation, a2 []nvml.PowerProfileType) nvml.Return {
+	d.c.count(276)
 	return d.m.DeviceWorkloadPowerProfileUpdateProfiles_v1Func(a0, a1, a2)
 }
 
-func (d directLib) ErrorString(a0 nvml.Return) string { return d.m.ErrorStringFunc(a0) }
+func (d directLib) ErrorString(a0 nvml.Return) string {
+	d.c.count(277)
+	return d.m.ErrorStringFunc(a0)
+}
 
-func (d directLib) EventSetCreate() (nvml.EventSet, nvml.Return) { return d.m.EventSetCreateFunc() }
+func (d directLib) EventSetCreate() (nvml.EventSet, nvml.Return) {
+	d.c.count(278)
+	return d.m.EventSetCreateFunc()
+}
 
-func (d directLib) EventSetFree(a0 nvml.EventSet) nvml.Return { return d.m.EventSetFreeFunc(a0) }
+func (d directLib) EventSetFree(a0 nvml.EventSet) nvml.Return {
+	d.c.count(279)
+	return d.m.EventSetFreeFunc(a0)
+}
 
 func (d directLib) EventSetWait(a0 nvml.EventSet, a1 uint32) (nvml.EventData, nvml.Return) {
+	d.c.count(280)
 	return d.m.EventSetWaitFunc(a0, a1)
 }
 
-func (d directLib) Extensions() nvml.ExtendedInterface { return d.m.ExtensionsFunc() }
+func (d directLib) Extensions() nvml.ExtendedInterface {
+	d.c.count(281)
+	return d.m.ExtensionsFunc()
+}
 
 func (d directLib) GetExcludedDeviceCount() (int, nvml.Return) {
+	d.c.count(282)
 	return d.m.GetExcludedDeviceCountFunc()
 }
 
 func (d directLib) GetExcludedDeviceInfoByIndex(a0 int) (nvml.ExcludedDeviceInfo, nvml.Return) {
+	d.c.count(283)
 	return d.m.GetExcludedDeviceInfoByIndexFunc(a0)
 }
 
 func (d directLib) GetVgpuCompatibility(a0 *nvml.VgpuMetadata, a1 *nvml.VgpuPgpuMetadata) (nvml.VgpuPgpuCompatibility, nvml.Return) {
+	d.c.count(284)
 	return d.m.GetVgpuCompatibilityFunc(a0, a1)
 }
 
 func (d directLib) GetVgpuDriverCapabilities(a0 nvml.VgpuDriverCapability) (bool, nvml.Return) {
+	d.c.count(285)
 	return d.m.GetVgpuDriverCapabilitiesFunc(a0)
 }
 
 func (d directLib) GetVgpuVersion() (nvml.VgpuVersion, nvml.VgpuVersion, nvml.Return) {
+	d.c.count(286)
 	return d.m.GetVgpuVersionFunc()
 }
 
 func (d directLib) GpmMetricsGet(a0 *nvml.GpmMetricsGetType) nvml.Return {
+	d.c.count(287)
 	return d.m.GpmMetricsGetFunc(a0)
 }
 
 func (d directLib) GpmMetricsGetV(a0 *nvml.GpmMetricsGetType) nvml.GpmMetricsGetVType {
+	d.c.count(288)
 	return d.m.GpmMetricsGetVFunc(a0)
 }
 
 func (d directLib) GpmMigSampleGet(a0 nvml.Device, a1 int, a2 nvml.GpmSample) nvml.Return {
+	d.c.count(289)
 	return d.m.GpmMigSampleGetFunc(a0, a1, a2)
 }
 
 func (d directLib) GpmQueryDeviceSupport(a0 nvml.Device) (nvml.GpmSupport, nvml.Return) {
+	d.c.count(290)
 	return d.m.GpmQueryDeviceSupportFunc(a0)
 }
 
 func (d directLib) GpmQueryDeviceSupportV(a0 nvml.Device) nvml.GpmSupportV {
+	d.c.count(291)
 	return d.m.GpmQueryDeviceSupportVFunc(a0)
 }
 
 func (d directLib) GpmQueryIfStreamingEnabled(a0 nvml.Device) (uint32, nvml.Return) {
+	d.c.count(292)
 	return d.m.GpmQueryIfStreamingEnabledFunc(a0)
 }
 
-func (d directLib) GpmSampleAlloc() (nvml.GpmSample, nvml.Return) { return d.m.GpmSampleAllocFunc() }
+func (d directLib) GpmSampleAlloc() (nvml.GpmSample, nvml.Return) {
+	d.c.count(293)
+	return d.m.GpmSampleAllocFunc()
+}
 
-func (d directLib) GpmSampleFree(a0 nvml.GpmSample) nvml.Return { return d.m.GpmSampleFreeFunc(a0) }
+func (d directLib) GpmSampleFree(a0 nvml.GpmSample) nvml.Return {
+	d.c.count(294)
+	return d.m.GpmSampleFreeFunc(a0)
+}
 
 func (d directLib) GpmSampleGet(a0 nvml.Device, a1 nvml.GpmSample) nvml.Return {
+	d.c.count(295)
 	return d.m.GpmSampleGetFunc(a0, a1)
 }
 
 func (d directLib) GpmSetStreamingEnabled(a0 nvml.Device, a1 uint32) nvml.Return {
+	d.c.count(296)
 	return d.m.GpmSetStreamingEnabledFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceCreateComputeInstance(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
+	d.c.count(297)
 	return d.m.GpuInstanceCreateComputeInstanceFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceCreateComputeInstanceWithPlacement(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo, a2 *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
+	d.c.count(298)
 	return d.m.GpuInstanceCreateComputeInstanceWithPlacementFunc(a0, a1, a2)
 }
 
 func (d directLib) GpuInstanceDestroy(a0 nvml.GpuInstance) nvml.Return {
+	d.c.count(299)
 	return d.m.GpuInstanceDestroyFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetActiveVgpus(a0 nvml.GpuInstance) (nvml.ActiveVgpuInstanceInfo, nvml.Return) {
+	d.c.count(300)
 	return d.m.GpuInstanceGetActiveVgpusFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetComputeInstanceById(a0 nvml.GpuInstance, a1 int) (nvml.ComputeInstance, nvml.Return) {
+	d.c.count(301)
 	return d.m.GpuInstanceGetComputeInstanceByIdFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceGetComputeInstancePossiblePlacements(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstancePlacement, nvml.Return) {
+	d.c.count(302)
 	return d.m.GpuInstanceGetComputeInstancePossiblePlacementsFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceGetComputeInstanceProfileInfo(a0 nvml.GpuInstance, a1 int, a2 int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+	d.c.count(303)
 	return d.m.GpuInstanceGetComputeInstanceProfileInfoFunc(a0, a1, a2)
 }
 
 func (d directLib) GpuInstanceGetComputeInstanceProfileInfoV(a0 nvml.GpuInstance, a1 int, a2 int) nvml.ComputeInstanceProfileInfoHandler {
+	d.c.count(304)
 	return d.m.GpuInstanceGetComputeInstanceProfileInfoVFunc(a0, a1, a2)
 }
 
 func (d directLib) GpuInstanceGetComputeInstanceRemainingCapacity(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) (int, nvml.Return) {
+	d.c.count(305)
 	return d.m.GpuInstanceGetComputeInstanceRemainingCapacityFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceGetComputeInstances(a0 nvml.GpuInstance, a1 *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
+	d.c.count(306)
 	return d.m.GpuInstanceGetComputeInstancesFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceGetCreatableVgpus(a0 nvml.GpuInstance) (nvml.VgpuTypeIdInfo, nvml.Return) {
+	d.c.count(307)
 	return d.m.GpuInstanceGetCreatableVgpusFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetInfo(a0 nvml.GpuInstance) (nvml.GpuInstanceInfo, nvml.Return) {
+	d.c.count(308)
 	return d.m.GpuInstanceGetInfoFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetVgpuHeterogeneousMode(a0 nvml.GpuInstance) (nvml.VgpuHeterogeneousMode, nvml.Return) {
+	d.c.count(309)
 	return d.m.GpuInstanceGetVgpuHeterogeneousModeFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetVgpuSchedulerLog(a0 nvml.GpuInstance) (nvml.VgpuSchedulerLogInfo, nvml.Return) {
+	d.c.count(310)
 	return d.m.GpuInstanceGetVgpuSchedulerLogFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetVgpuSchedulerLog_v2(a0 nvml.GpuInstance, a1 nvml.VgpuSchedulerLogInfo_v2) (nvml.VgpuSchedulerLogInfo_v2, nvml.Return) {
+	d.c.count(311)
 	return d.m.GpuInstanceGetVgpuSchedulerLog_v2Func(a0, a1)
 }
 
 func (d directLib) GpuInstanceGetVgpuSchedulerState(a0 nvml.GpuInstance) (nvml.VgpuSchedulerStateInfo, nvml.Return) {
+	d.c.count(312)
 	return d.m.GpuInstanceGetVgpuSchedulerStateFunc(a0)
 }
 
 func (d directLib) GpuInstanceGetVgpuSchedulerState_v2(a0 nvml.GpuInstance, a1 nvml.VgpuSchedulerStateInfo_v2) (nvml.VgpuSchedulerStateInfo_v2, nvml.Return) {
+	d.c.count(313)
 	return d.m.GpuInstanceGetVgpuSchedulerState_v2Func(a0, a1)
 }
 
 func (d directLib) GpuInstanceGetVgpuTypeCreatablePlacements(a0 nvml.GpuInstance) (nvml.VgpuCreatablePlacementInfo, nvml.Return) {
+	d.c.count(314)
 	return d.m.GpuInstanceGetVgpuTypeCreatablePlacementsFunc(a0)
 }
 
 func (d directLib) GpuInstanceSetVgpuHeterogeneousMode(a0 nvml.GpuInstance, a1 *nvml.VgpuHeterogeneousMode) nvml.Return {
+	d.c.count(315)
 	return d.m.GpuInstanceSetVgpuHeterogeneousModeFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceSetVgpuSchedulerState(a0 nvml.GpuInstance, a1 *nvml.VgpuSchedulerState) nvml.Return {
+	d.c.count(316)
 	return d.m.GpuInstanceSetVgpuSchedulerStateFunc(a0, a1)
 }
 
 func (d directLib) GpuInstanceSetVgpuSchedulerState_v2(a0 nvml.GpuInstance, a1 *nvml.VgpuSchedulerState_v2) nvml.Return {
+	d.c.count(317)
 	return d.m.GpuInstanceSetVgpuSchedulerState_v2Func(a0, a1)
 }
 
-func (d directLib) Init() nvml.Return { return d.m.InitFunc() }
+func (d directLib) Init() nvml.Return {
+	d.c.count(318)
+	return d.m.InitFunc()
+}
 
-func (d directLib) InitWithFlags(a0 uint32) nvml.Return { return d.m.InitWithFlagsFunc(a0) }
+func (d directLib) InitWithFlags(a0 uint32) nvml.Return {
+	d.c.count(319)
+	return d.m.InitWithFlagsFunc(a0)
+}
 
 func (d directLib) SetVgpuVersion(a0 *nvml.VgpuVersion) nvml.Return {
+	d.c.count(320)
 	return d.m.SetVgpuVersionFunc(a0)
 }
 
-func (d directLib) Shutdown() nvml.Return { return d.m.ShutdownFunc() }
+func (d directLib) Shutdown() nvml.Return {
+	d.c.count(321)
+	return d.m.ShutdownFunc()
+}
 
 func (d directLib) SystemEventSetCreate(a0 *nvml.SystemEventSetCreateRequest) nvml.Return {
+	d.c.count(322)
 	return d.m.SystemEventSetCreateFunc(a0)
 }
 
 func (d directLib) SystemEventSetFree(a0 *nvml.SystemEventSetFreeRequest) nvml.Return {
+	d.c.count(323)
 	return d.m.SystemEventSetFreeFunc(a0)
 }
 
 func (d directLib) SystemEventSetWait(a0 *nvml.SystemEventSetWaitRequest) nvml.Return {
+	d.c.count(324)
 	return d.m.SystemEventSetWaitFunc(a0)
 }
 
 func (d directLib) SystemGetCPER_v1(a0 *nvml.GetCPER_v1) nvml.Return {
+	d.c.count(325)
 	return d.m.SystemGetCPER_v1Func(a0)
 }
 
 func (d directLib) SystemGetConfComputeCapabilities() (nvml.ConfComputeSystemCaps, nvml.Return) {
+	d.c.count(326)
 	return d.m.SystemGetConfComputeCapabilitiesFunc()
 }
 
 func (d directLib) SystemGetConfComputeGpusReadyState() (uint32, nvml.Return) {
+	d.c.count(327)
 	return d.m.SystemGetConfComputeGpusReadyStateFunc()
 }
 
 func (d directLib) SystemGetConfComputeKeyRotationThresholdInfo() (nvml.ConfComputeGetKeyRotationThresholdInfo, nvml.Return) {
+	d.c.count(328)
 	return d.m.SystemGetConfComputeKeyRotationThresholdInfoFunc()
 }
 
 func (d directLib) SystemGetConfComputeSettings() (nvml.SystemConfComputeSettings, nvml.Return) {
+	d.c.count(329)
 	return d.m.SystemGetConfComputeSettingsFunc()
 }
 
 func (d directLib) SystemGetConfComputeState() (nvml.ConfComputeSystemState, nvml.Return) {
+	d.c.count(330)
 	return d.m.SystemGetConfComputeStateFunc()
 }
 
 func (d directLib) SystemGetCudaDriverVersion() (int, nvml.Return) {
+	d.c.count(331)
 	return d.m.SystemGetCudaDriverVersionFunc()
 }
 
 func (d directLib) SystemGetCudaDriverVersion_v2() (int, nvml.Return) {
+	d.c.count(332)
 	return d.m.SystemGetCudaDriverVersion_v2Func()
 }
 
 func (d directLib) SystemGetDriverBranch() (nvml.SystemDriverBranchInfo, nvml.Return) {
+	d.c.count(333)
 	return d.m.SystemGetDriverBranchFunc()
 }
 
 func (d directLib) SystemGetDriverVersion() (string, nvml.Return) {
+	d.c.count(334)
 	return d.m.SystemGetDriverVersionFunc()
 }
 
 func (d directLib) SystemGetHicVersion() ([]nvml.HwbcEntry, nvml.Return) {
+	d.c.count(335)
 	return d.m.SystemGetHicVersionFunc()
 }
 
 func (d directLib) SystemGetNVMLVersion() (string, nvml.Return) {
+	d.c.count(336)
 	return d.m.SystemGetNVMLVersionFunc()
 }
 
 func (d directLib) SystemGetNvlinkBwMode() (uint32, nvml.Return) {
+	d.c.count(337)
 	return d.m.SystemGetNvlinkBwModeFunc()
 }
 
 func (d directLib) SystemGetProcessName(a0 int) (string, nvml.Return) {
+	d.c.count(338)
 	return d.m.SystemGetProcessNameFunc(a0)
 }
 
 func (d directLib) SystemGetTopologyGpuSet(a0 int) ([]nvml.Device, nvml.Return) {
+	d.c.count(339)
 	return d.m.SystemGetTopologyGpuSetFunc(a0)
 }
 
 func (d directLib) SystemRegisterEvents(a0 *nvml.SystemRegisterEventRequest) nvml.Return {
+	d.c.count(340)
 	return d.m.SystemRegisterEventsFunc(a0)
 }
 
 func (d directLib) SystemSetConfComputeGpusReadyState(a0 uint32) nvml.Return {
+	d.c.count(341)
 	return d.m.SystemSetConfComputeGpusReadyStateFunc(a0)
 }
 
 func (d directLib) SystemSetConfComputeKeyRotationThresholdInfo(a0 nvml.ConfComputeSetKeyRotationThresholdInfo) nvml.Return {
+	d.c.count(342)
 	return d.m.SystemSetConfComputeKeyRotationThresholdInfoFunc(a0)
 }
 
 func (d directLib) SystemSetNvlinkBwMode(a0 uint32) nvml.Return {
+	d.c.count(343)
 	return d.m.SystemSetNvlinkBwModeFunc(a0)
 }
 
-func (d directLib) UnitGetCount() (int, nvml.Return) { return d.m.UnitGetCountFunc() }
+func (d directLib) UnitGetCount() (int, nvml.Return) {
+	d.c.count(344)
+	return d.m.UnitGetCountFunc()
+}
 
 func (d directLib) UnitGetDevices(a0 nvml.Unit) ([]nvml.Device, nvml.Return) {
+	d.c.count(345)
 	return d.m.UnitGetDevicesFunc(a0)
 }
 
 func (d directLib) UnitGetFanSpeedInfo(a0 nvml.Unit) (nvml.UnitFanSpeeds, nvml.Return) {
+	d.c.count(346)
 	return d.m.UnitGetFanSpeedInfoFunc(a0)
 }
 
 func (d directLib) UnitGetHandleByIndex(a0 int) (nvml.Unit, nvml.Return) {
+	d.c.count(347)
 	return d.m.UnitGetHandleByIndexFunc(a0)
 }
 
 func (d directLib) UnitGetLedState(a0 nvml.Unit) (nvml.LedState, nvml.Return) {
+	d.c.count(348)
 	return d.m.UnitGetLedStateFunc(a0)
 }
 
 func (d directLib) UnitGetPsuInfo(a0 nvml.Unit) (nvml.PSUInfo, nvml.Return) {
+	d.c.count(349)
 	return d.m.UnitGetPsuInfoFunc(a0)
 }
 
 func (d directLib) UnitGetTemperature(a0 nvml.Unit, a1 int) (uint32, nvml.Return) {
+	d.c.count(350)
 	return d.m.UnitGetTemperatureFunc(a0, a1)
 }
 
 func (d directLib) UnitGetUnitInfo(a0 nvml.Unit) (nvml.UnitInfo, nvml.Return) {
+	d.c.count(351)
 	return d.m.UnitGetUnitInfoFunc(a0)
 }
 
 func (d directLib) UnitSetLedState(a0 nvml.Unit, a1 nvml.LedColor) nvml.Return {
+	d.c.count(352)
 	return d.m.UnitSetLedStateFunc(a0, a1)
 }
 
 func (d directLib) VgpuInstanceClearAccountingPids(a0 nvml.VgpuInstance) nvml.Return {
+	d.c.count(353)
 	return d.m.VgpuInstanceClearAccountingPidsFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetAccountingMode(a0 nvml.VgpuInstance) (nvml.EnableState, nvml.Return) {
+	d.c.count(354)
 	return d.m.VgpuInstanceGetAccountingModeFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetAccountingPids(a0 nvml.VgpuInstance) ([]int, nvml.Return) {
+	d.c.count(355)
 	return d.m.VgpuInstanceGetAccountingPidsFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetAccountingStats(a0 nvml.VgpuInstance, a1 int) (nvml.AccountingStats, nvml.Return) {
+	d.c.count(356)
 	return d.m.VgpuInstanceGetAccountingStatsFunc(a0, a1)
 }
 
 func (d directLib) VgpuInstanceGetEccMode(a0 nvml.VgpuInstance) (nvml.EnableState, nvml.Return) {
+	d.c.count(357)
 	return d.m.VgpuInstanceGetEccModeFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetEncoderCapacity(a0 nvml.VgpuInstance) (int, nvml.Return) {
+	d.c.count(358)
 	return d.m.VgpuInstanceGetEncoderCapacityFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetEncoderSessions(a0 nvml.VgpuInstance) (int, nvml.EncoderSessionInfo, nvml.Return) {
+	d.c.count(359)
 	return d.m.VgpuInstanceGetEncoderSessionsFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetEncoderStats(a0 nvml.VgpuInstance) (int, uint32, uint32, nvml.Return) {
+	d.c.count(360)
 	return d.m.VgpuInstanceGetEncoderStatsFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetFBCSessions(a0 nvml.VgpuInstance) (int, nvml.FBCSessionInfo, nvml.Return) {
+	d.c.count(361)
 	return d.m.VgpuInstanceGetFBCSessionsFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetFBCStats(a0 nvml.VgpuInstance) (nvml.FBCStats, nvml.Return) {
+	d.c.count(362)
 	return d.m.VgpuInstanceGetFBCStatsFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetFbUsage(a0 nvml.VgpuInstance) (uint64, nvml.Return) {
+	d.c.count(363)
 	return d.m.VgpuInstanceGetFbUsageFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetFrameRateLimit(a0 nvml.VgpuInstance) (uint32, nvml.Return) {
+	d.c.count(364)
 	return d.m.VgpuInstanceGetFrameRateLimitFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetGpuInstanceId(a0 nvml.VgpuInstance) (int, nvml.Return) {
+	d.c.count(365)
 	return d.m.VgpuInstanceGetGpuInstanceIdFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetGpuPciId(a0 nvml.VgpuInstance) (string, nvml.Return) {
+	d.c.count(366)
 	return d.m.VgpuInstanceGetGpuPciIdFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetLicenseInfo(a0 nvml.VgpuInstance) (nvml.VgpuLicenseInfo, nvml.Return) {
+	d.c.count(367)
 	return d.m.VgpuInstanceGetLicenseInfoFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetLicenseStatus(a0 nvml.VgpuInstance) (int, nvml.Return) {
+	d.c.count(368)
 	return d.m.VgpuInstanceGetLicenseStatusFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetMdevUUID(a0 nvml.VgpuInstance) (string, nvml.Return) {
+	d.c.count(369)
 	return d.m.VgpuInstanceGetMdevUUIDFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetMetadata(a0 nvml.VgpuInstance) (nvml.VgpuMetadata, nvml.Return) {
+	d.c.count(370)
 	return d.m.VgpuInstanceGetMetadataFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetRuntimeStateSize(a0 nvml.VgpuInstance) (nvml.VgpuRuntimeState, nvml.Return) {
+	d.c.count(371)
 	return d.m.VgpuInstanceGetRuntimeStateSizeFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetType(a0 nvml.VgpuInstance) (nvml.VgpuTypeId, nvml.Return) {
+	d.c.count(372)
 	return d.m.VgpuInstanceGetTypeFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetUUID(a0 nvml.VgpuInstance) (string, nvml.Return) {
+	d.c.count(373)
 	return d.m.VgpuInstanceGetUUIDFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetVmDriverVersion(a0 nvml.VgpuInstance) (string, nvml.Return) {
+	d.c.count(374)
 	return d.m.VgpuInstanceGetVmDriverVersionFunc(a0)
 }
 
 func (d directLib) VgpuInstanceGetVmID(a0 nvml.VgpuInstance) (string, nvml.VgpuVmIdType, nvml.Return) {
+	d.c.count(375)
 	return d.m.VgpuInstanceGetVmIDFunc(a0)
 }
 
 func (d directLib) VgpuInstanceSetEncoderCapacity(a0 nvml.VgpuInstance, a1 int) nvml.Return {
+	d.c.count(376)
 	return d.m.VgpuInstanceSetEncoderCapacityFunc(a0, a1)
 }
 
 func (d directLib) VgpuTypeGetBAR1Info(a0 nvml.VgpuTypeId) (nvml.VgpuTypeBar1Info, nvml.Return) {
+	d.c.count(377)
 	return d.m.VgpuTypeGetBAR1InfoFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetCapabilities(a0 nvml.VgpuTypeId, a1 nvml.VgpuCapability) (bool, nvml.Return) {
+	d.c.count(378)
 	return d.m.VgpuTypeGetCapabilitiesFunc(a0, a1)
 }
 
 func (d directLib) VgpuTypeGetClass(a0 nvml.VgpuTypeId) (string, nvml.Return) {
+	d.c.count(379)
 	return d.m.VgpuTypeGetClassFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetDeviceID(a0 nvml.VgpuTypeId) (uint64, uint64, nvml.Return) {
+	d.c.count(380)
 	return d.m.VgpuTypeGetDeviceIDFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetFrameRateLimit(a0 nvml.VgpuTypeId) (uint32, nvml.Return) {
+	d.c.count(381)
 	return d.m.VgpuTypeGetFrameRateLimitFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetFramebufferSize(a0 nvml.VgpuTypeId) (uint64, nvml.Return) {
+	d.c.count(382)
 	return d.m.VgpuTypeGetFramebufferSizeFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetGpuInstanceProfileId(a0 nvml.VgpuTypeId) (uint32, nvml.Return) {
+	d.c.count(383)
 	return d.m.VgpuTypeGetGpuInstanceProfileIdFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetLicense(a0 nvml.VgpuTypeId) (string, nvml.Return) {
+	d.c.count(384)
 	return d.m.VgpuTypeGetLicenseFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetMaxInstances(a0 nvml.Device, a1 nvml.VgpuTypeId) (int, nvml.Return) {
+	d.c.count(385)
 	return d.m.VgpuTypeGetMaxInstancesFunc(a0, a1)
 }
 
 func (d directLib) VgpuTypeGetMaxInstancesPerGpuInstance(a0 *nvml.VgpuTypeMaxInstance) nvml.Return {
+	d.c.count(386)
 	return d.m.VgpuTypeGetMaxInstancesPerGpuInstanceFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetMaxInstancesPerVm(a0 nvml.VgpuTypeId) (int, nvml.Return) {
+	d.c.count(387)
 	return d.m.VgpuTypeGetMaxInstancesPerVmFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetName(a0 nvml.VgpuTypeId) (string, nvml.Return) {
+	d.c.count(388)
 	return d.m.VgpuTypeGetNameFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetNumDisplayHeads(a0 nvml.VgpuTypeId) (int, nvml.Return) {
+	d.c.count(389)
 	return d.m.VgpuTypeGetNumDisplayHeadsFunc(a0)
 }
 
 func (d directLib) VgpuTypeGetResolution(a0 nvml.VgpuTypeId, a1 int) (uint32, uint32, nvml.Return) {
+	d.c.count(390)
 	return d.m.VgpuTypeGetResolutionFunc(a0, a1)
 }
 
-func (d directDevice) ClearAccountingPids() nvml.Return { return d.m.ClearAccountingPidsFunc() }
+func (d directDevice) ClearAccountingPids() nvml.Return {
+	d.g.enter(0)
+	return d.m.ClearAccountingPidsFunc()
+}
 
-func (d directDevice) ClearCpuAffinity() nvml.Return { return d.m.ClearCpuAffinityFunc() }
+func (d directDevice) ClearCpuAffinity() nvml.Return {
+	d.g.enter(1)
+	return d.m.ClearCpuAffinityFunc()
+}
 
 func (d directDevice) ClearEccErrorCounts(a0 nvml.EccCounterType) nvml.Return {
+	d.g.enter(2)
 	return d.m.ClearEccErrorCountsFunc(a0)
 }
 
 func (d directDevice) ClearFieldValues(a0 []nvml.FieldValue) nvml.Return {
+	d.g.enter(3)
 	return d.m.ClearFieldValuesFunc(a0)
 }
 
 func (d directDevice) CreateGpuInstance(a0 *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
+	d.g.enter(4)
 	return d.m.CreateGpuInstanceFunc(a0)
 }
 
 func (d directDevice) CreateGpuInstanceWithPlacement(a0 *nvml.GpuInstanceProfileInfo, a1 *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+	d.g.enter(5)
 	return d.m.CreateGpuInstanceWithPlacementFunc(a0, a1)
 }
 
 func (d directDevice) FreezeNvLinkUtilizationCounter(a0 int, a1 int, a2 nvml.EnableState) nvml.Return {
+	d.g.enter(6)
 	return d.m.FreezeNvLinkUtilizationCounterFunc(a0, a1, a2)
 }
 
 func (d directDevice) GetAPIRestriction(a0 nvml.RestrictedAPI) (nvml.EnableState, nvml.Return) {
+	d.g.enter(7)
 	return d.m.GetAPIRestrictionFunc(a0)
 }
 
 func (d directDevice) GetAccountingBufferSize() (int, nvml.Return) {
+	d.g.enter(8)
 	return d.m.GetAccountingBufferSizeFunc()
 }
 
 func (d directDevice) GetAccountingMode() (nvml.EnableState, nvml.Return) {
+	d.g.enter(9)
 	return d.m.GetAccountingModeFunc()
 }
 
-func (d directDevice) GetAccountingPids() ([]int, nvml.Return) { return d.m.GetAccountingPidsFunc() }
+func (d directDevice) GetAccountingPids() ([]int, nvml.Return) {
+	d.g.enter(10)
+	return d.m.GetAccountingPidsFunc()
+}
 
 func (d directDevice) GetAccountingStats(a0 uint32) (nvml.AccountingStats, nvml.Return) {
+	d.g.enter(11)
 	return d.m.GetAccountingStatsFunc(a0)
 }
 
 func (d directDevice) GetAccountingStats_v2(a0 uint32) (nvml.AccountingStats_v2, nvml.Return) {
+	d.g.enter(12)
 	return d.m.GetAccountingStats_v2Func(a0)
 }
 
 func (d directDevice) GetActiveVgpus() ([]nvml.VgpuInstance, nvml.Return) {
+	d.g.enter(13)
 	return d.m.GetActiveVgpusFunc()
 }
 
 func (d directDevice) GetAdaptiveClockInfoStatus() (uint32, nvml.Return) {
+	d.g.enter(14)
 	return d.m.GetAdaptiveClockInfoStatusFunc()
 }
 
 func (d directDevice) GetAddressingMode() (nvml.DeviceAddressingMode, nvml.Return) {
+	d.g.enter(15)
 	return d.m.GetAddressingModeFunc()
 }
 
 func (d directDevice) GetApplicationsClock(a0 nvml.ClockType) (uint32, nvml.Return) {
+	d.g.enter(16)
 	return d.m.GetApplicationsClockFunc(a0)
 }
 
 func (d directDevice) GetArchitecture() (nvml.DeviceArchitecture, nvml.Return) {
+	d.g.enter(17)
 	return d.m.GetArchitectureFunc()
 }
 
 func (d directDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
+	d.g.enter(18)
 	return d.m.GetAttributesFunc()
 }
 
 func (d directDevice) GetAutoBoostedClocksEnabled() (nvml.EnableState, nvml.EnableState, nvml.Return) {
+	d.g.enter(19)
 	return d.m.GetAutoBoostedClocksEnabledFunc()
 }
 
 func (d directDevice) GetBAR1MemoryInfo() (nvml.BAR1Memory, nvml.Return) {
+	d.g.enter(20)
 	return d.m.GetBAR1MemoryInfoFunc()
 }
 
 func (d directDevice) GetBBXTimeData_v1() (nvml.BBXTimeData_v1, nvml.Return) {
+	d.g.enter(21)
 	return d.m.GetBBXTimeData_v1Func()
 }
 
-func (d directDevice) GetBoardId() (uint32, nvml.Return) { return d.m.GetBoardIdFunc() }
+func (d directDevice) GetBoardId() (uint32, nvml.Return) {
+	d.g.enter(22)
+	return d.m.GetBoardIdFunc()
+}
 
-func (d directDevice) GetBoardPartNumber() (string, nvml.Return) { return d.m.GetBoardPartNumberFunc() }
+func (d directDevice) GetBoardPartNumber() (string, nvml.Return) {
+	d.g.enter(23)
+	return d.m.GetBoardPartNumberFunc()
+}
 
-func (d directDevice) GetBrand() (nvml.BrandType, nvml.Return) { return d.m.GetBrandFunc() }
+func (d directDevice) GetBrand() (nvml.BrandType, nvml.Return) {
+	d.g.enter(24)
+	return d.m.GetBrandFunc()
+}
 
 func (d directDevice) GetBridgeChipInfo() (nvml.BridgeChipHierarchy, nvml.Return) {
+	d.g.enter(25)
 	return d.m.GetBridgeChipInfoFunc()
 }
 
-func (d directDevice) GetBusType() (nvml.BusType, nvml.Return) { return d.m.GetBusTypeFunc() }
+func (d directDevice) GetBusType() (nvml.BusType, nvml.Return) {
+	d.g.enter(26)
+	return d.m.GetBusTypeFunc()
+}
 
-func (d directDevice) GetC2cModeInfoV() nvml.C2cModeInfoHandler { return d.m.GetC2cModeInfoVFunc() }
+func (d directDevice) GetC2cModeInfoV() nvml.C2cModeInfoHandler {
+	d.g.enter(27)
+	return d.m.GetC2cModeInfoVFunc()
+}
 
 func (d directDevice) GetCapabilities() (nvml.DeviceCapabilities, nvml.Return) {
+	d.g.enter(28)
 	return d.m.GetCapabilitiesFunc()
 }
 
 func (d directDevice) GetClkMonStatus() (nvml.ClkMonStatus, nvml.Return) {
+	d.g.enter(29)
 	return d.m.GetClkMonStatusFunc()
 }
 
 func (d directDevice) GetClock(a0 nvml.ClockType, a1 nvml.ClockId) (uint32, nvml.Return) {
+	d.g.enter(30)
 	return d.m.GetClockFunc(a0, a1)
 }
 
 func (d directDevice) GetClockInfo(a0 nvml.ClockType) (uint32, nvml.Return) {
+	d.g.enter(31)
 	return d.m.GetClockInfoFunc(a0)
 }
 
 func (d directDevice) GetClockOffsets() (nvml.ClockOffset, nvml.Return) {
+	d.g.enter(32)
 	return d.m.GetClockOffsetsFunc()
 }
 
 func (d directDevice) GetComputeInstanceId() (int, nvml.Return) {
+	d.g.enter(33)
 	return d.m.GetComputeInstanceIdFunc()
 }
 
 func (d directDevice) GetComputeMode() (nvml.ComputeMode, nvml.Return) {
+	d.g.enter(34)
 	return d.m.GetComputeModeFunc()
 }
 
 func (d directDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	d.g.enter(35)
 	return d.m.GetComputeRunningProcessesFunc()
 }
 
 func (d directDevice) GetConfComputeGpuAttestationReport(a0 *nvml.ConfComputeGpuAttestationReport) nvml.Return {
+	d.g.enter(36)
 	return d.m.GetConfComputeGpuAttestationReportFunc(a0)
 }
 
 func (d directDevice) GetConfComputeGpuCertificate() (nvml.ConfComputeGpuCertificate, nvml.Return) {
+	d.g.enter(37)
 	return d.m.GetConfComputeGpuCertificateFunc()
 }
 
 func (d directDevice) GetConfComputeMemSizeInfo() (nvml.ConfComputeMemSizeInfo, nvml.Return) {
+	d.g.enter(38)
 	return d.m.GetConfComputeMemSizeInfoFunc()
 }
 
 func (d directDevice) GetConfComputeProtectedMemoryUsage() (nvml.Memory, nvml.Return) {
+	d.g.enter(39)
 	return d.m.GetConfComputeProtectedMemoryUsageFunc()
 }
 
-func (d directDevice) GetCoolerInfo() (nvml.CoolerInfo, nvml.Return) { return d.m.GetCoolerInfoFunc() }
+func (d directDevice) GetCoolerInfo() (nvml.CoolerInfo, nvml.Return) {
+	d.g.enter(40)
+	return d.m.GetCoolerInfoFunc()
+}
 
-func (d directDevice) GetCpuAffinity(a0 int) ([]uint, nvml.Return) { return d.m.GetCpuAffinityFunc(a0) }
+func (d directDevice) GetCpuAffinity(a0 int) ([]uint, nvml.Return) {
+	d.g.enter(41)
+	return d.m.GetCpuAffinityFunc(a0)
+}
 
 func (d directDevice) GetCpuAffinityWithinScope(a0 int, a1 nvml.AffinityScope) ([]uint, nvml.Return) {
+	d.g.enter(42)
 	return d.m.GetCpuAffinityWithinScopeFunc(a0, a1)
 }
 
 func (d directDevice) GetCreatableVgpus() ([]nvml.VgpuTypeId, nvml.Return) {
+	d.g.enter(43)
 	return d.m.GetCreatableVgpusFunc()
 }
 
 func (d directDevice) GetCudaComputeCapability() (int, int, nvml.Return) {
+	d.g.enter(44)
 	return d.m.GetCudaComputeCapabilityFunc()
 }
 
 func (d directDevice) GetCurrPcieLinkGeneration() (int, nvml.Return) {
+	d.g.enter(45)
 	return d.m.GetCurrPcieLinkGenerationFunc()
 }
 
 func (d directDevice) GetCurrPcieLinkWidth() (int, nvml.Return) {
+	d.g.enter(46)
 	return d.m.GetCurrPcieLinkWidthFunc()
 }
 
 func (d directDevice) GetCurrentClockFreqs() (nvml.DeviceCurrentClockFreqs, nvml.Return) {
+	d.g.enter(47)
 	return d.m.GetCurrentClockFreqsFunc()
 }
 
 func (d directDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	d.g.enter(48)
 	return d.m.GetCurrentClocksEventReasonsFunc()
 }
 
 func (d directDevice) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	d.g.enter(49)
 	return d.m.GetCurrentClocksThrottleReasonsFunc()
 }
 
 func (d directDevice) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	d.g.enter(50)
 	return d.m.GetDecoderUtilizationFunc()
 }
 
 func (d directDevice) GetDefaultApplicationsClock(a0 nvml.ClockType) (uint32, nvml.Return) {
+	d.g.enter(51)
 	return d.m.GetDefaultApplicationsClockFunc(a0)
 }
 
 func (d directDevice) GetDefaultEccMode() (nvml.EnableState, nvml.Return) {
+	d.g.enter(52)
 	return d.m.GetDefaultEccModeFunc()
 }
 
 func (d directDevice) GetDetailedEccErrors(a0 nvml.MemoryErrorType, a1 nvml.EccCounterType) (nvml.EccErrorCounts, nvml.Return) {
+	d.g.enter(53)
 	return d.m.GetDetailedEccErrorsFunc(a0, a1)
 }
 
 func (d directDevice) GetDeviceHandleFromMigDeviceHandle() (nvml.Device, nvml.Return) {
+	d.g.enter(54)
 	return d.m.GetDeviceHandleFromMigDeviceHandleFunc()
 }
 
 func (d directDevice) GetDisplayActive() (nvml.EnableState, nvml.Return) {
+	d.g.enter(55)
 	return d.m.GetDisplayActiveFunc()
 }
 
 func (d directDevice) GetDisplayMode() (nvml.EnableState, nvml.Return) {
+	d.g.enter(56)
 	return d.m.GetDisplayModeFunc()
 }
 
 func (d directDevice) GetDramEncryptionMode() (nvml.DramEncryptionInfo, nvml.DramEncryptionInfo, nvml.Return) {
+	d.g.enter(57)
 	return d.m.GetDramEncryptionModeFunc()
 }
 
 func (d directDevice) GetDriverModel() (nvml.DriverModel, nvml.DriverModel, nvml.Return) {
+	d.g.enter(58)
 	return d.m.GetDriverModelFunc()
 }
 
 func (d directDevice) GetDriverModel_v2() (nvml.DriverModel, nvml.DriverModel, nvml.Return) {
+	d.g.enter(59)
 	return d.m.GetDriverModel_v2Func()
 }
 
 func (d directDevice) GetDynamicPstatesInfo() (nvml.GpuDynamicPstatesInfo, nvml.Return) {
+	d.g.enter(60)
 	return d.m.GetDynamicPstatesInfoFunc()
 }
 
 func (d directDevice) GetEccMode() (nvml.EnableState, nvml.EnableState, nvml.Return) {
+	d.g.enter(61)
 	return d.m.GetEccModeFunc()
 }
 
 func (d directDevice) GetEncoderCapacity(a0 nvml.EncoderType) (int, nvml.Return) {
+	d.g.enter(62)
 	return d.m.GetEncoderCapacityFunc(a0)
 }
 
 func (d directDevice) GetEncoderSessions() ([]nvml.EncoderSessionInfo, nvml.Return) {
+	d.g.enter(63)
 	return d.m.GetEncoderSessionsFunc()
 }
 
 func (d directDevice) GetEncoderStats() (int, uint32, uint32, nvml.Return) {
+	d.g.enter(64)
 	return d.m.GetEncoderStatsFunc()
 }
 
 func (d directDevice) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	d.g.enter(65)
 	return d.m.GetEncoderUtilizationFunc()
 }
 
 func (d directDevice) GetEnforcedPowerLimit() (uint32, nvml.Return) {
+	d.g.enter(66)
 	return d.m.GetEnforcedPowerLimitFunc()
 }
 
 func (d directDevice) GetFBCSessions() ([]nvml.FBCSessionInfo, nvml.Return) {
+	d.g.enter(67)
 	return d.m.GetFBCSessionsFunc()
 }
 
-func (d directDevice) GetFBCStats() (nvml.FBCStats, nvml.Return) { return d.m.GetFBCStatsFunc() }
+func (d directDevice) GetFBCStats() (nvml.FBCStats, nvml.Return) {
+	d.g.enter(68)
+	return d.m.GetFBCStatsFunc()
+}
 
 func (d directDevice) GetFanControlPolicy_v2(a0 int) (nvml.FanControlPolicy, nvml.Return) {
+	d.g.enter(69)
 	return d.m.GetFanControlPolicy_v2Func(a0)
 }
 
-func (d directDevice) GetFanSpeed() (uint32, nvml.Return) { return d.m.GetFanSpeedFunc() }
+func (d directDevice) GetFanSpeed() (uint32, nvml.Return) {
+	d.g.enter(70)
+	return d.m.GetFanSpeedFunc()
+}
 
 func (d directDevice) GetFanSpeedRPM() (nvml.FanSpeedInfo, nvml.Return) {
+	d.g.enter(71)
 	return d.m.GetFanSpeedRPMFunc()
 }
 
-func (d directDevice) GetFanSpeed_v2(a0 int) (uint32, nvml.Return) { return d.m.GetFanSpeed_v2Func(a0) }
+func (d directDevice) GetFanSpeed_v2(a0 int) (uint32, nvml.Return) {
+	d.g.enter(72)
+	return d.m.GetFanSpeed_v2Func(a0)
+}
 
 func (d directDevice) GetFieldValues(a0 []nvml.FieldValue) nvml.Return {
+	d.g.enter(73)
 	return d.m.GetFieldValuesFunc(a0)
 }
 
 func (d directDevice) GetGpcClkMinMaxVfOffset() (int, int, nvml.Return) {
+	d.g.enter(74)
 	return d.m.GetGpcClkMinMaxVfOffsetFunc()
 }
 
-func (d directDevice) GetGpcClkVfOffset() (int, nvml.Return) { return d.m.GetGpcClkVfOffsetFunc() }
+func (d directDevice) GetGpcClkVfOffset() (int, nvml.Return) {
+	d.g.enter(75)
+	return d.m.GetGpcClkVfOffsetFunc()
+}
 
 func (d directDevice) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
+	d.g.enter(76)
 	return d.m.GetGpuFabricInfoFunc()
 }
 
 func (d directDevice) GetGpuFabricInfoV() nvml.GpuFabricInfoHandler {
+	d.g.enter(77)
 	return d.m.GetGpuFabricInfoVFunc()
 }
 
 func (d directDevice) GetGpuInstanceById(a0 int) (nvml.GpuInstance, nvml.Return) {
+	d.g.enter(78)
 	return d.m.GetGpuInstanceByIdFunc(a0)
 }
 
-func (d directDevice) GetGpuInstanceId() (int, nvml.Return) { return d.m.GetGpuInstanceIdFunc() }
+func (d directDevice) GetGpuInstanceId() (int, nvml.Return) {
+	d.g.enter(79)
+	return d.m.GetGpuInstanceIdFunc()
+}
 
 func (d directDevice) GetGpuInstancePossiblePlacements(a0 *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+	d.g.enter(80)
 	return d.m.GetGpuInstancePossiblePlacementsFunc(a0)
 }
 
 func (d directDevice) GetGpuInstanceProfileInfo(a0 int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+	d.g.enter(81)
 	return d.m.GetGpuInstanceProfileInfoFunc(a0)
 }
 
 func (d directDevice) GetGpuInstanceProfileInfoByIdV(a0 int) nvml.GpuInstanceProfileInfoByIdHandler {
+	d.g.enter(82)
 	return d.m.GetGpuInstanceProfileInfoByIdVFunc(a0)
 }
 
 func (d directDevice) GetGpuInstanceProfileInfoV(a0 int) nvml.GpuInstanceProfileInfoHandler {
+	d.g.enter(83)
 	return d.m.GetGpuInstanceProfileInfoVFunc(a0)
 }
 
 func (d directDevice) GetGpuInstanceRemainingCapacity(a0 *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
+	d.g.enter(84)
 	return d.m.GetGpuInstanceRemainingCapacityFunc(a0)
 }
 
 func (d directDevice) GetGpuInstances(a0 *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
+	d.g.enter(85)
 	return d.m.GetGpuInstancesFunc(a0)
 }
 
 func (d directDevice) GetGpuMaxPcieLinkGeneration() (int, nvml.Return) {
+	d.g.enter(86)
 	return d.m.GetGpuMaxPcieLinkGenerationFunc()
 }
 
 func (d directDevice) GetGpuOperationMode() (nvml.GpuOperationMode, nvml.GpuOperationMode, nvml.Return) {
+	d.g.enter(87)
 	return d.m.GetGpuOperationModeFunc()
 }
 
 func (d directDevice) GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	d.g.enter(88)
 	return d.m.GetGraphicsRunningProcessesFunc()
 }
 
 func (d directDevice) GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return) {
+	d.g.enter(89)
 	return d.m.GetGridLicensableFeaturesFunc()
 }
 
 func (d directDevice) GetGspFirmwareMode() (bool, bool, nvml.Return) {
+	d.g.enter(90)
 	return d.m.GetGspFirmwareModeFunc()
 }
 
 func (d directDevice) GetGspFirmwareVersion() (string, nvml.Return) {
+	d.g.enter(91)
 	return d.m.GetGspFirmwareVersionFunc()
 }
 
 func (d directDevice) GetHostVgpuMode() (nvml.HostVgpuMode, nvml.Return) {
+	d.g.enter(92)
 	return d.m.GetHostVgpuModeFunc()
 }
 
-func (d directDevice) GetHostname_v1() (string, nvml.Return) { return d.m.GetHostname_v1Func() }
+func (d directDevice) GetHostname_v1() (string, nvml.Return) {
+	d.g.enter(93)
+	return d.m.GetHostname_v1Func()
+}
 
-func (d directDevice) GetIndex() (int, nvml.Return) { return d.m.GetIndexFunc() }
+func (d directDevice) GetIndex() (int, nvml.Return) {
+	d.g.enter(94)
+	return d.m.GetIndexFunc()
+}
 
 func (d directDevice) GetInforomConfigurationChecksum() (uint32, nvml.Return) {
+	d.g.enter(95)
 	return d.m.GetInforomConfigurationChecksumFunc()
 }
 
 func (d directDevice) GetInforomImageVersion() (string, nvml.Return) {
+	d.g.enter(96)
 	return d.m.GetInforomImageVersionFunc()
 }
 
 func (d directDevice) GetInforomVersion(a0 nvml.InforomObject) (string, nvml.Return) {
+	d.g.enter(97)
 	return d.m.GetInforomVersionFunc(a0)
 }
 
-func (d directDevice) GetIrqNum() (int, nvml.Return) { return d.m.GetIrqNumFunc() }
+func (d directDevice) GetIrqNum() (int, nvml.Return) {
+	d.g.enter(98)
+	return d.m.GetIrqNumFunc()
+}
 
 func (d directDevice) GetJpgUtilization() (uint32, uint32, nvml.Return) {
+	d.g.enter(99)
 	return d.m.GetJpgUtilizationFunc()
 }
 
 func (d directDevice) GetLastBBXFlushTime() (uint64, uint, nvml.Return) {
+	d.g.enter(100)
 	return d.m.GetLastBBXFlushTimeFunc()
 }
 
 func (d directDevice) GetMPSComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	d.g.enter(101)
 	return d.m.GetMPSComputeRunningProcessesFunc()
 }
 
 func (d directDevice) GetMarginTemperature() (nvml.MarginTemperature, nvml.Return) {
+	d.g.enter(102)
 	return d.m.GetMarginTemperatureFunc()
 }
 
 func (d directDevice) GetMaxClockInfo(a0 nvml.ClockType) (uint32, nvml.Return) {
+	d.g.enter(103)
 	return d.m.GetMaxClockInfoFunc(a0)
 }
 
 func (d directDevice) GetMaxCustomerBoostClock(a0 nvml.ClockType) (uint32, nvml.Return) {
+	d.g.enter(104)
 	return d.m.GetMaxCustomerBoostClockFunc(a0)
 }
 
 func (d directDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
+	d.g.enter(105)
 	return d.m.GetMaxMigDeviceCountFunc()
 }
 
 func (d directDevice) GetMaxPcieLinkGeneration() (int, nvml.Return) {
+	d.g.enter(106)
 	return d.m.GetMaxPcieLinkGenerationFunc()
 }
 
-func (d directDevice) GetMaxPcieLinkWidth() (int, nvml.Return) { return d.m.GetMaxPcieLinkWidthFunc() }
+func (d directDevice) GetMaxPcieLinkWidth() (int, nvml.Return) {
+	d.g.enter(107)
+	return d.m.GetMaxPcieLinkWidthFunc()
+}
 
 func (d directDevice) GetMemClkMinMaxVfOffset() (int, int, nvml.Return) {
+	d.g.enter(108)
 	return d.m.GetMemClkMinMaxVfOffsetFunc()
 }
 
-func (d directDevice) GetMemClkVfOffset() (int, nvml.Return) { return d.m.GetMemClkVfOffsetFunc() }
+func (d directDevice) GetMemClkVfOffset() (int, nvml.Return) {
+	d.g.enter(109)
+	return d.m.GetMemClkVfOffsetFunc()
+}
 
 func (d directDevice) GetMemoryAffinity(a0 int, a1 nvml.AffinityScope) ([]uint, nvml.Return) {
+	d.g.enter(110)
 	return d.m.GetMemoryAffinityFunc(a0, a1)
 }
 
-func (d directDevice) GetMemoryBusWidth() (uint32, nvml.Return) { return d.m.GetMemoryBusWidthFunc() }
+func (d directDevice) GetMemoryBusWidth() (uint32, nvml.Return) {
+	d.g.enter(111)
+	return d.m.GetMemoryBusWidthFunc()
+}
 
 func (d directDevice) GetMemoryErrorCounter(a0 nvml.MemoryErrorType, a1 nvml.EccCounterType, a2 nvml.MemoryLocation) (uint64, nvml.Return) {
+	d.g.enter(112)
 	return d.m.GetMemoryErrorCounterFunc(a0, a1, a2)
 }
 
-func (d directDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) { return d.m.GetMemoryInfoFunc() }
+func (d directDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
+	d.g.enter(113)
+	return d.m.GetMemoryInfoFunc()
+}
 
 func (d directDevice) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	d.g.enter(114)
 	return d.m.GetMemoryInfo_v2Func()
 }
 
 func (d directDevice) GetMigDeviceHandleByIndex(a0 int) (nvml.Device, nvml.Return) {
+	d.g.enter(115)
 	return d.m.GetMigDeviceHandleByIndexFunc(a0)
 }
 
-func (d directDevice) GetMigMode() (int, int, nvml.Return) { return d.m.GetMigModeFunc() }
+func (d directDevice) GetMigMode() (int, int, nvml.Return) {
+	d.g.enter(116)
+	return d.m.GetMigModeFunc()
+}
 
 func (d directDevice) GetMinMaxClockOfPState(a0 nvml.ClockType, a1 nvml.Pstates) (uint32, uint32, nvml.Return) {
+	d.g.enter(117)
 	return d.m.GetMinMaxClockOfPStateFunc(a0, a1)
 }
 
-func (d directDevice) GetMinMaxFanSpeed() (int, int, nvml.Return) { return d.m.GetMinMaxFanSpeedFunc() }
+func (d directDevice) GetMinMaxFanSpeed() (int, int, nvml.Return) {
+	d.g.enter(118)
+	return d.m.GetMinMaxFanSpeedFunc()
+}
 
-func (d directDevice) GetMinorNumber() (int, nvml.Return) { return d.m.GetMinorNumberFunc() }
+func (d directDevice) GetMinorNumber() (int, nvml.Return) {
+	d.g.enter(119)
+	return d.m.GetMinorNumberFunc()
+}
 
-func (d directDevice) GetModuleId() (int, nvml.Return) { return d.m.GetModuleIdFunc() }
+func (d directDevice) GetModuleId() (int, nvml.Return) {
+	d.g.enter(120)
+	return d.m.GetModuleIdFunc()
+}
 
-func (d directDevice) GetMultiGpuBoard() (int, nvml.Return) { return d.m.GetMultiGpuBoardFunc() }
+func (d directDevice) GetMultiGpuBoard() (int, nvml.Return) {
+	d.g.enter(121)
+	return d.m.GetMultiGpuBoardFunc()
+}
 
-func (d directDevice) GetName() (string, nvml.Return) { return d.m.GetNameFunc() }
+func (d directDevice) GetName() (string, nvml.Return) {
+	d.g.enter(122)
+	return d.m.GetNameFunc()
+}
 
-func (d directDevice) GetNumFans() (int, nvml.Return) { return d.m.GetNumFansFunc() }
+func (d directDevice) GetNumFans() (int, nvml.Return) {
+	d.g.enter(123)
+	return d.m.GetNumFansFunc()
+}
 
-func (d directDevice) GetNumGpuCores() (int, nvml.Return) { return d.m.GetNumGpuCoresFunc() }
+func (d directDevice) GetNumGpuCores() (int, nvml.Return) {
+	d.g.enter(124)
+	return d.m.GetNumGpuCoresFunc()
+}
 
-func (d directDevice) GetNumaNodeId() (int, nvml.Return) { return d.m.GetNumaNodeIdFunc() }
+func (d directDevice) GetNumaNodeId() (int, nvml.Return) {
+	d.g.enter(125)
+	return d.m.GetNumaNodeIdFunc()
+}
 
 func (d directDevice) GetNvLinkCapability(a0 int, a1 nvml.NvLinkCapability) (uint32, nvml.Return) {
+	d.g.enter(126)
 	return d.m.GetNvLinkCapabilityFunc(a0, a1)
 }
 
 func (d directDevice) GetNvLinkErrorCounter(a0 int, a1 nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
+	d.g.enter(127)
 	return d.m.GetNvLinkErrorCounterFunc(a0, a1)
 }
 
-func (d directDevice) GetNvLinkInfo() nvml.NvLinkInfoHandler { return d.m.GetNvLinkInfoFunc() }
+func (d directDevice) GetNvLinkInfo() nvml.NvLinkInfoHandler {
+	d.g.enter(128)
+	return d.m.GetNvLinkInfoFunc()
+}
 
 func (d directDevice) GetNvLinkRemoteDeviceType(a0 int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+	d.g.enter(129)
 	return d.m.GetNvLinkRemoteDeviceTypeFunc(a0)
 }
 
 func (d directDevice) GetNvLinkRemotePciInfo(a0 int) (nvml.PciInfo, nvml.Return) {
+	d.g.enter(130)
 	return d.m.GetNvLinkRemotePciInfoFunc(a0)
 }
 
 func (d directDevice) GetNvLinkState(a0 int) (nvml.EnableState, nvml.Return) {
+	d.g.enter(131)
 	return d.m.GetNvLinkStateFunc(a0)
 }
 
 func (d directDevice) GetNvLinkUtilizationControl(a0 int, a1 int) (nvml.NvLinkUtilizationControl, nvml.Return) {
+	d.g.enter(132)
 	return d.m.GetNvLinkUtilizationControlFunc(a0, a1)
 }
 
 func (d directDevice) GetNvLinkUtilizationCounter(a0 int, a1 int) (uint64, uint64, nvml.Return) {
+	d.g.enter(133)
 	return d.m.GetNvLinkUtilizationCounterFunc(a0, a1)
 }
 
 func (d directDevice) GetNvLinkVersion(a0 int) (uint32, nvml.Return) {
+	d.g.enter(134)
 	return d.m.GetNvLinkVersionFunc(a0)
 }
 
 func (d directDevice) GetNvlinkBwMode() (nvml.NvlinkGetBwMode, nvml.Return) {
+	d.g.enter(135)
 	return d.m.GetNvlinkBwModeFunc()
 }
 
 func (d directDevice) GetNvlinkSupportedBwModes() (nvml.NvlinkSupportedBwModes, nvml.Return) {
+	d.g.enter(136)
 	return d.m.GetNvlinkSupportedBwModesFunc()
 }
 
 func (d directDevice) GetOfaUtilization() (uint32, uint32, nvml.Return) {
+	d.g.enter(137)
 	return d.m.GetOfaUtilizationFunc()
 }
 
 func (d directDevice) GetP2PStatus(a0 nvml.Device, a1 nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
+	d.g.enter(138)
 	return d.m.GetP2PStatusFunc(a0, a1)
 }
 
-func (d directDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) { return d.m.GetPciInfoFunc() }
+func (d directDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) {
+	d.g.enter(139)
+	return d.m.GetPciInfoFunc()
+}
 
-func (d directDevice) GetPciInfoExt() (nvml.PciInfoExt, nvml.Return) { return d.m.GetPciInfoExtFunc() }
+func (d directDevice) GetPciInfoExt() (nvml.PciInfoExt, nvml.Return) {
+	d.g.enter(140)
+	return d.m.GetPciInfoExtFunc()
+}
 
 func (d directDevice) GetPcieLinkMaxSpeed() (uint32, nvml.Return) {
+	d.g.enter(141)
 	return d.m.GetPcieLinkMaxSpeedFunc()
 }
 
 func (d directDevice) GetPcieReplayCounter() (int, nvml.Return) {
+	d.g.enter(142)
 	return d.m.GetPcieReplayCounterFunc()
 }
 
-func (d directDevice) GetPcieSpeed() (int, nvml.Return) { return d.m.GetPcieSpeedFunc() }
+func (d directDevice) GetPcieSpeed() (int, nvml.Return) {
+	d.g.enter(143)
+	return d.m.GetPcieSpeedFunc()
+}
 
 func (d directDevice) GetPcieThroughput(a0 nvml.PcieUtilCounter) (uint32, nvml.Return) {
+	d.g.enter(144)
 	return d.m.GetPcieThroughputFunc(a0)
 }
 
-func (d directDevice) GetPdi() (nvml.Pdi, nvml.Return) { return d.m.GetPdiFunc() }
+func (d directDevice) GetPdi() (nvml.Pdi, nvml.Return) {
+	d.g.enter(145)
+	return d.m.GetPdiFunc()
+}
 
 func (d directDevice) GetPerformanceModes() (nvml.DevicePerfModes, nvml.Return) {
+	d.g.enter(146)
 	return d.m.GetPerformanceModesFunc()
 }
 
 func (d directDevice) GetPerformanceState() (nvml.Pstates, nvml.Return) {
+	d.g.enter(147)
 	return d.m.GetPerformanceStateFunc()
 }
 
 func (d directDevice) GetPersistenceMode() (nvml.EnableState, nvml.Return) {
+	d.g.enter(148)
 	return d.m.GetPersistenceModeFunc()
 }
 
 func (d directDevice) GetPgpuMetadataString() (string, nvml.Return) {
+	d.g.enter(149)
 	return d.m.GetPgpuMetadataStringFunc()
 }
 
 func (d directDevice) GetPlatformInfo() (nvml.PlatformInfo, nvml.Return) {
+	d.g.enter(150)
 	return d.m.GetPlatformInfoFunc()
 }
 
 func (d directDevice) GetPowerManagementDefaultLimit() (uint32, nvml.Return) {
+	d.g.enter(151)
 	return d.m.GetPowerManagementDefaultLimitFunc()
 }
 
 func (d directDevice) GetPowerManagementLimit() (uint32, nvml.Return) {
+	d.g.enter(152)
 	return d.m.GetPowerManagementLimitFunc()
 }
 
 func (d directDevice) GetPowerManagementLimitConstraints() (uint32, uint32, nvml.Return) {
+	d.g.enter(153)
 	return d.m.GetPowerManagementLimitConstraintsFunc()
 }
 
 func (d directDevice) GetPowerManagementMode() (nvml.EnableState, nvml.Return) {
+	d.g.enter(154)
 	return d.m.GetPowerManagementModeFunc()
 }
 
 func (d directDevice) GetPowerMizerMode_v1() (nvml.DevicePowerMizerModes_v1, nvml.Return) {
+	d.g.enter(155)
 	return d.m.GetPowerMizerMode_v1Func()
 }
 
 func (d directDevice) GetPowerSource() (nvml.PowerSource, nvml.Return) {
+	d.g.enter(156)
 	return d.m.GetPowerSourceFunc()
 }
 
-func (d directDevice) GetPowerState() (nvml.Pstates, nvml.Return) { return d.m.GetPowerStateFunc() }
+func (d directDevice) GetPowerState() (nvml.Pstates, nvml.Return) {
+	d.g.enter(157)
+	return d.m.GetPowerStateFunc()
+}
 
-func (d directDevice) GetPowerUsage() (uint32, nvml.Return) { return d.m.GetPowerUsageFunc() }
+func (d directDevice) GetPowerUsage() (uint32, nvml.Return) {
+	d.g.enter(158)
+	return d.m.GetPowerUsageFunc()
+}
 
 func (d directDevice) GetProcessUtilization(a0 uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	d.g.enter(159)
 	return d.m.GetProcessUtilizationFunc(a0)
 }
 
 func (d directDevice) GetProcessesUtilizationInfo() (nvml.ProcessesUtilizationInfo, nvml.Return) {
+	d.g.enter(160)
 	return d.m.GetProcessesUtilizationInfoFunc()
 }
 
 func (d directDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
+	d.g.enter(161)
 	return d.m.GetRemappedRowsFunc()
 }
 
 func (d directDevice) GetRemappedRows_v2() (nvml.RemappedRowsInfo_v2, nvml.Return) {
+	d.g.enter(162)
 	return d.m.GetRemappedRows_v2Func()
 }
 
 func (d directDevice) GetRepairStatus() (nvml.RepairStatus, nvml.Return) {
+	d.g.enter(163)
 	return d.m.GetRepairStatusFunc()
 }
 
 func (d directDevice) GetRetiredPages(a0 nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+	d.g.enter(164)
 	return d.m.GetRetiredPagesFunc(a0)
 }
 
 func (d directDevice) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) {
+	d.g.enter(165)
 	return d.m.GetRetiredPagesPendingStatusFunc()
 }
 
 func (d directDevice) GetRetiredPages_v2(a0 nvml.PageRetirementCause) ([]uint64, []uint64, nvml.Return) {
+	d.g.enter(166)
 	return d.m.GetRetiredPages_v2Func(a0)
 }
 
 func (d directDevice) GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return) {
+	d.g.enter(167)
 	return d.m.GetRowRemapperHistogramFunc()
 }
 
 func (d directDevice) GetRunningProcessDetailList() (nvml.ProcessDetailList, nvml.Return) {
+	d.g.enter(168)
 	return d.m.GetRunningProcessDetailListFunc()
 }
 
 func (d directDevice) GetSamples(a0 nvml.SamplingType, a1 uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+	d.g.enter(169)
 	return d.m.GetSamplesFunc(a0, a1)
 }
 
-func (d directDevice) GetSerial() (string, nvml.Return) { return d.m.GetSerialFunc() }
+func (d directDevice) GetSerial() (string, nvml.Return) {
+	d.g.enter(170)
+	return d.m.GetSerialFunc()
+}
 
 func (d directDevice) GetSramEccErrorStatus() (nvml.EccSramErrorStatus, nvml.Return) {
+	d.g.enter(171)
 	return d.m.GetSramEccErrorStatusFunc()
 }
 
 func (d directDevice) GetSramUniqueUncorrectedEccErrorCounts(a0 *nvml.EccSramUniqueUncorrectedErrorCounts) nvml.Return {
+	d.g.enter(172)
 	return d.m.GetSramUniqueUncorrectedEccErrorCountsFunc(a0)
 }
 
 func (d directDevice) GetSupportedClocksEventReasons() (uint64, nvml.Return) {
+	d.g.enter(173)
 	return d.m.GetSupportedClocksEventReasonsFunc()
 }
 
 func (d directDevice) GetSupportedClocksThrottleReasons() (uint64, nvml.Return) {
+	d.g.enter(174)
 	return d.m.GetSupportedClocksThrottleReasonsFunc()
 }
 
 func (d directDevice) GetSupportedEventTypes() (uint64, nvml.Return) {
+	d.g.enter(175)
 	return d.m.GetSupportedEventTypesFunc()
 }
 
 func (d directDevice) GetSupportedGraphicsClocks(a0 int) (int, uint32, nvml.Return) {
+	d.g.enter(176)
 	return d.m.GetSupportedGraphicsClocksFunc(a0)
 }
 
 func (d directDevice) GetSupportedMemoryClocks() (int, uint32, nvml.Return) {
+	d.g.enter(177)
 	return d.m.GetSupportedMemoryClocksFunc()
 }
 
 func (d directDevice) GetSupportedPerformanceStates() ([]nvml.Pstates, nvml.Return) {
+	d.g.enter(178)
 	return d.m.GetSupportedPerformanceStatesFunc()
 }
 
 func (d directDevice) GetSupportedVgpus() ([]nvml.VgpuTypeId, nvml.Return) {
+	d.g.enter(179)
 	return d.m.GetSupportedVgpusFunc()
 }
 
 func (d directDevice) GetTargetFanSpeed(a0 int) (int, nvml.Return) {
+	d.g.enter(180)
 	return d.m.GetTargetFanSpeedFunc(a0)
 }
 
 func (d directDevice) GetTemperature(a0 nvml.TemperatureSensors) (uint32, nvml.Return) {
+	d.g.enter(181)
 	return d.m.GetTemperatureFunc(a0)
 }
 
 func (d directDevice) GetTemperatureThreshold(a0 nvml.TemperatureThresholds) (uint32, nvml.Return) {
+	d.g.enter(182)
 	return d.m.GetTemperatureThresholdFunc(a0)
 }
 
-func (d directDevice) GetTemperatureV() nvml.TemperatureHandler { return d.m.GetTemperatureVFunc() }
+func (d directDevice) GetTemperatureV() nvml.TemperatureHandler {
+	d.g.enter(183)
+	return d.m.GetTemperatureVFunc()
+}
 
 func (d directDevice) GetThermalSettings(a0 uint32) (nvml.GpuThermalSettings, nvml.Return) {
+	d.g.enter(184)
 	return d.m.GetThermalSettingsFunc(a0)
 }
 
 func (d directDevice) GetTopologyCommonAncestor(a0 nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+	d.g.enter(185)
 	return d.m.GetTopologyCommonAncestorFunc(a0)
 }
 
 func (d directDevice) GetTopologyNearestGpus(a0 nvml.GpuTopologyLevel) ([]nvml.Device, nvml.Return) {
+	d.g.enter(186)
 	return d.m.GetTopologyNearestGpusFunc(a0)
 }
 
 func (d directDevice) GetTotalEccErrors(a0 nvml.MemoryErrorType, a1 nvml.EccCounterType) (uint64, nvml.Return) {
+	d.g.enter(187)
 	return d.m.GetTotalEccErrorsFunc(a0, a1)
 }
 
 func (d directDevice) GetTotalEnergyConsumption() (uint64, nvml.Return) {
+	d.g.enter(188)
 	return d.m.GetTotalEnergyConsumptionFunc()
 }
 
-func (d directDevice) GetUUID() (string, nvml.Return) { return d.m.GetUUIDFunc() }
+func (d directDevice) GetUUID() (string, nvml.Return) {
+	d.g.enter(189)
+	return d.m.GetUUIDFunc()
+}
 
 func (d directDevice) GetUnrepairableMemoryFlag_v1() (nvml.UnrepairableMemoryStatus_v1, nvml.Return) {
+	d.g.enter(190)
 	return d.m.GetUnrepairableMemoryFlag_v1Func()
 }
 
 func (d directDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
+	d.g.enter(191)
 	return d.m.GetUtilizationRatesFunc()
 }
 
-func (d directDevice) GetVbiosVersion() (string, nvml.Return) { return d.m.GetVbiosVersionFunc() }
+func (d directDevice) GetVbiosVersion() (string, nvml.Return) {
+	d.g.enter(192)
+	return d.m.GetVbiosVersionFunc()
+}
 
 func (d directDevice) GetVgpuCapabilities(a0 nvml.DeviceVgpuCapability) (bool, nvml.Return) {
+	d.g.enter(193)
 	return d.m.GetVgpuCapabilitiesFunc(a0)
 }
 
 func (d directDevice) GetVgpuHeterogeneousMode() (nvml.VgpuHeterogeneousMode, nvml.Return) {
+	d.g.enter(194)
 	return d.m.GetVgpuHeterogeneousModeFunc()
 }
 
 func (d directDevice) GetVgpuInstancesUtilizationInfo() (nvml.VgpuInstancesUtilizationInfo, nvml.Return) {
+	d.g.enter(195)
 	return d.m.GetVgpuInstancesUtilizationInfoFunc()
 }
 
 func (d directDevice) GetVgpuMetadata() (nvml.VgpuPgpuMetadata, nvml.Return) {
+	d.g.enter(196)
 	return d.m.GetVgpuMetadataFunc()
 }
 
 func (d directDevice) GetVgpuProcessUtilization(a0 uint64) ([]nvml.VgpuProcessUtilizationSample, nvml.Return) {
+	d.g.enter(197)
 	return d.m.GetVgpuProcessUtilizationFunc(a0)
 }
 
 func (d directDevice) GetVgpuProcessesUtilizationInfo() (nvml.VgpuProcessesUtilizationInfo, nvml.Return) {
+	d.g.enter(198)
 	return d.m.GetVgpuProcessesUtilizationInfoFunc()
 }
 
 func (d directDevice) GetVgpuSchedulerCapabilities() (nvml.VgpuSchedulerCapabilities, nvml.Return) {
+	d.g.enter(199)
 	return d.m.GetVgpuSchedulerCapabilitiesFunc()
 }
 
 func (d directDevice) GetVgpuSchedulerLog() (nvml.VgpuSchedulerLog, nvml.Return) {
+	d.g.enter(200)
 	return d.m.GetVgpuSchedulerLogFunc()
 }
 
 func (d directDevice) GetVgpuSchedulerLog_v2(a0 nvml.VgpuSchedulerLogInfo_v2) (nvml.VgpuSchedulerLogInfo_v2, nvml.Return) {
+	d.g.enter(201)
 	return d.m.GetVgpuSchedulerLog_v2Func(a0)
 }
 
 func (d directDevice) GetVgpuSchedulerState() (nvml.VgpuSchedulerGetState, nvml.Return) {
+	d.g.enter(202)
 	return d.m.GetVgpuSchedulerStateFunc()
 }
 
 func (d directDevice) GetVgpuSchedulerState_v2(a0 nvml.VgpuSchedulerStateInfo_v2) (nvml.VgpuSchedulerStateInfo_v2, nvml.Return) {
+	d.g.enter(203)
 	return d.m.GetVgpuSchedulerState_v2Func(a0)
 }
 
 func (d directDevice) GetVgpuTypeCreatablePlacements(a0 nvml.VgpuTypeId) (nvml.VgpuPlacementList, nvml.Return) {
+	d.g.enter(204)
 	return d.m.GetVgpuTypeCreatablePlacementsFunc(a0)
 }
 
 func (d directDevice) GetVgpuTypeSupportedPlacements(a0 nvml.VgpuTypeId) (nvml.VgpuPlacementList, nvml.Return) {
+	d.g.enter(205)
 	return d.m.GetVgpuTypeSupportedPlacementsFunc(a0)
 }
 
 func (d directDevice) GetVgpuUtilization(a0 uint64) (nvml.ValueType, []nvml.VgpuInstanceUtilizationSample, nvml.Return) {
+	d.g.enter(206)
 	return d.m.GetVgpuUtilizationFunc(a0)
 }
 
 func (d directDevice) GetViolationStatus(a0 nvml.PerfPolicyType) (nvml.ViolationTime, nvml.Return) {
+	d.g.enter(207)
 	return d.m.GetViolationStatusFunc(a0)
 }
 
 func (d directDevice) GetVirtualizationMode() (nvml.GpuVirtualizationMode, nvml.Return) {
+	d.g.enter(208)
 	return d.m.GetVirtualizationModeFunc()
 }
 
 func (d directDevice) GpmMigSampleGet(a0 int, a1 nvml.GpmSample) nvml.Return {
+	d.g.enter(209)
 	return d.m.GpmMigSampleGetFunc(a0, a1)
 }
 
 func (d directDevice) GpmQueryDeviceSupport() (nvml.GpmSupport, nvml.Return) {
+	d.g.enter(210)
 	return d.m.GpmQueryDeviceSupportFunc()
 }
 
 func (d directDevice) GpmQueryDeviceSupportV() nvml.GpmSupportV {
+	d.g.enter(211)
 	return d.m.GpmQueryDeviceSupportVFunc()
 }
 
 func (d directDevice) GpmQueryIfStreamingEnabled() (uint32, nvml.Return) {
+	d.g.enter(212)
 	return d.m.GpmQueryIfStreamingEnabledFunc()
 }
 
-func (d directDevice) GpmSampleGet(a0 nvml.GpmSample) nvml.Return { return d.m.GpmSampleGetFunc(a0) }
+func (d directDevice) GpmSampleGet(a0 nvml.GpmSample) nvml.Return {
+	d.g.enter(213)
+	return d.m.GpmSampleGetFunc(a0)
+}
 
 func (d directDevice) GpmSetStreamingEnabled(a0 uint32) nvml.Return {
+	d.g.enter(214)
 	return d.m.GpmSetStreamingEnabledFunc(a0)
 }
 
-func (d directDevice) IsMigDeviceHandle() (bool, nvml.Return) { return d.m.IsMigDeviceHandleFunc() }
+func (d directDevice) IsMigDeviceHandle() (bool, nvml.Return) {
+	d.g.enter(215)
+	return d.m.IsMigDeviceHandleFunc()
+}
 
-func (d directDevice) OnSameBoard(a0 nvml.Device) (int, nvml.Return) { return d.m.OnSameBoardFunc(a0) }
+func (d directDevice) OnSameBoard(a0 nvml.Device) (int, nvml.Return) {
+	d.g.enter(216)
+	return d.m.OnSameBoardFunc(a0)
+}
 
 func (d directDevice) PowerSmoothingActivatePresetProfile(a0 *nvml.PowerSmoothingProfile) nvml.Return {
+	d.g.enter(217)
 	return d.m.PowerSmoothingActivatePresetProfileFunc(a0)
 }
 
 func (d directDevice) PowerSmoothingSetState(a0 *nvml.PowerSmoothingState) nvml.Return {
+	d.g.enter(218)
 	return d.m.PowerSmoothingSetStateFunc(a0)
 }
 
 func (d directDevice) PowerSmoothingUpdatePresetProfileParam(a0 *nvml.PowerSmoothingProfile) nvml.Return {
+	d.g.enter(219)
 	return d.m.PowerSmoothingUpdatePresetProfileParamFunc(a0)
 }
 
 func (d directDevice) ReadPRMCounters_v1(a0 []nvml.PRMCounterId, a1 int) ([]nvml.PRMCounter_v1, nvml.Return) {
+	d.g.enter(220)
 	return d.m.ReadPRMCounters_v1Func(a0, a1)
 }
 
 func (d directDevice) ReadWritePRM_v1(a0 *nvml.PRMTLV_v1) nvml.Return {
+	d.g.enter(221)
 	return d.m.ReadWritePRM_v1Func(a0)
 }
 
 func (d directDevice) RegisterEvents(a0 uint64, a1 nvml.EventSet) nvml.Return {
+	d.g.enter(222)
 	return d.m.RegisterEventsFunc(a0, a1)
 }
 
-func (d directDevice) ResetApplicationsClocks() nvml.Return { return d.m.ResetApplicationsClocksFunc() }
+func (d directDevice) ResetApplicationsClocks() nvml.Return {
+	d.g.enter(223)
+	return d.m.ResetApplicationsClocksFunc()
+}
 
-func (d directDevice) ResetGpuLockedClocks() nvml.Return { return d.m.ResetGpuLockedClocksFunc() }
+func (d directDevice) ResetGpuLockedClocks() nvml.Return {
+	d.g.enter(224)
+	return d.m.ResetGpuLockedClocksFunc()
+}
 
-func (d directDevice) ResetMemoryLockedClocks() nvml.Return { return d.m.ResetMemoryLockedClocksFunc() }
+func (d directDevice) ResetMemoryLockedClocks() nvml.Return {
+	d.g.enter(225)
+	return d.m.ResetMemoryLockedClocksFunc()
+}
 
 func (d directDevice) ResetNvLinkErrorCounters(a0 int) nvml.Return {
+	d.g.enter(226)
 	return d.m.ResetNvLinkErrorCountersFunc(a0)
 }
 
 func (d directDevice) ResetNvLinkUtilizationCounter(a0 int, a1 int) nvml.Return {
+	d.g.enter(227)
 	return d.m.ResetNvLinkUtilizationCounterFunc(a0, a1)
 }
 
 func (d directDevice) SetAPIRestriction(a0 nvml.RestrictedAPI, a1 nvml.EnableState) nvml.Return {
+	d.g.enter(228)
 	return d.m.SetAPIRestrictionFunc(a0, a1)
 }
 
 func (d directDevice) SetAccountingMode(a0 nvml.EnableState) nvml.Return {
+	d.g.enter(229)
 	return d.m.SetAccountingModeFunc(a0)
 }
 
 func (d directDevice) SetApplicationsClocks(a0 uint32, a1 uint32) nvml.Return {
+	d.g.enter(230)
 	return d.m.SetApplicationsClocksFunc(a0, a1)
 }
 
 func (d directDevice) SetAutoBoostedClocksEnabled(a0 nvml.EnableState) nvml.Return {
+	d.g.enter(231)
 	return d.m.SetAutoBoostedClocksEnabledFunc(a0)
 }
 
 func (d directDevice) SetClockOffsets(a0 nvml.ClockOffset) nvml.Return {
+	d.g.enter(232)
 	return d.m.SetClockOffsetsFunc(a0)
 }
 
 func (d directDevice) SetComputeMode(a0 nvml.ComputeMode) nvml.Return {
+	d.g.enter(233)
 	return d.m.SetComputeModeFunc(a0)
 }
 
 func (d directDevice) SetConfComputeUnprotectedMemSize(a0 uint64) nvml.Return {
+	d.g.enter(234)
 	return d.m.SetConfComputeUnprotectedMemSizeFunc(a0)
 }
 
-func (d directDevice) SetCpuAffinity() nvml.Return { return d.m.SetCpuAffinityFunc() }
+func (d directDevice) SetCpuAffinity() nvml.Return {
+	d.g.enter(235)
+	return d.m.SetCpuAffinityFunc()
+}
 
 func (d directDevice) SetDefaultAutoBoostedClocksEnabled(a0 nvml.EnableState, a1 uint32) nvml.Return {
+	d.g.enter(236)
 	return d.m.SetDefaultAutoBoostedClocksEnabledFunc(a0, a1)
 }
 
 func (d directDevice) SetDefaultFanSpeed_v2(a0 int) nvml.Return {
+	d.g.enter(237)
 	return d.m.SetDefaultFanSpeed_v2Func(a0)
 }
 
 func (d directDevice) SetDramEncryptionMode(a0 *nvml.DramEncryptionInfo) nvml.Return {
+	d.g.enter(238)
 	return d.m.SetDramEncryptionModeFunc(a0)
 }
 
 func (d directDevice) SetDriverModel(a0 nvml.DriverModel, a1 uint32) nvml.Return {
+	d.g.enter(239)
 	return d.m.SetDriverModelFunc(a0, a1)
 }
 
-func (d directDevice) SetEccMode(a0 nvml.EnableState) nvml.Return { return d.m.SetEccModeFunc(a0) }
+func (d directDevice) SetEccMode(a0 nvml.EnableState) nvml.Return {
+	d.g.enter(240)
+	return d.m.SetEccModeFunc(a0)
+}
 
 func (d directDevice) SetFanControlPolicy(a0 int, a1 nvml.FanControlPolicy) nvml.Return {
+	d.g.enter(241)
 	return d.m.SetFanControlPolicyFunc(a0, a1)
 }
 
 func (d directDevice) SetFanSpeed_v2(a0 int, a1 int) nvml.Return {
+	d.g.enter(242)
 	return d.m.SetFanSpeed_v2Func(a0, a1)
 }
 
-func (d directDevice) SetGpcClkVfOffset(a0 int) nvml.Return { return d.m.SetGpcClkVfOffsetFunc(a0) }
+func (d directDevice) SetGpcClkVfOffset(a0 int) nvml.Return {
+	d.g.enter(243)
+	return d.m.SetGpcClkVfOffsetFunc(a0)
+}
 
 func (d directDevice) SetGpuLockedClocks(a0 uint32, a1 uint32) nvml.Return {
+	d.g.enter(244)
 	return d.m.SetGpuLockedClocksFunc(a0, a1)
 }
 
 func (d directDevice) SetGpuOperationMode(a0 nvml.GpuOperationMode) nvml.Return {
+	d.g.enter(245)
 	return d.m.SetGpuOperationModeFunc(a0)
 }
 
-func (d directDevice) SetHostname_v1(a0 string) nvml.Return { return d.m.SetHostname_v1Func(a0) }
+func (d directDevice) SetHostname_v1(a0 string) nvml.Return {
+	d.g.enter(246)
+	return d.m.SetHostname_v1Func(a0)
+}
 
-func (d directDevice) SetMemClkVfOffset(a0 int) nvml.Return { return d.m.SetMemClkVfOffsetFunc(a0) }
+func (d directDevice) SetMemClkVfOffset(a0 int) nvml.Return {
+	d.g.enter(247)
+	return d.m.SetMemClkVfOffsetFunc(a0)
+}
 
 func (d directDevice) SetMemoryLockedClocks(a0 uint32, a1 uint32) nvml.Return {
+	d.g.enter(248)
 	return d.m.SetMemoryLockedClocksFunc(a0, a1)
 }
 
-func (d directDevice) SetMigMode(a0 int) (nvml.Return, nvml.Return) { return d.m.SetMigModeFunc(a0) }
+func (d directDevice) SetMigMode(a0 int) (nvml.Return, nvml.Return) {
+	d.g.enter(249)
+	return d.m.SetMigModeFunc(a0)
+}
 
 func (d directDevice) SetNvLinkDeviceLowPowerThreshold(a0 *nvml.NvLinkPowerThres) nvml.Return {
+	d.g.enter(250)
 	return d.m.SetNvLinkDeviceLowPowerThresholdFunc(a0)
 }
 
 func (d directDevice) SetNvLinkUtilizationControl(a0 int, a1 int, a2 *nvml.NvLinkUtilizationControl, a3 bool) nvml.Return {
+	d.g.enter(251)
 	return d.m.SetNvLinkUtilizationControlFunc(a0, a1, a2, a3)
 }
 
 func (d directDevice) SetNvlinkBwMode(a0 *nvml.NvlinkSetBwMode) nvml.Return {
+	d.g.enter(252)
 	return d.m.SetNvlinkBwModeFunc(a0)
 }
 
 func (d directDevice) SetPersistenceMode(a0 nvml.EnableState) nvml.Return {
+	d.g.enter(253)
 	return d.m.SetPersistenceModeFunc(a0)
 }
 
 func (d directDevice) SetPowerManagementLimit(a0 uint32) nvml.Return {
+	d.g.enter(254)
 	return d.m.SetPowerManagementLimitFunc(a0)
 }
 
 func (d directDevice) SetPowerManagementLimit_v2(a0 *nvml.PowerValue_v2) nvml.Return {
+	d.g.enter(255)
 	return d.m.SetPowerManagementLimit_v2Func(a0)
 }
 
 func (d directDevice) SetRusdSettings_v1(a0 nvml.RusdSettings_v1) nvml.Return {
+	d.g.enter(256)
 	return d.m.SetRusdSettings_v1Func(a0)
 }
 
 func (d directDevice) SetTemperatureThreshold(a0 nvml.TemperatureThresholds, a1 int) nvml.Return {
+	d.g.enter(257)
 	return d.m.SetTemperatureThresholdFunc(a0, a1)
 }
 
 func (d directDevice) SetVgpuCapabilities(a0 nvml.DeviceVgpuCapability, a1 nvml.EnableState) nvml.Return {
+	d.g.enter(258)
 	return d.m.SetVgpuCapabilitiesFunc(a0, a1)
 }
 
 func (d directDevice) SetVgpuHeterogeneousMode(a0 nvml.VgpuHeterogeneousMode) nvml.Return {
+	d.g.enter(259)
 	return d.m.SetVgpuHeterogeneousModeFunc(a0)
 }
 
 func (d directDevice) SetVgpuSchedulerState(a0 *nvml.VgpuSchedulerSetState) nvml.Return {
+	d.g.enter(260)
 	return d.m.SetVgpuSchedulerStateFunc(a0)
 }
 
 func (d directDevice) SetVgpuSchedulerState_v2(a0 *nvml.VgpuSchedulerState_v2) nvml.Return {
+	d.g.enter(261)
 	return d.m.SetVgpuSchedulerState_v2Func(a0)
 }
 
 func (d directDevice) SetVirtualizationMode(a0 nvml.GpuVirtualizationMode) nvml.Return {
+	d.g.enter(262)
 	return d.m.SetVirtualizationModeFunc(a0)
 }
 
-func (d directDevice) ValidateInforom() nvml.Return { return d.m.ValidateInforomFunc() }
+func (d directDevice) ValidateInforom() nvml.Return {
+	d.g.enter(263)
+	return d.m.ValidateInforomFunc()
+}
 
-func (d directDevice) VgpuForceGspUnload() nvml.Return { return d.m.VgpuForceGspUnloadFunc() }
+func (d directDevice) VgpuForceGspUnload() nvml.Return {
+	d.g.enter(264)
+	return d.m.VgpuForceGspUnloadFunc()
+}
 
 func (d directDevice) VgpuTypeGetMaxInstances(a0 nvml.VgpuTypeId) (int, nvml.Return) {
+	d.g.enter(265)
 	return d.m.VgpuTypeGetMaxInstancesFunc(a0)
 }
 
 func (d directDevice) WorkloadPowerProfileClearRequestedProfiles(a0 *nvml.WorkloadPowerProfileRequestedProfiles) nvml.Return {
+	d.g.enter(266)
 	return d.m.WorkloadPowerProfileClearRequestedProfilesFunc(a0)
 }
 
 func (d directDevice) WorkloadPowerProfileGetCurrentProfiles() (nvml.WorkloadPowerProfileCurrentProfiles, nvml.Return) {
+	d.g.enter(267)
 	return d.m.WorkloadPowerProfileGetCurrentProfilesFunc()
 }
 
 func (d directDevice) WorkloadPowerProfileGetProfilesInfo() (nvml.WorkloadPowerProfileProfilesInfo, nvml.Return) {
+	d.g.enter(268)
 	return d.m.WorkloadPowerProfileGetProfilesInfoFunc()
 }
 
 func (d directDevice) WorkloadPowerProfileSetRequestedProfiles(a0 *nvml.WorkloadPowerProfileRequestedProfiles) nvml.Return {
+	d.g.enter(269)
 	return d.m.WorkloadPowerProfileSetRequestedProfilesFunc(a0)
 }
 
 func (d directDevice) WorkloadPowerProfileUpdateProfiles_v1(a0 nvml.PowerProfileOperation, a1 []nvml.PowerProfileType) nvml.Return {
+	d.g.enter(270)
 	return d.m.WorkloadPowerProfileUpdateProfiles_v1Func(a0, a1)
 }

@@ -1,25 +1,42 @@
 package sim
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
 
 // Fault kinds accepted by POST/DELETE /faults.
 const (
-	FaultXID             = "xid"               // XID Fault.XID on GPU (or Fault.MIG)
-	FaultECCDBE          = "ecc-dbe"           // volatile DBE count +1 and a DBE event
-	FaultRowRemapPending = "row-remap-pending" // a remap waiting for a reset
-	FaultRowRemapFailure = "row-remap-failure" // out of spare rows
-	FaultRetiredPending  = "retired-pages-pending"
-	FaultGPULost         = "gpu-lost"     // calls fail with ERROR_GPU_IS_LOST (and XID 79)
-	FaultNVMLFailure     = "nvml-failure" // the library fails: init, handles, event sets
-	FaultNVLinkDown      = "nvlink-down"  // link Fault.Link inactive
-	FaultPortDown        = "port-down"    // RDMA port Fault.NIC down (sim/nics.go)
+	FaultXID             = "xid"                   // XID Fault.XID on GPU (Fault.MIG, Fault.GI); GPU -1: an event without a device
+	FaultECCDBE          = "ecc-dbe"               // volatile DBE count +1, a DBE event, recovery action GPU_RESET
+	FaultRowRemapPending = "row-remap-pending"     // a remap waiting for a reset
+	FaultRowRemapFailure = "row-remap-failure"     // out of spare rows
+	FaultRetiredPending  = "retired-pages-pending" // a DBE page waiting for a reset to be retired
+	FaultGPULost         = "gpu-lost"              // calls fail with ERROR_GPU_IS_LOST (and XID 79)
+	FaultNVMLFailure     = "nvml-failure"          // the library fails: init, handles, event sets
+	FaultNVLinkDown      = "nvlink-down"           // link Fault.Link inactive
+	FaultPortDown        = "port-down"             // RDMA port Fault.NIC down (sim/nics.go)
+	FaultGPUReset        = "gpu-reset"             // what a GPU reset (nvidia-smi -r) leaves; an action, not clearable (reset.go)
+	FaultHang            = "hang"                  // every NVML call on the GPU blocks until cleared (calls.go)
+	FaultGPUMissing      = "gpu-missing"           // on the PCI bus but not listed by NVML (missing.go)
+	FaultFabricNotReady  = "fabric-not-ready"      // NVLink fabric registration in progress (fabric.go)
 )
+
+// faultKinds lists the kinds, for the error naming them.
+var faultKinds = []string{
+	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
+	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultHang, FaultGPUMissing, FaultFabricNotReady,
+}
+
+// noDevice is Fault.GPU for an event NVML raises without a device.
+const noDevice = -1
 
 // faultState is the health-related state of a simulated node: ECC, row
 // remapping, retired pages, NVML failure and the live NVML event sets. It
@@ -37,8 +54,20 @@ type faultState struct {
 type gpuFaults struct {
 	volatileDBE, aggregateDBE uint64
 	remapPending, remapFail   bool
-	retiredPending            bool
+	// remappedUnc counts rows remapped (for uncorrectable errors) by past
+	// resets: a pending remap becomes a remapped row.
+	remappedUnc    int
+	retiredPending bool
+	// retiredPages are the DBE pages retired by past resets.
+	retiredPages []uint64
+	// recovery is FI_DEV_GET_GPU_RECOVERY_ACTION.
+	recovery       nvml.DeviceGpuRecoveryAction
+	fabricNotReady bool
 }
+
+// pageAddress is the hardware address the simulator gives the k-th page
+// retired on a GPU.
+func pageAddress(k int) uint64 { return 0x7f000 + uint64(k)*0x1000 }
 
 // installFaults gives every GPU healthy readings for what the health
 // checks read (ECC on with zero counts, no remaps or retired pages, NVLink
@@ -47,6 +76,13 @@ type gpuFaults struct {
 func (n *Node) installFaults() {
 	fs := &faultState{gpus: make([]gpuFaults, len(n.devices)), sets: map[*eventSet]struct{}{}, failed: make(chan struct{})}
 	n.faults = fs
+	// go-nvml's nvmlEventData.convert (event_set.go) wraps whatever handle
+	// NVML put in the event, so an event without a device carries a non-nil
+	// Device around a NULL nvmlDevice_t, on which every call fails with
+	// ERROR_INVALID_ARGUMENT (nvml.h: "if device is invalid").
+	null := &mock.Device{}
+	fillWith(null, nvml.ERROR_INVALID_ARGUMENT)
+	n.nullDevice = directDevice{m: null, g: &gpuGate{calls: n.calls, gpu: noDevice}}
 
 	for i, d := range n.devices {
 		read := func() (gpuFaults, bool) {
@@ -74,9 +110,9 @@ func (n *Node) installFaults() {
 			if failed {
 				return 0, 0, false, false, nvml.ERROR_UNKNOWN
 			}
-			unc := 0
-			if g.remapPending || g.remapFail {
-				unc = 1
+			unc := g.remappedUnc
+			if g.remapPending || (g.remapFail && unc == 0) {
+				unc++
 			}
 			return 0, unc, g.remapPending, g.remapFail, nvml.SUCCESS
 		}
@@ -90,11 +126,49 @@ func (n *Node) installFaults() {
 			}
 			return nvml.FEATURE_DISABLED, nvml.SUCCESS
 		}
-		d.GetRetiredPagesFunc = func(nvml.PageRetirementCause) ([]uint64, nvml.Return) {
-			if _, failed := read(); failed {
+		// nvml.h nvmlDeviceGetRetiredPages_v2: "Returns the list of retired
+		// pages by source, including pages that are pending retirement".
+		d.GetRetiredPagesFunc = func(cause nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+			g, failed := read()
+			switch {
+			case failed:
 				return nil, nvml.ERROR_UNKNOWN
+			case cause >= nvml.PAGE_RETIREMENT_CAUSE_COUNT:
+				return nil, nvml.ERROR_INVALID_ARGUMENT
+			case cause != nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR:
+				return nil, nvml.SUCCESS
 			}
-			return nil, nvml.SUCCESS
+			pages := slices.Clone(g.retiredPages)
+			if g.retiredPending {
+				pages = append(pages, pageAddress(len(pages)))
+			}
+			return pages, nvml.SUCCESS
+		}
+		// Field values answered here: the GPU recovery action. Everything
+		// else is NOT_SUPPORTED until counters.go (and arch.go) fill in
+		// theirs; they chain onto this handler.
+		d.GetFieldValuesFunc = func(fvs []nvml.FieldValue) nvml.Return {
+			g, failed := read()
+			if failed {
+				return nvml.ERROR_UNKNOWN
+			}
+			for k := range fvs {
+				if fvs[k].FieldId == nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+					setFieldUint32(&fvs[k], uint32(g.recovery))
+					continue
+				}
+				fvs[k].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			}
+			return nvml.SUCCESS
+		}
+		// NVML indexes the GPUs it lists: after a GPU it does not list
+		// (gpu-missing) the indexes move down.
+		getIndex := d.GetIndexFunc
+		d.GetIndexFunc = func() (int, nvml.Return) {
+			if _, ret := getIndex(); ret != nvml.SUCCESS {
+				return 0, ret
+			}
+			return n.listedIndex(i), nvml.SUCCESS
 		}
 		links := len(n.gpus[i].links)
 		d.GetNvLinkErrorCounterFunc = func(l int, _ nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
@@ -128,7 +202,7 @@ func (n *Node) installFaults() {
 		if fs.nvmlFailed {
 			return nil, nvml.ERROR_UNKNOWN
 		}
-		es := &eventSet{fs: fs, ch: make(chan nvml.EventData, 256), masks: map[int]uint64{}}
+		es := &eventSet{fs: fs, calls: n.calls, ch: make(chan nvml.EventData, 256), masks: map[int]uint64{}}
 		fs.sets[es] = struct{}{}
 		return es, nvml.SUCCESS
 	}
@@ -151,39 +225,100 @@ func (n *Node) installFaults() {
 		if failing() {
 			return 0, nvml.ERROR_UNKNOWN
 		}
-		return count()
+		c, ret := count()
+		if ret == nvml.SUCCESS {
+			c = n.listedCount()
+		}
+		return c, ret
 	}
+	// The lookups see only the GPUs NVML lists (nvml.h
+	// nvmlDeviceGetHandleByIndex_v2: INVALID_ARGUMENT "if index is invalid";
+	// ByUUID and ByPciBusId: NOT_FOUND "if device doesn't exist"), and one
+	// that finds a hung GPU hangs with it.
 	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		if failing() {
 			return nil, nvml.ERROR_UNKNOWN
 		}
-		return byIndex(i)
+		gpu, ok := n.gpuAtListedIndex(i)
+		if !ok {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		d, ret := byIndex(gpu)
+		return n.resolved(d, ret, nvml.ERROR_INVALID_ARGUMENT)
 	}
 	s.DeviceGetHandleByUUIDFunc = func(u string) (nvml.Device, nvml.Return) {
 		if failing() {
 			return nil, nvml.ERROR_UNKNOWN
 		}
-		return byUUID(u)
+		d, ret := byUUID(u)
+		return n.resolved(d, ret, nvml.ERROR_NOT_FOUND)
 	}
 	s.DeviceGetHandleByPciBusIdFunc = func(b string) (nvml.Device, nvml.Return) {
 		if failing() {
 			return nil, nvml.ERROR_UNKNOWN
 		}
-		return byBus(b)
+		d, ret := byBus(b)
+		return n.resolved(d, ret, nvml.ERROR_NOT_FOUND)
 	}
+	// The library forms of the event set's calls, so that they are counted
+	// once, under their own names.
+	s.EventSetWaitFunc = func(set nvml.EventSet, timeoutms uint32) (nvml.EventData, nvml.Return) {
+		es, ok := set.(*eventSet)
+		if !ok {
+			return nvml.EventData{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return es.wait(timeoutms)
+	}
+	s.EventSetFreeFunc = func(set nvml.EventSet) nvml.Return {
+		es, ok := set.(*eventSet)
+		if !ok {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		return es.free()
+	}
+}
+
+// resolved finishes a handle lookup that found d: a GPU that NVML does not
+// list is notFound, and a hung GPU (or a MIG device of one) holds the
+// lookup until the hang is cleared.
+func (n *Node) resolved(d nvml.Device, ret, notFound nvml.Return) (nvml.Device, nvml.Return) {
+	dd, ok := d.(directDevice)
+	if ret != nvml.SUCCESS || !ok || dd.g == nil || dd.g.gpu < 0 {
+		return d, ret
+	}
+	if !n.isListed(dd.g.gpu) {
+		return nil, notFound
+	}
+	dd.g.wait()
+	return d, ret
+}
+
+// setFieldUint32 stores v as an unsigned int field value.
+func setFieldUint32(fv *nvml.FieldValue, v uint32) {
+	fv.ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+	fv.NvmlReturn = uint32(nvml.SUCCESS)
+	clear(fv.Value[:])
+	binary.NativeEndian.PutUint32(fv.Value[:], v)
 }
 
 // eventSet is a simulated NVML event set: injected events for the GPUs
 // and types registered on it arrive on ch.
 type eventSet struct {
 	fs    *faultState
+	calls *callCounts
 	ch    chan nvml.EventData
 	masks map[int]uint64 // GPU index -> registered event types; fs.mu
 }
 
 // Wait returns the next event, ERROR_TIMEOUT after timeoutms, or
-// ERROR_UNKNOWN while NVML is failed.
+// ERROR_UNKNOWN while NVML is failed. A hung GPU does not hold it: the
+// event set is the library's, not a GPU's.
 func (es *eventSet) Wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
+	es.calls.count(libCallEventSetWait)
+	return es.wait(timeoutms)
+}
+
+func (es *eventSet) wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
 	es.fs.mu.Lock()
 	failed, failedCh := es.fs.nvmlFailed, es.fs.failed
 	es.fs.mu.Unlock()
@@ -204,6 +339,11 @@ func (es *eventSet) Wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
 
 // Free unregisters the set.
 func (es *eventSet) Free() nvml.Return {
+	es.calls.count(libCallEventSetFree)
+	return es.free()
+}
+
+func (es *eventSet) free() nvml.Return {
 	es.fs.mu.Lock()
 	defer es.fs.mu.Unlock()
 	delete(es.fs.sets, es)
@@ -212,15 +352,35 @@ func (es *eventSet) Free() nvml.Return {
 
 var _ nvml.EventSet = (*eventSet)(nil)
 
+// registered says whether the set takes events of type typ for gpu (for
+// noDevice: on any GPU). Caller holds fs.mu.
+func (es *eventSet) registered(gpu int, typ uint64) bool {
+	if gpu != noDevice {
+		return es.masks[gpu]&typ != 0
+	}
+	for _, m := range es.masks {
+		if m&typ != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // deliver sends an event of type typ for GPU gpu to every set registered
-// for it; a full set drops it, as NVML's queue would.
+// for it; a full set drops it, as NVML's queue would. An event without a
+// device (gpu noDevice) goes to every set registered for typ on any GPU,
+// with the NULL device.
 func (n *Node) deliver(fs *faultState, gpu int, typ, data uint64, gi, ci uint32) {
-	e := nvml.EventData{Device: n.handle(gpu), EventType: typ, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci}
+	dev := n.nullDevice
+	if gpu != noDevice {
+		dev = n.handle(gpu)
+	}
+	e := nvml.EventData{Device: dev, EventType: typ, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	sent := false
 	for es := range fs.sets {
-		if es.masks[gpu]&typ == 0 {
+		if !es.registered(gpu, typ) {
 			continue
 		}
 		select {
@@ -240,17 +400,56 @@ func (n *Node) deliver(fs *faultState, gpu int, typ, data uint64, gi, ci uint32)
 // MIG device.
 const noInstance = 0xFFFFFFFF
 
-// migInstance finds the GPU/compute instance IDs of MIG device uuid on gpu.
-func (n *Node) migInstance(gpu int, uuid string) (uint32, uint32, error) {
-	if uuid == "" {
-		return noInstance, noInstance, nil
-	}
-	for _, m := range n.Spec().GPUs[gpu].MIG {
-		if m.UUID == uuid {
-			return uint32(m.GPUInstance), uint32(m.ComputeInstance), nil
+// eventInstance is the GPU and compute instance IDs an event of fault f
+// carries. nvml.h (nvmlEventData_t) fills gpuInstanceId when an XID "is
+// attributable to a GPU instance" and computeInstanceId when it is
+// attributable to a compute instance, each 0xFFFFFFFF otherwise: f.MIG tags
+// the event with both IDs of that MIG device, f.GI with a GPU instance only.
+func (n *Node) eventInstance(f Fault) (uint32, uint32, error) {
+	switch {
+	case f.MIG != "" && f.GI != nil:
+		return 0, 0, fmt.Errorf("gi: give mig or gi, not both")
+	case f.MIG != "":
+		for _, m := range n.gpuSpec(f.GPU).MIG {
+			if m.UUID == f.MIG {
+				return uint32(m.GPUInstance), uint32(m.ComputeInstance), nil
+			}
 		}
+		return 0, 0, fmt.Errorf("mig: no MIG device %q on gpu %d", f.MIG, f.GPU)
+	case f.GI != nil:
+		for _, m := range n.gpuSpec(f.GPU).MIG {
+			if uint32(m.GPUInstance) == *f.GI {
+				return *f.GI, noInstance, nil
+			}
+		}
+		return 0, 0, fmt.Errorf("gi: no GPU instance %d on gpu %d", *f.GI, f.GPU)
 	}
-	return 0, 0, fmt.Errorf("mig: no MIG device %q on gpu %d", uuid, gpu)
+	return noInstance, noInstance, nil
+}
+
+// resetClassXIDs are the XIDs after which the driver asks for a GPU reset
+// (FI_DEV_GET_GPU_RECOVERY_ACTION reads GPU_RESET), per NVIDIA's XID
+// catalog (docs.nvidia.com/deploy/xid-errors): 48 double-bit ECC error, 79
+// GPU fallen off the bus, 95 uncontained ECC error, 119 GSP RPC timeout,
+// 120 GSP error.
+var resetClassXIDs = []uint64{48, 79, 95, 119, 120}
+
+// checkFaultTarget checks the GPU (and MIG instance) fault f names: GPU -1
+// (no device) only for an XID, and then with neither mig nor gi.
+func (n *Node) checkFaultTarget(f Fault) error {
+	if f.GPU == noDevice && f.Kind == FaultXID {
+		if f.MIG != "" || f.GI != nil {
+			return fmt.Errorf("gpu: -1 (an event without a device) cannot name a MIG device or GPU instance")
+		}
+		return nil
+	}
+	if f.GPU < 0 || f.GPU >= len(n.gpus) {
+		return fmt.Errorf("gpu: no such gpu %d (node has %d)", f.GPU, len(n.gpus))
+	}
+	if f.GI != nil && f.Kind != FaultXID && f.Kind != FaultECCDBE {
+		return fmt.Errorf("gi: only for kinds %s and %s", FaultXID, FaultECCDBE)
+	}
+	return nil
 }
 
 func (n *Node) injectFault(f Fault) error {
@@ -262,14 +461,21 @@ func (n *Node) clearFault(f Fault) error {
 }
 
 // applyFault injects (on) or clears (!on) f. Clearing an XID does nothing:
-// an XID is an event, and the agent recovers from it on its own.
+// an XID is an event, and the agent recovers from it on its own. The
+// recovery action a fault raises stays until a gpu-reset, or the DELETE of
+// ecc-dbe or gpu-lost, which stand for the reset that ends them.
 func (n *Node) applyFault(f Fault, on bool) error {
 	fs := n.faults
 	if fs == nil {
 		return fmt.Errorf("fault %s: simulator has no fault state", f.Kind)
 	}
-	if f.GPU < 0 || f.GPU >= len(n.devices) {
-		return fmt.Errorf("gpu: no such gpu %d (node has %d)", f.GPU, len(n.devices))
+	if err := n.checkFaultTarget(f); err != nil {
+		return err
+	}
+	if on {
+		if err := n.checkFaultArch(f.Kind, f.GPU); err != nil {
+			return err
+		}
 	}
 	gpu := f.GPU
 	setGPU := func(fn func(g *gpuFaults)) {
@@ -282,24 +488,37 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		if f.XID == 0 {
 			return fmt.Errorf("xid: required for fault kind %q", f.Kind)
 		}
-		gi, ci, err := n.migInstance(gpu, f.MIG)
-		if err != nil {
-			return err
+		gi, ci := uint32(noInstance), uint32(noInstance)
+		if gpu != noDevice {
+			var err error
+			if gi, ci, err = n.eventInstance(f); err != nil {
+				return err
+			}
 		}
 		if on {
+			if gpu != noDevice && slices.Contains(resetClassXIDs, f.XID) {
+				setGPU(func(g *gpuFaults) { g.recovery = nvml.GPU_RECOVERY_ACTION_GPU_RESET })
+			}
 			n.deliver(fs, gpu, nvml.EventTypeXidCriticalError, f.XID, gi, ci)
 		}
 	case FaultECCDBE:
-		gi, ci, err := n.migInstance(gpu, f.MIG)
+		gi, ci, err := n.eventInstance(f)
 		if err != nil {
 			return err
 		}
 		if on {
-			setGPU(func(g *gpuFaults) { g.volatileDBE++; g.aggregateDBE++ })
+			setGPU(func(g *gpuFaults) {
+				g.volatileDBE++
+				g.aggregateDBE++
+				g.recovery = nvml.GPU_RECOVERY_ACTION_GPU_RESET
+			})
 			n.deliver(fs, gpu, nvml.EventTypeDoubleBitEccError, 0, gi, ci)
 		} else {
 			// Clearing is a GPU reset: the volatile count starts again.
-			setGPU(func(g *gpuFaults) { g.volatileDBE = 0 })
+			setGPU(func(g *gpuFaults) {
+				g.volatileDBE = 0
+				g.recovery = nvml.GPU_RECOVERY_ACTION_NONE
+			})
 		}
 	case FaultRowRemapPending:
 		setGPU(func(g *gpuFaults) { g.remapPending = on })
@@ -312,8 +531,11 @@ func (n *Node) applyFault(f Fault, on bool) error {
 			return err
 		}
 		if on {
+			setGPU(func(g *gpuFaults) { g.recovery = nvml.GPU_RECOVERY_ACTION_GPU_RESET })
 			// A GPU falling off the bus is reported as XID 79.
 			n.deliver(fs, gpu, nvml.EventTypeXidCriticalError, 79, noInstance, noInstance)
+		} else {
+			setGPU(func(g *gpuFaults) { g.recovery = nvml.GPU_RECOVERY_ACTION_NONE })
 		}
 	case FaultNVMLFailure:
 		fs.mu.Lock()
@@ -331,14 +553,32 @@ func (n *Node) applyFault(f Fault, on bool) error {
 			return fmt.Errorf("nic: required for fault kind %q", f.Kind)
 		}
 		return n.setPortState(f.NIC, !on)
+	case FaultGPUReset:
+		if !on {
+			return fmt.Errorf("kind: %s is an instantaneous action (a GPU reset); there is nothing to clear", f.Kind)
+		}
+		n.resetGPU(gpu)
+	case FaultHang:
+		n.gates[gpu].setHang(on)
+	case FaultGPUMissing:
+		n.setGPUMissing(gpu, on)
+	case FaultFabricNotReady:
+		if !n.onFabric(gpu) {
+			g := n.gpus[gpu]
+			return fmt.Errorf("kind: fault %q on gpu %d: %s is not on an NVSwitch fabric; GetGpuFabricInfo answers NOT_SUPPORTED", f.Kind, gpu, g.cfg.Name)
+		}
+		setGPU(func(g *gpuFaults) { g.fabricNotReady = on })
 	default:
-		return fmt.Errorf("kind: unsupported fault kind %q (supported: %s, %s, %s, %s, %s, %s, %s, %s, %s)", f.Kind,
-			FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost, FaultNVMLFailure, FaultNVLinkDown, FaultPortDown)
+		return fmt.Errorf("kind: unsupported fault kind %q (supported: %s)", f.Kind, strings.Join(faultKinds, ", "))
 	}
 	state := "injected"
 	if !on {
 		state = "cleared"
 	}
-	n.log.Info("simulated fault "+state, "kind", f.Kind, "gpu", gpu, "xid", f.XID, "link", f.Link, "mig", f.MIG)
+	gi := -1
+	if f.GI != nil {
+		gi = int(*f.GI)
+	}
+	n.log.Info("simulated fault "+state, "kind", f.Kind, "gpu", gpu, "xid", f.XID, "link", f.Link, "mig", f.MIG, "gi", gi)
 	return nil
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +70,8 @@ func TestFaultHealthyDefaults(t *testing.T) {
 	if _, _, pending, failed, ret := dev.GetRemappedRows(); ret != nvml.SUCCESS || pending || failed {
 		t.Fatalf("remapped rows pending=%v failed=%v %v", pending, failed, ret)
 	}
-	if st, ret := dev.GetRetiredPagesPendingStatus(); ret != nvml.SUCCESS || st != nvml.FEATURE_DISABLED {
+	// Hopper replaced page retirement with row remapping (arch.go).
+	if st, ret := dev.GetRetiredPagesPendingStatus(); ret != nvml.ERROR_NOT_SUPPORTED || st != nvml.FEATURE_DISABLED {
 		t.Fatalf("retired pending %v %v", st, ret)
 	}
 	if c, ret := dev.GetNvLinkErrorCounter(0, nvml.NVLINK_ERROR_DL_REPLAY); ret != nvml.SUCCESS || c != 0 {
@@ -86,40 +88,46 @@ func TestFaultReadings(t *testing.T) {
 		fault string
 		// bad reports whether the fault is visible through NVML on GPU 2.
 		bad func(lib nvml.Interface, dev nvml.Device) bool
+		// profile is the node's profile when not dgx-h100.
+		profile string
 	}{
 		{"ecc-dbe", `{"kind":"ecc-dbe","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
 			c, _ := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
 			return c == 1
-		}},
+		}, ""},
 		{"row-remap-pending", `{"kind":"row-remap-pending","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
 			_, _, p, _, _ := d.GetRemappedRows()
 			return p
-		}},
+		}, ""},
 		{"row-remap-failure", `{"kind":"row-remap-failure","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
 			_, _, _, f, _ := d.GetRemappedRows()
 			return f
-		}},
+		}, ""},
 		{"retired-pages-pending", `{"kind":"retired-pages-pending","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
 			s, _ := d.GetRetiredPagesPendingStatus()
 			return s == nvml.FEATURE_ENABLED
-		}},
+		}, "dgx-1v"}, // page retirement is pre-Ampere (arch.go)
 		{"gpu-lost", `{"kind":"gpu-lost","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
 			_, ret := d.GetMemoryInfo()
 			return ret == nvml.ERROR_GPU_IS_LOST
-		}},
+		}, ""},
 		{"nvlink-down", `{"kind":"nvlink-down","gpu":2,"link":5}`, func(_ nvml.Interface, d nvml.Device) bool {
 			s, _ := d.GetNvLinkState(5)
 			return s == nvml.FEATURE_DISABLED
-		}},
+		}, ""},
 		{"nvml-failure", `{"kind":"nvml-failure","gpu":0}`, func(lib nvml.Interface, _ nvml.Device) bool {
 			_, ret := lib.DeviceGetCount()
 			_, ret2 := lib.EventSetCreate()
 			return ret == nvml.ERROR_UNKNOWN && ret2 == nvml.ERROR_UNKNOWN && lib.Init() == nvml.ERROR_UNKNOWN
-		}},
+		}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newFaultNode(t)
+			profile := tc.profile
+			if profile == "" {
+				profile = "dgx-h100"
+			}
+			n := newTestNode(t, profile)
 			lib := n.NVML()
 			dev, _ := lib.DeviceGetHandleByIndex(2)
 			if tc.bad(lib, dev) {
@@ -213,6 +221,75 @@ func TestFaultErrors(t *testing.T) {
 		{"no such link", `{"kind":"nvlink-down","gpu":0,"link":99}`, "no such link"},
 	}
 	n := newFaultNode(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, msg := fault(t, n, "POST", tc.body)
+			if code != http.StatusBadRequest || !strings.Contains(msg, tc.want) {
+				t.Fatalf("got %d %q, want 400 containing %q", code, msg, tc.want)
+			}
+		})
+	}
+}
+
+func TestFaultEventAttribution(t *testing.T) {
+	tests := []struct {
+		name string
+		// body is the fault; GI is replaced by a GPU instance ID of GPU 1.
+		body   string
+		noDev  bool // the event carries NVML's NULL device
+		wantGI bool // GpuInstanceId is that GPU instance's
+	}{
+		{"no device", `{"kind":"xid","gpu":-1,"xid":79}`, true, false},
+		{"gpu instance only", `{"kind":"xid","gpu":1,"xid":43,"gi":GI}`, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newFaultNode(t, WithMIG(1, "3g.40gb", "3g.40gb"))
+			lib := n.NVML()
+			set := eventSetOn(t, lib, 1)
+			gi := n.Spec().GPUs[1].MIG[1].GPUInstance
+			mustFault(t, n, "POST", strings.Replace(tc.body, "GI", strconv.Itoa(gi), 1))
+			e, ret := set.Wait(10_000)
+			if ret != nvml.SUCCESS {
+				t.Fatalf("Wait: %v", ret)
+			}
+			if e.Device == nil {
+				t.Fatal("event without a Device; go-nvml always sets one")
+			}
+			if tc.noDev {
+				// go-nvml wraps NVML's NULL handle: every call on it fails.
+				if _, ret := e.Device.GetUUID(); ret != nvml.ERROR_INVALID_ARGUMENT {
+					t.Errorf("GetUUID of the event's device: %v, want ERROR_INVALID_ARGUMENT", ret)
+				}
+				if _, ret := lib.DeviceGetUUID(e.Device); ret != nvml.ERROR_INVALID_ARGUMENT {
+					t.Errorf("DeviceGetUUID of the event's device: %v, want ERROR_INVALID_ARGUMENT", ret)
+				}
+				if _, ret := e.Device.GetMemoryInfo(); ret != nvml.ERROR_INVALID_ARGUMENT {
+					t.Errorf("GetMemoryInfo of the event's device: %v, want ERROR_INVALID_ARGUMENT", ret)
+				}
+			} else if e.Device != n.handle(1) {
+				t.Errorf("event device %v, want gpu 1", e.Device)
+			}
+			wantGI := uint32(noInstance)
+			if tc.wantGI {
+				wantGI = uint32(gi)
+			}
+			if e.GpuInstanceId != wantGI || e.ComputeInstanceId != noInstance {
+				t.Errorf("instance ids %d/%d, want %d/%d", e.GpuInstanceId, e.ComputeInstanceId, wantGI, uint32(noInstance))
+			}
+		})
+	}
+}
+
+func TestFaultAttributionErrors(t *testing.T) {
+	tests := []struct {
+		name, body, want string
+	}{
+		{"unknown gpu instance", `{"kind":"xid","gpu":1,"xid":43,"gi":99}`, "no GPU instance 99"},
+		{"mig and gi", `{"kind":"xid","gpu":1,"xid":43,"gi":1,"mig":"MIG-x"}`, "not both"},
+		{"no device for ecc", `{"kind":"ecc-dbe","gpu":-1}`, "no such gpu -1"},
+	}
+	n := newFaultNode(t, WithMIG(1, "3g.40gb", "3g.40gb"))
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			code, msg := fault(t, n, "POST", tc.body)

@@ -60,7 +60,7 @@ func (n *Node) installMIG(i int) {
 		if !g.migEnabled || idx >= len(g.mig) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
-		return directDevice{m: g.mig[idx].dev}, nvml.SUCCESS
+		return n.migHandle(i, g.mig[idx].dev), nvml.SUCCESS
 	}
 	d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 		if !capable {
@@ -102,6 +102,22 @@ func (n *Node) installMIG(i int) {
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
 	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+	if len(g.cfg.MIGProfiles.GpuInstanceProfiles) == 0 && capable {
+		// A model the mocks do not know (a snapshot's GH200, say) has no
+		// profile table; a real driver always describes the profile of
+		// an instance that exists (nvmlDeviceGetGpuInstanceProfileInfo),
+		// so answer from the instances the snapshot made up.
+		d.GetGpuInstanceProfileInfoFunc = func(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+			n.mu.RLock()
+			defer n.mu.RUnlock()
+			for _, m := range g.mig {
+				if int(m.profile.Id) == profile {
+					return m.profile, nvml.SUCCESS
+				}
+			}
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
 	}
 }
 
@@ -161,8 +177,9 @@ func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, e
 				ComputeInstanceSliceCount: p.ci.SliceCount,
 				MemorySizeMB:              info.MemoryMiB,
 			},
-			gi: gi,
-			ci: ci,
+			gi:      gi,
+			ci:      ci,
+			profile: p.gi,
 		}
 		n.installMIGDevice(i, m)
 		for _, hook := range n.migHooks {

@@ -47,6 +47,13 @@ type Node struct {
 	// published, so fault and counter code can give it behaviour.
 	migHooks []func(gpu int, d *mock.Device)
 	faults   *faultState // set by installFaults (faults.go); has its own lock
+	// calls counts NVML calls by method; gates[i] is what every call on GPU
+	// i's handles passes (calls.go). nullDevice is the device of events
+	// NVML raises without one (faults.go).
+	calls      *callCounts
+	gates      []*gpuGate
+	nullDevice nvml.Device
+	arch       *archState // set by installArch (arch.go)
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded
@@ -59,7 +66,10 @@ type gpuState struct {
 	links []nvlinkEnd
 
 	// guarded by Node.mu
-	lost       bool
+	lost bool
+	// missing: the driver failed to initialise the GPU (gpu-missing): it is
+	// on the PCI bus but NVML does not list it.
+	missing    bool
 	migEnabled bool
 	generation int
 	mig        []*migDevice
@@ -80,6 +90,8 @@ type migDevice struct {
 	attrs nvml.DeviceAttributes
 	gi    *server.GpuInstance
 	ci    *server.ComputeInstance
+	// profile is the GPU instance profile the device was made from.
+	profile nvml.GpuInstanceProfileInfo
 }
 
 // New builds a simulated node from spec (a profile or a snapshot) and writes
@@ -101,11 +113,16 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	for i, g := range spec.GPUs {
 		cfgs[i] = configFor(g)
 	}
+	// An R570 production-branch driver (CUDA 12.8): the NVML 12.8 header is
+	// the first with NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230), which
+	// the simulator answers (go-nvml commit f420a32 "Bump to NVML version
+	// 12.8" added it; its 12.6 header, R560, lacks it). 550.54.15, the
+	// version simulated before, predates the field.
 	srv, err := server.New(
 		server.WithGPUs(cfgs...),
-		server.WithDriverVersion("550.54.15"),
-		server.WithNVMLVersion("12.550.54.15"),
-		server.WithCUDADriverVersion(12040),
+		server.WithDriverVersion("570.172.08"),
+		server.WithNVMLVersion("12.570.172.08"),
+		server.WithCUDADriverVersion(12080),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("simulated node: mock server: %w", err)
@@ -116,6 +133,7 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 		srv:      srv,
 		changed:  make(chan struct{}, 1),
 		spec:     spec,
+		calls:    &callCounts{},
 	}
 	for i, g := range spec.GPUs {
 		d := srv.Devices[i].(*server.Device)
@@ -144,6 +162,7 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 		}
 		spec.GPUs[i].MIGCapable = spec.GPUs[i].MIGCapable || len(cfgs[i].MIGProfiles.GpuInstanceProfiles) > 0
 		n.devices = append(n.devices, d)
+		n.gates = append(n.gates, &gpuGate{calls: n.calls, gpu: i})
 		n.gpus = append(n.gpus, &gpuState{
 			index: i,
 			cfg:   cfgs[i],
@@ -161,8 +180,10 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 		return nil, fmt.Errorf("simulated node: host tree under %s: %w", hostRoot, err)
 	}
 	n.installFaults()
+	n.installFabric()
 	n.installCounters()
 	n.installNICs()
+	n.installArch()
 	// MIG devices come after the install hooks so that their MIG hooks
 	// apply to the initial layout as to later ones.
 	for i, g := range spec.GPUs {
@@ -187,16 +208,74 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 
 // NVML returns the simulated NVML library. Init and Shutdown succeed and may
 // be called any number of times.
-func (n *Node) NVML() nvml.Interface { return directLib{m: &n.srv.Interface} }
+func (n *Node) NVML() nvml.Interface { return directLib{m: &n.srv.Interface, c: n.calls} }
 
 // HostRoot is the directory holding the simulated /sys and /dev.
 func (n *Node) HostRoot() string { return n.hostRoot }
 
-// Spec returns a copy of the node's current layout (MIG included).
+// Spec returns a copy of the node's current layout (MIG included) as NVML
+// lists it: a GPU the driver failed to initialise (gpu-missing) is left out
+// and the GPUs after it move down one index, as NVML's enumeration does
+// (links and NIC distances follow). It is what discovery must find.
 func (n *Node) Spec() *topology.Node {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	return cloneNode(n.spec)
+	return n.listed(cloneNode(n.spec))
+}
+
+// listed drops the GPUs NVML does not list from spec (a copy of n.spec)
+// and renumbers the rest. Caller holds n.mu.
+func (n *Node) listed(spec *topology.Node) *topology.Node {
+	index := make([]int, len(n.gpus)) // simulator index -> NVML index, -1 if not listed
+	next := 0
+	for i, g := range n.gpus {
+		index[i] = -1
+		if !g.missing {
+			index[i] = next
+			next++
+		}
+	}
+	if next == len(n.gpus) {
+		return spec
+	}
+	gpus := spec.GPUs[:0]
+	for i, g := range spec.GPUs {
+		if index[i] >= 0 {
+			g.Index = index[i]
+			gpus = append(gpus, g)
+		}
+	}
+	spec.GPUs = gpus
+	links := spec.Links[:0]
+	for _, l := range spec.Links {
+		if index[l.A] >= 0 && index[l.B] >= 0 {
+			l.A, l.B = index[l.A], index[l.B]
+			links = append(links, l)
+		}
+	}
+	spec.Links = links
+	for k := range spec.NICs {
+		near := spec.NICs[k].GPUs[:0]
+		for _, d := range spec.NICs[k].GPUs {
+			if d.GPU >= 0 && d.GPU < len(index) && index[d.GPU] >= 0 {
+				d.GPU = index[d.GPU]
+				near = append(near, d)
+			}
+		}
+		spec.NICs[k].GPUs = near
+	}
+	return spec
+}
+
+// gpuSpec returns a copy of GPU i's entry in the layout by the simulator's
+// index, listed by NVML or not.
+func (n *Node) gpuSpec(i int) topology.GPU {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	g := n.spec.GPUs[i]
+	g.MIG = slices.Clone(g.MIG)
+	g.PCIPath = slices.Clone(g.PCIPath)
+	return g
 }
 
 // Device returns the mock device of GPU i (nil if out of range) so the

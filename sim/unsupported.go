@@ -15,7 +15,11 @@ var returnType = reflect.TypeOf(nvml.SUCCESS)
 // returns zero values and ERROR_NOT_SUPPORTED. An unset field makes the mock
 // panic; a real driver answers "not supported" for what a GPU lacks, and the
 // agent must survive whatever it asks the simulator.
-func fillUnsupported(m any) {
+func fillUnsupported(m any) { fillWith(m, nvml.ERROR_NOT_SUPPORTED) }
+
+// fillWith gives every unset XxxFunc field of the mock m an implementation
+// that returns zero values and ret.
+func fillWith(m any, ret nvml.Return) {
 	v := reflect.ValueOf(m).Elem()
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
@@ -25,7 +29,7 @@ func fillUnsupported(m any) {
 			continue
 		}
 		f.Set(reflect.MakeFunc(f.Type(), func([]reflect.Value) []reflect.Value {
-			return zeroResults(f.Type(), nvml.ERROR_NOT_SUPPORTED)
+			return zeroResults(f.Type(), ret)
 		}))
 	}
 }
@@ -91,8 +95,11 @@ func (n *Node) wrapLost(d *mock.Device, gpu int) {
 
 // fillInterface completes the mock library: an unset DeviceXxx(device, ...)
 // forwards to device.Xxx(...), as the real library does, and any other unset
-// call returns ERROR_NOT_SUPPORTED.
+// call returns ERROR_NOT_SUPPORTED. On the simulator's own handles the
+// forward passes the GPU's gate (a hung GPU holds it) but calls the mock
+// function itself, so that the call counts once, under DeviceXxx.
 func fillInterface(m *mock.Interface) {
+	mockDevice := reflect.TypeOf(mock.Device{})
 	v := reflect.ValueOf(m).Elem()
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
@@ -103,12 +110,17 @@ func fillInterface(m *mock.Interface) {
 		}
 		ft := f.Type()
 		if method, ok := forwardedMethod(strings.TrimSuffix(name, "Func"), ft); ok {
+			field, hasField := mockDevice.FieldByName(method + "Func")
 			f.Set(reflect.MakeFunc(ft, func(args []reflect.Value) []reflect.Value {
 				recv := args[0]
 				if recv.IsNil() {
 					return zeroResults(ft, nvml.ERROR_INVALID_ARGUMENT)
 				}
 				m := recv.MethodByName(method)
+				if dd, ok := recv.Interface().(directDevice); ok && hasField {
+					dd.g.wait()
+					m = reflect.ValueOf(dd.m).Elem().FieldByIndex(field.Index)
+				}
 				if ft.IsVariadic() {
 					return m.CallSlice(args[1:])
 				}

@@ -1,0 +1,54 @@
+package sim
+
+import "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+// resetGPU leaves GPU i as NVML shows it after a GPU reset (nvidia-smi -r,
+// nvmlDeviceResetGpu): the driver tears the GPU down and initialises it
+// again, as when it loads.
+//
+//   - Volatile ECC counts go back to zero: nvml.h nvmlEccCounterType_t,
+//     NVML_VOLATILE_ECC "Volatile counts are reset each time the driver
+//     loads"; aggregate counts do not (NVML_AGGREGATE_ECC "Aggregate counts
+//     persist across reboots (i.e. for the lifetime of the device)"). The
+//     simulator counts no single-bit errors, so only DBE has a count.
+//   - A pending page retirement completes: nvml.h
+//     nvmlDeviceGetRetiredPagesPendingStatus, pages "pending retirement and
+//     need a reboot to fully retire"; the page stays in the retired list
+//     (nvmlDeviceGetRetiredPages_v2 lists pending pages already).
+//   - A pending row remap is carried out: nvml.h nvmlDeviceGetRemappedRows,
+//     "A reset will be required to actually remap the row", so the row
+//     counts as remapped; "failureOccurred will be set if a row remapping
+//     ever failed in the past", so a remap failure stays.
+//   - A lost or hung GPU answers again, and NVLinks the faults took down
+//     train again.
+//   - FI_DEV_GET_GPU_RECOVERY_ACTION reads NVML_GPU_RECOVERY_ACTION_NONE
+//     ("No action needed") again.
+//
+// A GPU NVML does not list (gpu-missing) stays unlisted and a fabric that is
+// not ready stays so: neither is the GPU's own state.
+func (n *Node) resetGPU(i int) {
+	fs := n.faults
+	fs.mu.Lock()
+	g := &fs.gpus[i]
+	g.volatileDBE = 0
+	if g.retiredPending {
+		g.retiredPages = append(g.retiredPages, pageAddress(len(g.retiredPages)))
+		g.retiredPending = false
+	}
+	if g.remapPending {
+		g.remappedUnc++
+		g.remapPending = false
+	}
+	g.recovery = nvml.GPU_RECOVERY_ACTION_NONE
+	fs.mu.Unlock()
+
+	n.mu.Lock()
+	gs := n.gpus[i]
+	gs.lost = false
+	n.spec.GPUs[i].Lost = false
+	for l := range gs.links {
+		gs.links[l].down = false
+	}
+	n.mu.Unlock()
+	n.gates[i].setHang(false)
+}
