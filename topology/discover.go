@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -24,45 +26,67 @@ import (
 // whose identity cannot be read, is kept with Lost set. Only NVML failing to
 // report the device count is an error. Discovery is slow-ish (hundreds of
 // NVML calls); call it at start and when devices change, never on a request
-// path.
+// path. Discover waits for every call however long it takes; a process
+// that rediscovers uses a Discoverer with a CallTimeout instead.
 func Discover(lib nvml.Interface, hostRoot string, log *slog.Logger) (*Node, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if hostRoot == "" {
-		hostRoot = "/"
-	}
-	count, ret := lib.DeviceGetCount()
+	return NewDiscoverer(lib, hostRoot, log).Discover(Options{})
+}
+
+// Discover builds the node model as the package-level Discover does, with
+// each GPU's reads on their own goroutine bounded by opts.CallTimeout and
+// the links reused from opts.Previous while the GPU set is unchanged.
+func (x *Discoverer) Discover(opts Options) (*Node, error) {
+	x.run.Lock()
+	defer x.run.Unlock()
+	count, ret := x.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("discover gpus: device count: %w", ret)
 	}
-	d := discovery{lib: lib, hostRoot: hostRoot, log: log, node: &Node{}}
+	d := discovery{lib: x.lib, hostRoot: x.hostRoot, log: x.log, node: &Node{}}
 	d.handles = make([]nvml.Device, count)
-	d.switchLinks = make([]int, count)
-	for i := 0; i < count; i++ {
-		d.gpu(i)
+	for i, o := range bounded(x, count, opts.CallTimeout, nil, d.gpu) {
+		if o.ok {
+			d.node.GPUs = append(d.node.GPUs, o.val.gpu)
+			d.handles[i] = o.val.dev
+			continue
+		}
+		d.node.GPUs = append(d.node.GPUs, d.timedOut(i, o.uuid, o.busID, o.lostReason()))
 	}
-	d.links()
+	reused := opts.Previous != nil && sameGPUs(opts.Previous.GPUs, d.node.GPUs)
+	if reused {
+		// The wiring of an unchanged GPU set does not change: skipping
+		// its queries makes a steady-state rescan a few calls per GPU.
+		d.node.Links = slices.Clone(opts.Previous.Links)
+	} else {
+		d.links(x, opts.CallTimeout)
+	}
 	lost := 0
 	for _, g := range d.node.GPUs {
 		if g.Lost {
 			lost++
 		}
 	}
-	log.Info("discovered gpu topology", "gpus", count, "lost", lost, "links", len(d.node.Links))
+	x.log.Info("discovered gpu topology", "gpus", count, "lost", lost, "links", len(d.node.Links), "linksReused", reused)
 	return d.node, nil
 }
 
+// sameGPUs says whether two discoveries found the same GPUs in the same
+// order, lost or not alike (a GPU that is lost, or back, changes the links).
+func sameGPUs(a, b []GPU) bool {
+	return slices.EqualFunc(a, b, func(x, y GPU) bool {
+		return x.UUID == y.UUID && x.PCIBusID == y.PCIBusID && x.Lost == y.Lost
+	})
+}
+
+// discovery is one discovery's state. Its methods that take a *GPU run on
+// that GPU's own goroutine and touch only that GPU value; node and handles
+// are written on the discovering goroutine only.
 type discovery struct {
 	lib      nvml.Interface
 	hostRoot string
 	log      *slog.Logger
 	node     *Node
 	handles  []nvml.Device
-	// switchLinks counts each GPU's active NVLinks into an NVSwitch;
-	// directRaw lists GPU-GPU links by the far end's bus ID.
-	switchLinks []int
-	directRaw   []directLink
 }
 
 type directLink struct {
@@ -74,8 +98,19 @@ type directLink struct {
 func (d *discovery) lost(g *GPU, what string, ret nvml.Return) {
 	if !g.Lost {
 		d.log.Warn("gpu marked lost during discovery", "index", g.Index, "uuid", g.UUID, "call", what, "err", ret.Error())
+		g.LostReason = what + ": " + ret.Error()
 	}
 	g.Lost = true
+}
+
+// timedOut is GPU i whose reads did not return in time: kept, Lost, with
+// the identity it had got to (a device ID either way, as in gpu).
+func (d *discovery) timedOut(i int, uuid, busID, reason string) GPU {
+	if uuid == "" {
+		uuid = LostGPUID(i)
+	}
+	d.log.Warn("gpu marked lost during discovery", "index", i, "uuid", uuid, "reason", reason)
+	return GPU{Index: i, UUID: uuid, PCIBusID: busID, NUMANode: -1, Lost: true, LostReason: reason}
 }
 
 // check handles an optional query's result: GPU_IS_LOST marks the GPU lost,
@@ -92,50 +127,67 @@ func (d *discovery) check(g *GPU, what string, ret nvml.Return) bool {
 	return false
 }
 
-func (d *discovery) gpu(i int) {
-	d.node.GPUs = append(d.node.GPUs, GPU{Index: i, NUMANode: -1})
-	g := &d.node.GPUs[len(d.node.GPUs)-1]
-	// A GPU lost before its UUID could be read still needs a device ID, or
-	// it would vanish from the device lists instead of being advertised
-	// Unhealthy (and two such GPUs would share the empty ID).
-	defer func() {
-		if g.UUID == "" {
-			g.UUID = LostGPUID(i)
-		}
-	}()
+// gpuRead is what one GPU's read hands back: the GPU and its handle (nil
+// when NVML gave none).
+type gpuRead struct {
+	gpu GPU
+	dev nvml.Device
+}
+
+// gpu reads GPU i on its own goroutine (see bounded), recording each call
+// in p before making it so a discovery that stops waiting can say where
+// the GPU hung.
+func (d *discovery) gpu(i int, p *progress) gpuRead {
+	g := GPU{Index: i, NUMANode: -1}
+	p.at("DeviceGetHandleByIndex")
 	dev, ret := d.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
-		d.lost(g, "DeviceGetHandleByIndex", ret)
-		return
+		d.lost(&g, "DeviceGetHandleByIndex", ret)
+		g.UUID = LostGPUID(i)
+		return gpuRead{gpu: g}
 	}
-	d.handles[i] = dev
+	p.at("GetUUID")
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
-		d.lost(g, "GetUUID", ret)
+		d.lost(&g, "GetUUID", ret)
 	}
 	g.UUID = uuid
+	p.identity(uuid, "")
+	p.at("GetPciInfo")
 	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
 		g.PCIBusID = busIDFromPciInfo(pci)
+		p.identity("", g.PCIBusID)
 	} else {
-		d.lost(g, "GetPciInfo", ret)
+		d.lost(&g, "GetPciInfo", ret)
 	}
 	if g.PCIBusID != "" {
+		p.at("sysfs numa_node and pci path")
 		g.NUMANode = d.numaNode(g.PCIBusID)
 		g.PCIPath = d.pciPath(g.PCIBusID)
 	}
-	if name, ret := dev.GetName(); d.check(g, "GetName", ret) {
+	p.at("GetName")
+	if name, ret := dev.GetName(); d.check(&g, "GetName", ret) {
 		g.Model = name
 	}
 	var totalMemory uint64
-	if mem, ret := dev.GetMemoryInfo(); d.check(g, "GetMemoryInfo", ret) {
+	p.at("GetMemoryInfo")
+	if mem, ret := dev.GetMemoryInfo(); d.check(&g, "GetMemoryInfo", ret) {
 		totalMemory = mem.Total
 		g.MemoryMiB = mem.Total >> 20
 	}
-	if minor, ret := dev.GetMinorNumber(); d.check(g, "GetMinorNumber", ret) {
+	p.at("GetMinorNumber")
+	if minor, ret := dev.GetMinorNumber(); d.check(&g, "GetMinorNumber", ret) {
 		g.Minor = minor
 	}
-	d.mig(g, dev, totalMemory)
-	d.nvlinks(g, dev)
+	p.at("MIG mode and devices")
+	d.mig(&g, dev, totalMemory)
+	// A GPU lost before its UUID could be read still needs a device ID, or
+	// it would vanish from the device lists instead of being advertised
+	// Unhealthy (and two such GPUs would share the empty ID).
+	if g.UUID == "" {
+		g.UUID = LostGPUID(i)
+	}
+	return gpuRead{gpu: g, dev: dev}
 }
 
 // busIDFromPciInfo returns NVML's bus ID in the form sysfs and Kubernetes
@@ -258,68 +310,65 @@ func (d *discovery) mig(g *GPU, dev nvml.Device, parentMemory uint64) {
 	}
 }
 
-func migDevice(parent, md nvml.Device, idx int, parentMemory uint64) (MIGDevice, error) {
-	m := MIGDevice{Index: idx}
-	var ret nvml.Return
-	if m.UUID, ret = md.GetUUID(); ret != nvml.SUCCESS {
-		return m, fmt.Errorf("uuid: %w", ret)
-	}
-	if m.GPUInstance, ret = md.GetGpuInstanceId(); ret != nvml.SUCCESS {
-		return m, fmt.Errorf("%s: gpu instance id: %w", m.UUID, ret)
-	}
-	if m.ComputeInstance, ret = md.GetComputeInstanceId(); ret != nvml.SUCCESS {
-		return m, fmt.Errorf("%s: compute instance id: %w", m.UUID, ret)
-	}
-	attrs, ret := md.GetAttributes()
-	if ret != nvml.SUCCESS {
-		return m, fmt.Errorf("%s: attributes: %w", m.UUID, ret)
-	}
-	m.MemoryMiB = attrs.MemorySizeMB
-	m.Profile = MIGProfileName(int(attrs.GpuInstanceSliceCount), int(attrs.ComputeInstanceSliceCount),
-		attrs.MemorySizeMB, parentMemory, migAttributes(parent, m.GPUInstance)...)
-	return m, nil
+// linkRead is what one GPU's link queries hand back: its NVLinks into an
+// NVSwitch, its direct GPU links (by the far end's bus ID), the PCIe level
+// to each later GPU by index, and the GPU itself if a query found it lost.
+type linkRead struct {
+	switchLinks int
+	direct      []directLink
+	pcie        map[int]PCIeLevel
+	lost        *GPU
 }
 
-// migAttributes returns the profile attributes ("me" for the media
-// extension profiles) of a GPU instance, which its attributes alone do not
-// tell; none when the GPU instance cannot be read.
-func migAttributes(parent nvml.Device, giID int) []string {
-	gi, ret := parent.GetGpuInstanceById(giID)
-	if ret != nvml.SUCCESS || gi == nil {
-		return nil
-	}
-	info, ret := gi.GetInfo()
-	if ret != nvml.SUCCESS {
-		return nil
-	}
-	switch info.ProfileId {
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1:
-		return []string{"me"}
-	}
-	return nil
-}
-
-// nvlinks counts a GPU's active NVLinks by what is at the far end.
-func (d *discovery) nvlinks(g *GPU, dev nvml.Device) {
+// readLinks runs GPU a's link queries on its own goroutine (see bounded):
+// its NVLinks, then the PCIe common ancestor with every later usable GPU.
+// handles and usable are not written while reads run.
+func (d *discovery) readLinks(a int, p *progress, g GPU, handles []nvml.Device, usable []bool) linkRead {
+	var r linkRead
+	r.switchLinks, r.direct = d.nvlinks(&g, handles[a], p)
 	if g.Lost {
-		return
+		r.lost = &g
+		return r
 	}
+	r.pcie = map[int]PCIeLevel{}
+	p.at("GetTopologyCommonAncestor")
+	for b := a + 1; b < len(handles); b++ {
+		if !usable[b] {
+			continue
+		}
+		lvl, ret := handles[a].GetTopologyCommonAncestor(handles[b])
+		if ret != nvml.SUCCESS {
+			d.log.Debug("no pcie common ancestor", "a", a, "b", b, "err", ret.Error())
+			continue
+		}
+		if l, ok := PCIeLevelFromNVML(lvl); ok {
+			r.pcie[b] = l
+		}
+	}
+	return r
+}
+
+// nvlinks counts a GPU's active NVLinks by what is at the far end: links
+// into an NVSwitch, and GPU-GPU links by the far end's bus ID.
+func (d *discovery) nvlinks(g *GPU, dev nvml.Device, p *progress) (switchLinks int, direct []directLink) {
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
+		p.at("GetNvLinkState")
 		state, ret := dev.GetNvLinkState(l)
 		if ret == nvml.ERROR_NOT_SUPPORTED && l == 0 {
 			// No NVLink on this GPU.
-			return
+			return switchLinks, direct
 		}
 		if ret == nvml.ERROR_GPU_IS_LOST {
 			d.lost(g, "GetNvLinkState", ret)
-			return
+			return 0, nil
 		}
 		if ret != nvml.SUCCESS || state != nvml.FEATURE_ENABLED {
 			continue
 		}
+		p.at("GetNvLinkRemoteDeviceType")
 		remoteType, typeRet := dev.GetNvLinkRemoteDeviceType(l)
 		if typeRet == nvml.SUCCESS && remoteType == nvml.NVLINK_DEVICE_TYPE_SWITCH {
-			d.switchLinks[g.Index]++
+			switchLinks++
 			continue
 		}
 		if typeRet == nvml.SUCCESS && remoteType != nvml.NVLINK_DEVICE_TYPE_GPU {
@@ -328,18 +377,46 @@ func (d *discovery) nvlinks(g *GPU, dev nvml.Device) {
 		// A GPU peer (or a driver that cannot tell): match the far end's
 		// bus ID against the GPUs, which are all listed once discovery of
 		// every GPU is done.
+		p.at("GetNvLinkRemotePciInfo")
 		remote, ret := dev.GetNvLinkRemotePciInfo(l)
 		if ret != nvml.SUCCESS {
 			continue
 		}
-		d.directRaw = append(d.directRaw, directLink{from: g.Index, toBus: busIDFromPciInfo(remote)})
+		direct = append(direct, directLink{from: g.Index, toBus: busIDFromPciInfo(remote)})
 	}
+	return switchLinks, direct
 }
 
 // links fills the pair list: NVLink counts (direct links, resolved by the
 // far end's bus ID, plus the shared NVSwitch links) and the PCIe level of
-// every pair whose handles NVML gave.
-func (d *discovery) links() {
+// every pair whose handles NVML gave. Each GPU's queries run on their own
+// goroutine bounded by timeout; a GPU whose queries do not return in time
+// is marked lost, like one whose reads did not.
+func (d *discovery) links(x *Discoverer, timeout time.Duration) {
+	count := len(d.node.GPUs)
+	usable := make([]bool, count)
+	for i, g := range d.node.GPUs {
+		usable[i] = d.handles[i] != nil && !g.Lost
+	}
+	gpus := slices.Clone(d.node.GPUs)
+	reads := bounded(x, count, timeout, func(a int) bool { return !usable[a] },
+		func(a int, p *progress) linkRead { return d.readLinks(a, p, gpus[a], d.handles, usable) })
+	switchLinks := make([]int, count)
+	var directRaw []directLink
+	for a, o := range reads {
+		switch {
+		case o.skipped:
+		case !o.ok:
+			g := &d.node.GPUs[a]
+			g.Lost, g.LostReason = true, o.lostReason()
+			d.log.Warn("gpu marked lost during discovery", "index", a, "uuid", g.UUID, "reason", g.LostReason)
+		case o.val.lost != nil:
+			d.node.GPUs[a].Lost, d.node.GPUs[a].LostReason = true, o.val.lost.LostReason
+		default:
+			switchLinks[a] = o.val.switchLinks
+			directRaw = append(directRaw, o.val.direct...)
+		}
+	}
 	byBus := map[string]int{}
 	for _, g := range d.node.GPUs {
 		if g.PCIBusID != "" {
@@ -347,7 +424,7 @@ func (d *discovery) links() {
 		}
 	}
 	direct := map[[2]int]int{}
-	for _, l := range d.directRaw {
+	for _, l := range directRaw {
 		to, ok := byBus[l.toBus]
 		if !ok || to == l.from {
 			d.log.Debug("nvlink to a device that is not a known gpu", "gpu", l.from, "remoteBusID", l.toBus)
@@ -355,21 +432,15 @@ func (d *discovery) links() {
 		}
 		direct[[2]int{l.from, to}]++
 	}
-	count := len(d.node.GPUs)
 	for a := 0; a < count; a++ {
 		for b := a + 1; b < count; b++ {
 			// Each direct link is seen from both ends; either end alone
 			// (the other may be lost) is enough.
 			nv := max(direct[[2]int{a, b}], direct[[2]int{b, a}])
-			nv += min(d.switchLinks[a], d.switchLinks[b])
+			nv += min(switchLinks[a], switchLinks[b])
 			l := Link{A: a, B: b, NVLinks: nv}
-			if d.handles[a] != nil && d.handles[b] != nil && !d.node.GPUs[a].Lost && !d.node.GPUs[b].Lost {
-				lvl, ret := d.handles[a].GetTopologyCommonAncestor(d.handles[b])
-				if ret == nvml.SUCCESS {
-					l.PCIe, _ = PCIeLevelFromNVML(lvl)
-				} else {
-					d.log.Debug("no pcie common ancestor", "a", a, "b", b, "err", ret.Error())
-				}
+			if !d.node.GPUs[a].Lost && !d.node.GPUs[b].Lost && reads[a].ok {
+				l.PCIe = reads[a].val.pcie[b]
 			}
 			if l.NVLinks > 0 || l.PCIe != "" {
 				d.node.Links = append(d.node.Links, l)

@@ -40,6 +40,10 @@ type GPU struct {
 	// Lost is set when NVML reports the GPU lost or unreachable during
 	// discovery; the GPU stays in the model so it can be reported unhealthy.
 	Lost bool `json:"lost,omitempty"`
+	// LostReason says why Lost is set: the call that reported the GPU lost
+	// ("GetUUID: GPU is lost") or that did not return in time
+	// ("nvml-timeout: GetMemoryInfo").
+	LostReason string `json:"lostReason,omitempty"`
 }
 
 // MIGDevice is one MIG device (a GPU instance + compute instance pair).
