@@ -1,0 +1,192 @@
+package nvmlowner
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Field identifies one per-GPU reading of a Sample.
+type Field int
+
+// The fields a sample reads. Health checks and the metrics collector both
+// read them from the same Sample, so each counter is read once per interval.
+const (
+	FieldGPUUtil            Field = iota // GetUtilizationRates().Gpu, %
+	FieldMemCopyUtil                     // GetUtilizationRates().Memory, %
+	FieldFBUsed                          // GetMemoryInfo().Used, bytes
+	FieldFBFree                          // GetMemoryInfo().Free, bytes
+	FieldFBTotal                         // GetMemoryInfo().Total, bytes
+	FieldSMClock                         // GetClockInfo(CLOCK_SM), MHz
+	FieldMemClock                        // GetClockInfo(CLOCK_MEM), MHz
+	FieldGPUTemp                         // GetTemperature(TEMPERATURE_GPU), C
+	FieldMemTemp                         // field value FI_DEV_MEMORY_TEMP, C
+	FieldPowerUsage                      // GetPowerUsage(), mW
+	FieldTotalEnergy                     // GetTotalEnergyConsumption(), mJ since the driver was last reloaded
+	FieldPCIeReplay                      // GetPcieReplayCounter()
+	FieldNVLinkBandwidth                 // field value FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL, KiB
+	FieldRecoveryAction                  // field value FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.GPU_RECOVERY_ACTION_*)
+	FieldECCMode                         // GetEccMode() current: 1 enabled, 0 disabled
+	FieldECCSBEVolatile                  // GetTotalEccErrors(CORRECTED, VOLATILE_ECC)
+	FieldECCDBEVolatile                  // GetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)
+	FieldECCSBEAggregate                 // GetTotalEccErrors(CORRECTED, AGGREGATE_ECC)
+	FieldECCDBEAggregate                 // GetTotalEccErrors(UNCORRECTED, AGGREGATE_ECC)
+	FieldRetiredSBE                      // len(GetRetiredPages(MULTIPLE_SINGLE_BIT_ECC_ERRORS))
+	FieldRetiredDBE                      // len(GetRetiredPages(DOUBLE_BIT_ECC_ERROR))
+	FieldRetiredPending                  // GetRetiredPagesPendingStatus(): 1 pending
+	FieldRemapCorrectable                // GetRemappedRows() corrRows
+	FieldRemapUncorrectable              // GetRemappedRows() uncRows
+	FieldRemapPending                    // GetRemappedRows() isPending: 1 pending
+	FieldRemapFailure                    // GetRemappedRows() failureOccurred: 1 failed
+	FieldFabricState                     // GetGpuFabricInfo().State (nvml.GPU_FABRIC_STATE_*)
+	FieldFabricStatus                    // GetGpuFabricInfo().Status (an nvml.Return)
+	NumFields
+)
+
+var fieldNames = [NumFields]string{
+	FieldGPUUtil: "gpu-util", FieldMemCopyUtil: "mem-copy-util", FieldFBUsed: "fb-used", FieldFBFree: "fb-free",
+	FieldFBTotal: "fb-total", FieldSMClock: "sm-clock", FieldMemClock: "mem-clock", FieldGPUTemp: "gpu-temp",
+	FieldMemTemp: "memory-temp", FieldPowerUsage: "power-usage", FieldTotalEnergy: "total-energy",
+	FieldPCIeReplay: "pcie-replay", FieldNVLinkBandwidth: "nvlink-bandwidth", FieldRecoveryAction: "recovery-action",
+	FieldECCMode: "ecc-mode", FieldECCSBEVolatile: "ecc-sbe-volatile", FieldECCDBEVolatile: "ecc-dbe-volatile",
+	FieldECCSBEAggregate: "ecc-sbe-aggregate", FieldECCDBEAggregate: "ecc-dbe-aggregate",
+	FieldRetiredSBE: "retired-sbe", FieldRetiredDBE: "retired-dbe", FieldRetiredPending: "retired-pending",
+	FieldRemapCorrectable: "remap-correctable", FieldRemapUncorrectable: "remap-uncorrectable",
+	FieldRemapPending: "remap-pending", FieldRemapFailure: "remap-failure",
+	FieldFabricState: "fabric-state", FieldFabricStatus: "fabric-status",
+}
+
+// String is the field's name as used in logs and the no-data metric.
+func (f Field) String() string {
+	if f < 0 || f >= NumFields {
+		return "unknown"
+	}
+	return fieldNames[f]
+}
+
+// Status says whether a reading has a value.
+type Status uint8
+
+// Reading statuses. NotSupported and NoPermission are "no data" for that
+// device, never a fault (nvml.h: NVML_ERROR_NOT_SUPPORTED "the requested
+// operation is not available on target device", NVML_ERROR_NO_PERMISSION
+// "the current user does not have permission for operation").
+const (
+	Absent       Status = iota // not read (the GPU's read failed or timed out)
+	OK                         // Value holds the reading
+	NotSupported               // NVML answered ERROR_NOT_SUPPORTED (or FUNCTION_NOT_FOUND)
+	NoPermission               // NVML answered ERROR_NO_PERMISSION
+	Failed                     // any other error; Err says which
+)
+
+// Value is one reading.
+type Value struct {
+	V      uint64
+	Status Status
+	// Err is the NVML error when Status is Failed.
+	Err error
+}
+
+// NoData reports whether the device does not give this reading at all
+// (not supported, or not permitted for this process).
+func (v Value) NoData() bool { return v.Status == NotSupported || v.Status == NoPermission }
+
+// Link is one NVLink of a GPU. Counters holds DL_REPLAY, DL_RECOVERY,
+// DL_CRC_FLIT and DL_CRC_DATA in that order; each may be NotSupported on
+// its own (Blackwell returns NOT_SUPPORTED for them).
+type Link struct {
+	Link     int
+	Up       Value // GetNvLinkState: 1 FEATURE_ENABLED, 0 disabled
+	Counters [4]Value
+}
+
+// NVLinkCounters are the NVLink error counters a Link carries, in order.
+var NVLinkCounters = [4]nvml.NvLinkErrorCounter{
+	nvml.NVLINK_ERROR_DL_REPLAY, nvml.NVLINK_ERROR_DL_RECOVERY, nvml.NVLINK_ERROR_DL_CRC_FLIT, nvml.NVLINK_ERROR_DL_CRC_DATA,
+}
+
+// MIGSample is one MIG device's readings (NVML reports little per MIG
+// device: framebuffer is what users chart per instance).
+type MIGSample struct {
+	UUID   string
+	FBUsed Value
+	FBFree Value
+}
+
+// Sample is everything read from one GPU in one sampling cycle.
+type Sample struct {
+	UUID string
+	Time time.Time
+	// Err is set when the GPU could not be read at all: its handle lookup
+	// or a call failed with ERROR_GPU_IS_LOST / ERROR_NOT_FOUND, or the
+	// read did not finish within the call timeout (errors.Is ErrTimeout).
+	// Values are then Absent.
+	Err    error
+	Values [NumFields]Value
+	// Links are the GPU's NVLinks that exist (GetNvLinkState did not
+	// answer NOT_SUPPORTED / INVALID_ARGUMENT), by link number.
+	Links []Link
+	// MIG are the MIG devices asked for, in the order asked.
+	MIG []MIGSample
+}
+
+// Get returns field f.
+func (s *Sample) Get(f Field) Value { return s.Values[f] }
+
+// Lost reports whether the sample failed because the GPU is lost (fallen
+// off the bus) or no longer known to NVML.
+func (s *Sample) Lost() bool {
+	return errors.Is(s.Err, nvml.ERROR_GPU_IS_LOST) || errors.Is(s.Err, nvml.ERROR_NOT_FOUND)
+}
+
+// TimedOut reports whether the GPU did not answer within the call timeout.
+func (s *Sample) TimedOut() bool { return errors.Is(s.Err, ErrTimeout) }
+
+// valueOf turns an NVML return into a Value.
+func valueOf(v uint64, ret nvml.Return) Value {
+	switch ret {
+	case nvml.SUCCESS:
+		return Value{V: v, Status: OK}
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
+		return Value{Status: NotSupported}
+	case nvml.ERROR_NO_PERMISSION:
+		return Value{Status: NoPermission}
+	}
+	return Value{Status: Failed, Err: ret}
+}
+
+func boolValue(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// fieldUint decodes an NVML field value (a C union in native byte order)
+// as an unsigned integer; doubles are rounded and negative values clamp
+// to 0 (none of the fields read here is signed).
+func fieldUint(fv nvml.FieldValue) (uint64, bool) {
+	b := fv.Value[:]
+	switch nvml.ValueType(fv.ValueType) {
+	case nvml.VALUE_TYPE_DOUBLE:
+		f := math.Float64frombits(binary.NativeEndian.Uint64(b))
+		if f < 0 || math.IsNaN(f) {
+			return 0, true
+		}
+		return uint64(math.Round(f)), true
+	case nvml.VALUE_TYPE_UNSIGNED_INT:
+		return uint64(binary.NativeEndian.Uint32(b)), true
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		return binary.NativeEndian.Uint64(b), true
+	case nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return uint64(max(int64(binary.NativeEndian.Uint64(b)), 0)), true
+	case nvml.VALUE_TYPE_SIGNED_INT:
+		return uint64(max(int32(binary.NativeEndian.Uint32(b)), 0)), true
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return uint64(binary.NativeEndian.Uint16(b)), true
+	}
+	return 0, false
+}

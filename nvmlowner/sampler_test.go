@@ -1,0 +1,140 @@
+package nvmlowner
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
+)
+
+func simSampler(t *testing.T, profile string, opts ...sim.ProfileOption) (*sim.Node, *Owner, *Sampler, []Target) {
+	t.Helper()
+	spec, err := sim.Profile(profile, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := sim.New(spec, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := New(node.NVML(), Config{CallTimeout: 2 * time.Second}, nil)
+	if err := o.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Shutdown(context.Background()) })
+	var targets []Target
+	for _, g := range node.Spec().GPUs {
+		tg := Target{UUID: g.UUID}
+		for _, m := range g.MIG {
+			tg.MIG = append(tg.MIG, MIGTarget{UUID: m.UUID, Index: m.Index})
+		}
+		targets = append(targets, tg)
+	}
+	s := NewSampler(o, SamplerConfig{Interval: time.Hour})
+	s.SetTargets(targets)
+	return node, o, s, targets
+}
+
+func TestSamplerReadsEveryGPU(t *testing.T) {
+	_, _, s, targets := simSampler(t, "dgx-h100", sim.WithMIG(1, "3g.40gb", "3g.40gb"))
+	sub := s.Subscribe()
+	snap := s.SampleNow(context.Background())
+	select {
+	case <-sub:
+	default:
+		t.Fatal("subscribers not signalled after a cycle")
+	}
+	if s.Latest() != snap || snap.Seq != 1 || snap.LibErr != nil {
+		t.Fatalf("latest %p seq %d libErr %v", s.Latest(), snap.Seq, snap.LibErr)
+	}
+	if len(snap.Samples) != len(targets) {
+		t.Fatalf("%d samples for %d targets", len(snap.Samples), len(targets))
+	}
+	for i, smp := range snap.Samples {
+		if smp.UUID != targets[i].UUID || smp.Err != nil {
+			t.Fatalf("sample %d: uuid %s err %v", i, smp.UUID, smp.Err)
+		}
+		for _, f := range []Field{FieldPowerUsage, FieldGPUTemp, FieldECCDBEVolatile, FieldFBTotal, FieldTotalEnergy} {
+			if smp.Values[f].Status != OK {
+				t.Errorf("gpu %d %s: status %d, want OK", i, f, smp.Values[f].Status)
+			}
+		}
+		if len(smp.Links) != 18 {
+			t.Errorf("gpu %d: %d nvlinks, want 18 (DGX H100)", i, len(smp.Links))
+		}
+		if len(smp.MIG) != len(targets[i].MIG) {
+			t.Errorf("gpu %d: %d MIG samples, want %d", i, len(smp.MIG), len(targets[i].MIG))
+		}
+		for _, m := range smp.MIG {
+			if m.FBUsed.Status != OK {
+				t.Errorf("mig %s: fb used status %d", m.UUID, m.FBUsed.Status)
+			}
+		}
+	}
+	// GPU 1 has MIG on: NVML has no whole-GPU utilisation then.
+	if st := snap.Samples[1].Values[FieldGPUUtil].Status; st != NotSupported {
+		t.Errorf("MIG-enabled GPU utilisation status %d, want NotSupported", st)
+	}
+}
+
+func TestSamplerLostGPU(t *testing.T) {
+	node, _, s, _ := simSampler(t, "dgx-a100")
+	fault(t, node, `{"kind":"gpu-lost","gpu":2}`)
+	snap := s.SampleNow(context.Background())
+	for i, smp := range snap.Samples {
+		if lost := smp.Lost(); lost != (i == 2) {
+			t.Errorf("gpu %d: lost %v (err %v)", i, lost, smp.Err)
+		}
+	}
+}
+
+// TestSamplerHungGPU: a GPU whose calls hang times out in its own sample;
+// the other GPUs' samples are complete, and the cycle ends.
+func TestSamplerHungGPU(t *testing.T) {
+	f := newFakeLib()
+	release := make(chan struct{})
+	for uuid, d := range f.devs {
+		notSupportedByDefault(d)
+		if uuid == "GPU-a" {
+			d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { <-release; return nvml.Utilization{}, nvml.SUCCESS }
+		} else {
+			d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 300000, nvml.SUCCESS }
+		}
+	}
+	defer close(release)
+	o := New(f, Config{CallTimeout: 100 * time.Millisecond}, nil)
+	s := NewSampler(o, SamplerConfig{})
+	s.SetTargets([]Target{{UUID: "GPU-a"}, {UUID: "GPU-b"}})
+	snap := s.SampleNow(context.Background())
+	if !snap.Samples[0].TimedOut() {
+		t.Errorf("hung GPU sample: err %v, want a timeout", snap.Samples[0].Err)
+	}
+	if b := snap.Samples[1]; b.Err != nil || b.Values[FieldPowerUsage] != (Value{V: 300000, Status: OK}) {
+		t.Errorf("healthy GPU sample: err %v power %+v", b.Err, b.Values[FieldPowerUsage])
+	}
+	if st := snap.Samples[1].Values[FieldRemapPending].Status; st != NotSupported {
+		t.Errorf("unsupported call: status %d, want NotSupported", st)
+	}
+	// The next cycle does not start a second read of the hung GPU.
+	snap = s.SampleNow(context.Background())
+	if !snap.Samples[0].TimedOut() || snap.Samples[1].Err != nil {
+		t.Errorf("second cycle: %v / %v", snap.Samples[0].Err, snap.Samples[1].Err)
+	}
+}
+
+func TestSamplerLibraryFailure(t *testing.T) {
+	node, _, s, _ := simSampler(t, "dgx-a100")
+	fault(t, node, `{"kind":"nvml-failure"}`)
+	snap := s.SampleNow(context.Background())
+	if snap.LibErr == nil {
+		t.Fatal("no library error while NVML fails")
+	}
+	for _, smp := range snap.Samples {
+		if smp.Err == nil {
+			t.Fatalf("sample %s has no error while the library fails", smp.UUID)
+		}
+	}
+}
