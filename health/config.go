@@ -8,18 +8,40 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/clock"
 )
 
-// DefaultFatalXIDs returns the XIDs that make a device unfit: those whose
-// resolution bucket in NVIDIA's XID catalog is a GPU reset, a node reboot or
-// the NVLink workflow. Every other XID (e.g. 13, 31, 43, 45, 63, 68, 92, 94:
-// application-level or informational) is only counted. Each call returns a
-// fresh slice, so no caller can change another's defaults.
+// DefaultFatalXIDs returns the XIDs that make a device unfit: every XID
+// the XID table (xidtable.go) classes reset, reboot or nvlink, i.e. whose
+// resolution bucket in NVIDIA's XID catalog is a GPU reset, a node reboot
+// or the NVLink workflow. Application XIDs (13, 31, 43, 45, 68, 109, ...)
+// and informational ones (63, 92, 94, ...) are only counted. Each call
+// returns a fresh slice, so no caller can change another's defaults.
 func DefaultFatalXIDs() []uint64 {
-	return []uint64{
-		46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
-		144, 145, 146, 147, 148, 149, 150, 155, 156, 158,
+	var out []uint64
+	for _, e := range xidTable {
+		if e.Class.fatal() {
+			out = append(out, e.XID)
+		}
 	}
+	return out
+}
+
+// FatalXID says what XID x does under this configuration: whether it
+// makes the device unfit (it is in FatalXIDs, or FatalXIDs is empty and
+// the table calls it fatal) and, if so, whether it holds the device unfit
+// until a reset (the table classes it reset or reboot). A fatal XID that
+// does not hold is an event that recovers after the recovery period, as
+// is an XID an operator added to FatalXIDs that the table calls app or
+// info.
+func (c Config) FatalXID(x uint64) (fatal, holdUntilReset bool) {
+	class := ClassifyXID(x)
+	if len(c.FatalXIDs) == 0 {
+		fatal = class.fatal()
+	} else {
+		fatal = slices.Contains(c.FatalXIDs, x)
+	}
+	return fatal, fatal && class.holds()
 }
 
 // Check names, as used in Observation.Check, metrics and Config.DisabledChecks.
@@ -32,9 +54,12 @@ const (
 	CheckNVLink  = "nvlink"
 	CheckNVML    = "nvml"
 	CheckDCGM    = "dcgm"
+	// CheckMissing: NVIDIA GPUs on the PCI bus (or expected by
+	// configuration) that NVML does not list (see MissingGPUs).
+	CheckMissing = "gpu-missing"
 )
 
-var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM}
+var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM, CheckMissing, CheckFabric, CheckRecovery}
 
 // DCGM modes for Config.DCGMMode.
 const (
@@ -74,6 +99,29 @@ type Config struct {
 	// DCGMAddress is the standalone hostengine (host:port or unix socket);
 	// setting it with mode auto selects standalone.
 	DCGMAddress string `json:"dcgmAddress,omitempty" yaml:"dcgmAddress,omitempty"`
+	// ExpectedGPUs is how many GPUs the node should have; fewer listed by
+	// NVML makes the node unfit (gpu-missing). 0 compares with the NVIDIA
+	// GPUs on the PCI bus only.
+	ExpectedGPUs int `json:"expectedGPUs,omitempty" yaml:"expectedGPUs,omitempty"`
+
+	// StateDir is where the monitor keeps health-state.json so that a
+	// restart forgets no fault (agent flag --state-dir); empty disables
+	// persistence. Not part of the health config section.
+	StateDir string `json:"-" yaml:"-"`
+	// HostRoot is where the host's / is mounted (agent --host-root); the
+	// boot ID is read from proc/sys/kernel/random/boot_id under it.
+	// Empty means /.
+	HostRoot string `json:"-" yaml:"-"`
+
+	// MIGDevicesServed says MIG devices are served as devices of their
+	// own (agent --mig-strategy single or mixed). When false the kubelet
+	// knows only whole GPUs, so an XID tagged with a MIG instance is
+	// charged to its GPU. Not part of the health config section.
+	MIGDevicesServed bool `json:"-" yaml:"-"`
+
+	// clock replaces the real clock in tests (NewMonitor uses it before
+	// a test could set Monitor.clock: the state file is restored there).
+	clock clock.WithTicker
 
 	// eventWait is the EventSet.Wait timeout; tests shorten it so the
 	// watcher notices cancellation and rebuilds quickly.
@@ -127,6 +175,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRecoveryPeriod < c.RecoveryPeriod {
 		errs = append(errs, fmt.Errorf("health.maxRecoveryPeriod %s: must be at least recoveryPeriod %s", c.MaxRecoveryPeriod, c.RecoveryPeriod))
+	}
+	if c.ExpectedGPUs < 0 {
+		errs = append(errs, fmt.Errorf("health.expectedGPUs %d: must not be negative", c.ExpectedGPUs))
 	}
 	if c.RetiredPagesLimit < 0 {
 		errs = append(errs, fmt.Errorf("health.retiredPagesLimit %d: must not be negative", c.RetiredPagesLimit))

@@ -40,7 +40,7 @@ func TestOpenDCGMWithoutLibrary(t *testing.T) {
 // fault still makes the device unhealthy.
 func TestRunDCGMFallsBack(t *testing.T) {
 	f := newFakeNVML(1)
-	m, err := NewMonitor(Config{DCGMMode: DCGMAuto, PollInterval: time.Hour}, f, discard(), nil)
+	m, err := NewMonitor(Config{DCGMMode: DCGMAuto, PollInterval: time.Hour}, ownerOf(f), discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

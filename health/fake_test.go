@@ -167,6 +167,7 @@ func (f *fakeNVML) newDevice(g *fakeGPU) *mock.Device {
 		}
 		return 0, lostOr(nvml.SUCCESS)
 	}
+	notSupportedByDefault(d)
 	return d
 }
 

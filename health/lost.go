@@ -1,43 +1,36 @@
 package health
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// lostCheck finds GPUs NVML can no longer reach: ERROR_GPU_IS_LOST (fallen
-// off the bus, XID 79) or any other NVML error for the device. It clears
-// only when NVML sees the device again, which is also how the other polled
-// checks get their handle: a lost GPU is not polled any further.
-type lostCheck struct {
-	lib nvml.Interface
-}
-
-func (c *lostCheck) Name() string { return CheckLost }
-
-// resolve returns the GPU's handle, or nil and a fatal observation.
-func (c *lostCheck) resolve(uuid string) (nvml.Device, Observation) {
-	o := Observation{DeviceID: uuid, Kind: KindGPU, Check: CheckLost}
-	dev, ret := c.lib.DeviceGetHandleByUUID(uuid)
-	what := "handle"
-	if ret == nvml.SUCCESS {
-		// The driver keeps a lost GPU's identity (handle, UUID, PCI
-		// info); a memory query has to reach the device.
-		_, ret = dev.GetMemoryInfo()
-		what = "memory info"
+// checkLost reports a GPU that NVML cannot reach: ERROR_GPU_IS_LOST
+// (fallen off the bus, XID 79), ERROR_NOT_FOUND (no longer enumerated), or
+// calls that did not return within the call timeout (a hung GPU). Each
+// clears once a sample of the GPU succeeds again. Library-wide failures
+// (the device count failing) are the nvml check's, not a GPU's.
+func checkLost(in *checkInput, out *checkResult) {
+	err := in.Cur.Err
+	lost, timedOut := in.Cur.Lost(), in.Cur.TimedOut()
+	if err != nil && !lost && !timedOut {
+		// A library failure (or the agent stopping): no verdict on
+		// this GPU.
+		return
 	}
-	switch ret {
-	case nvml.SUCCESS:
-		o.Cleared = true
-		return dev, o
-	case nvml.ERROR_GPU_IS_LOST:
-		o.Reason = "gpu lost (fallen off the bus)"
-	case nvml.ERROR_NOT_FOUND:
-		o.Reason = "gpu not visible to nvml"
-	default:
-		o.Reason = fmt.Sprintf("nvml %s: %v", what, ret)
+	reason := ""
+	switch {
+	case errors.Is(err, nvml.ERROR_GPU_IS_LOST):
+		reason = "gpu lost (fallen off the bus)"
+	case lost:
+		reason = "gpu not visible to nvml"
 	}
-	o.Fatal = true
-	return nil, o
+	out.add(flag(in.UUID, CheckLost, "", lost, reason))
+	var why string
+	if timedOut {
+		why = fmt.Sprintf("nvml calls hang: %v", err)
+	}
+	out.add(flag(in.UUID, CheckTimeout, "", timedOut, why))
 }

@@ -12,6 +12,7 @@ type monitorMetrics struct {
 	transitions  *prometheus.CounterVec
 	observations *prometheus.CounterVec
 	xids         *prometheus.CounterVec
+	noData       *prometheus.CounterVec
 	nodeFit      prometheus.Gauge
 }
 
@@ -33,6 +34,10 @@ func newMonitorMetrics(reg prometheus.Registerer) (*monitorMetrics, error) {
 			Name: "gpu_node_agent_xid_errors_total",
 			Help: "XID errors reported by NVML (or DCGM), by device and XID.",
 		}, []string{"device", "xid"}),
+		noData: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_node_agent_no_data_total",
+			Help: "NVML answers of NOT_SUPPORTED (no data, never a fault), by device (empty for library-wide calls) and field or call.",
+		}, []string{"device", "field"}),
 		nodeFit: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpu_node_agent_node_fit",
 			Help: "Whether every device on the node is healthy (1) or not (0).",
@@ -41,7 +46,7 @@ func newMonitorMetrics(reg prometheus.Registerer) (*monitorMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.healthy, m.transitions, m.observations, m.xids, m.nodeFit} {
+	for _, c := range []prometheus.Collector{m.healthy, m.transitions, m.observations, m.xids, m.noData, m.nodeFit} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package health
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -14,11 +15,12 @@ import (
 func TestMetricsLint(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	f := newFakeNVML(1)
-	m, err := NewMonitor(Config{DCGMMode: DCGMOff}, f, discard(), reg)
+	m, err := NewMonitor(Config{DCGMMode: DCGMOff}, ownerOf(f), discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.SetNode(f.node(false))
+	attachSampler(t, m, f.node(false), time.Hour)
 	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Fatal: true, Event: true, Reason: "xid 79", XID: 79})
 	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "x", Fatal: false, Reason: "xid 13", XID: 13})
 	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "x", Cleared: true})

@@ -8,13 +8,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -51,8 +50,10 @@ type Fitness struct {
 // Observe) into per-device health with hysteresis. It is safe for
 // concurrent use; Healthy, Status, Snapshot and NodeFit never touch NVML.
 type Monitor struct {
-	cfg     Config
-	lib     nvml.Interface
+	cfg Config
+	// owner is the process's NVML owner (events, through it); nil
+	// without NVML.
+	owner   *nvmlowner.Owner
 	log     *slog.Logger
 	clock   clock.WithTicker
 	metrics *monitorMetrics
@@ -72,8 +73,15 @@ type Monitor struct {
 	// also its parent's), for DCGM_FI_DEV_XID_ERRORS.
 	lastXID map[string]uint64
 
-	// eventsReady is set while the XID watcher has a registered event set.
-	eventsReady atomic.Bool
+	// baselines are the sample checks' counter baselines per GPU UUID,
+	// persisted with the state (Baseline, SetBaseline).
+	baselines map[string]map[string]uint64
+	// persist is the state-file bookkeeping; saveMu serialises writes.
+	persist *persistence
+	saveMu  sync.Mutex
+
+	// events is the running XID watcher's event set (xid.go).
+	events eventsHook
 
 	changes     chan struct{}
 	subsMu      sync.Mutex
@@ -81,16 +89,25 @@ type Monitor struct {
 	wake        chan struct{}
 	nodeChanged chan struct{}
 
-	// pollMu serialises polls; the checks below keep per-device state.
-	pollMu sync.Mutex
-	nvmlc  *nvmlCheck
-	lost   *lostCheck
-	checks []DeviceCheck
+	// sampler publishes the NVML readings the polled checks run on
+	// (poll.go); nil when there is no NVML.
+	sampler *nvmlowner.Sampler
+	// pollMu serialises snapshot handling; prev and lastSeq are the
+	// previous sample per GPU and the last snapshot handled.
+	pollMu  sync.Mutex
+	prev    map[string]*nvmlowner.Sample
+	lastSeq uint64
 }
 
-// NewMonitor builds a monitor over lib. reg may be nil (no metrics).
+// NewMonitor builds a monitor over the NVML owner (nil: no NVML, external
+// observations only). reg may be nil (no metrics).
 // Call SetNode before (or soon after) Run; Run does the NVML work.
-func NewMonitor(cfg Config, lib nvml.Interface, log *slog.Logger, reg prometheus.Registerer) (*Monitor, error) {
+//
+// With cfg.StateDir set, NewMonitor restores the persisted state before it
+// returns, so devices that were unhealthy (or held) before a restart are
+// unhealthy from the first Healthy, Snapshot or Fitness call; an unusable
+// state file is set aside and every GPU fails closed until Verified.
+func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg prometheus.Registerer) (*Monitor, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("health config: %w", err)
 	}
@@ -99,12 +116,22 @@ func NewMonitor(cfg Config, lib nvml.Interface, log *slog.Logger, reg prometheus
 	if err != nil {
 		return nil, fmt.Errorf("health metrics: %w", err)
 	}
+	per, err := newPersistence(cfg.StateDir, cfg.HostRoot, reg)
+	if err != nil {
+		return nil, fmt.Errorf("health metrics: %w", err)
+	}
+	var clk clock.WithTicker = clock.RealClock{}
+	if cfg.clock != nil {
+		clk = cfg.clock
+	}
 	m := &Monitor{
 		cfg:         cfg,
-		lib:         lib,
+		owner:       owner,
 		log:         log,
-		clock:       clock.RealClock{},
+		clock:       clk,
 		metrics:     met,
+		persist:     per,
+		baselines:   map[string]map[string]uint64{},
 		kinds:       map[string]string{},
 		parents:     map[string]string{},
 		states:      map[string]*deviceState{},
@@ -115,20 +142,15 @@ func NewMonitor(cfg Config, lib nvml.Interface, log *slog.Logger, reg prometheus
 		changes:     make(chan struct{}, 1),
 		wake:        make(chan struct{}, 1),
 		nodeChanged: make(chan struct{}, 1),
-		nvmlc:       &nvmlCheck{lib: lib},
-		lost:        &lostCheck{lib: lib},
+		prev:        map[string]*nvmlowner.Sample{},
 	}
 	m.metrics.nodeFit.Set(1)
-	for _, c := range []DeviceCheck{
-		newECCCheck(reg, log),
-		&retiredCheck{limit: cfg.RetiredPagesLimit},
-		&remapCheck{},
-		newNVLinkCheck(cfg.NVLinkErrorJump),
-	} {
-		if cfg.enabled(c.Name()) {
-			m.checks = append(m.checks, c)
-		}
-	}
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.restoreLocked(now)
+	m.publishLocked(now)
+	m.mu.Unlock()
+	m.save()
 	return m, nil
 }
 
@@ -157,6 +179,13 @@ func (m *Monitor) SetNode(node *topology.Node) {
 		if (s.kind == KindGPU || s.kind == KindMIG) && m.kinds[id] == "" {
 			delete(m.states, id)
 			gone = append(gone, id)
+			m.markDirtyLocked()
+		}
+	}
+	for uuid := range m.baselines {
+		if m.kinds[uuid] == "" {
+			delete(m.baselines, uuid)
+			m.markDirtyLocked()
 		}
 	}
 	// Only GPUs and MIG devices report XIDs, so any ID outside the node
@@ -170,17 +199,14 @@ func (m *Monitor) SetNode(node *topology.Node) {
 	for _, id := range gone {
 		if id != NodeID && m.kinds[id] == "" {
 			m.metrics.forget(id)
-			for _, c := range m.checks {
-				if f, ok := c.(interface{ forget(string) }); ok {
-					f.forget(id)
-				}
-			}
 		}
 	}
 	// publishLocked drops the gone devices' device_healthy series.
 	changed := m.publishLocked(m.clock.Now())
 	m.mu.Unlock()
+	m.save()
 	signal(m.nodeChanged)
+	m.events.nodeChanged(m)
 	if changed {
 		m.notify()
 	}
@@ -191,16 +217,8 @@ func (m *Monitor) SetNode(node *topology.Node) {
 // NVML failing is a health finding, not an error: Run returns nil when ctx
 // ends. Call it once.
 func (m *Monitor) Run(ctx context.Context) error {
-	m.pollMu.Lock()
-	if ret := m.lib.Init(); ret == nvml.SUCCESS {
-		m.nvmlc.initialized = true
-	} else if m.cfg.enabled(CheckNVML) {
-		o, _ := m.nvmlc.probe(len(m.gpuList()))
-		m.Observe(o)
-	}
-	m.pollMu.Unlock()
 	var wg sync.WaitGroup
-	if m.cfg.enabled(CheckXID) {
+	if m.cfg.enabled(CheckXID) && m.owner != nil {
 		w := newXIDWatcher(m)
 		wg.Go(func() { w.run(ctx) })
 	}
@@ -210,11 +228,6 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}
 	m.timerLoop(ctx)
 	wg.Wait()
-	if m.nvmlc.initialized {
-		// Init may have succeeded only on a later poll; NVML counts
-		// references, so this balances exactly one Init.
-		m.lib.Shutdown()
-	}
 	return nil
 }
 
@@ -251,6 +264,14 @@ func (m *Monitor) Observe(o Observation) {
 	if o.DeviceID == "" {
 		o.DeviceID = NodeID
 	}
+	if o.Reset {
+		m.reset(o)
+		return
+	}
+	if o.Fatal && o.XID != 0 && ClassifyXID(o.XID).holds() {
+		// Whoever reports a reset-class XID, it waits for a reset.
+		o.HoldUntilReset = true
+	}
 	now := m.clock.Now()
 	m.mu.Lock()
 	kind := m.kindLocked(o.DeviceID, o.Kind)
@@ -274,7 +295,11 @@ func (m *Monitor) Observe(o Observation) {
 		m.states[o.DeviceID] = s
 	}
 	wasActive := s.causes[o.causeKey()] != nil && s.causes[o.causeKey()].active
-	if s.apply(o, now, m.cfg) {
+	wentUnhealthy, stateChanged := s.apply(o, now, m.cfg)
+	if stateChanged {
+		m.markDirtyLocked()
+	}
+	if wentUnhealthy {
 		m.metrics.transitions.WithLabelValues(o.DeviceID, "unhealthy").Inc()
 		m.log.Warn("device unhealthy", "device", o.DeviceID, "kind", kind, "check", o.Check, "reason", o.Reason, "flaps", s.flaps)
 	} else if o.Fatal && !wasActive {
@@ -284,9 +309,136 @@ func (m *Monitor) Observe(o Observation) {
 	}
 	changed := m.publishLocked(now)
 	m.mu.Unlock()
+	m.save()
 	if o.Fatal || o.Cleared {
 		signal(m.wake)
 	}
+	if changed {
+		m.notify()
+	}
+}
+
+// familyLocked is id and, for a GPU, its MIG devices, sorted.
+func (m *Monitor) familyLocked(id string) []string {
+	ids := []string{id}
+	for mig, parent := range m.parents {
+		if parent == id {
+			ids = append(ids, mig)
+		}
+	}
+	slices.Sort(ids[1:])
+	return ids
+}
+
+// reset applies a Reset observation: the held causes of the GPU and its
+// MIG devices are released and their recovery period starts now.
+func (m *Monitor) reset(o Observation) {
+	if o.DeviceID == NodeID {
+		m.log.Warn("reset evidence for the node ignored: node-wide holds are released by ClearFaults or a reboot", "evidence", o.Reason)
+		return
+	}
+	now := m.clock.Now()
+	m.mu.Lock()
+	released := 0
+	for _, id := range m.familyLocked(o.DeviceID) {
+		s := m.states[id]
+		if s == nil {
+			continue
+		}
+		if r := s.release(now); len(r) > 0 {
+			released += len(r)
+			m.log.Info("reset evidence releases held faults; recovery starts", "device", id, "evidence", o.Reason, "released", r)
+		}
+	}
+	if released == 0 {
+		m.mu.Unlock()
+		m.log.Debug("reset evidence with no held fault", "device", o.DeviceID, "evidence", o.Reason)
+		return
+	}
+	m.markDirtyLocked()
+	changed := m.publishLocked(now)
+	m.mu.Unlock()
+	m.save()
+	signal(m.wake)
+	if changed {
+		m.notify()
+	}
+}
+
+// ClearFaults is an operator's clear: for target (a GPU or MIG UUID, any
+// other device ID the monitor has state for, or "all") and, for a GPU,
+// its MIG devices, every held cause is released (its recovery period
+// starts now) and every cause that no longer blocks recovery (events,
+// cleared causes waiting out the period) is dropped. Causes a check still
+// reports (a lost GPU, NVML failing, an unverified state file) stay. It
+// returns the IDs of the devices it changed, sorted; an unknown target is
+// an error naming it. With "all", held node-wide causes are released too.
+func (m *Monitor) ClearFaults(target string) (cleared []string, err error) {
+	now := m.clock.Now()
+	m.mu.Lock()
+	var ids []string
+	switch {
+	case target == "all":
+		ids = slices.Sorted(maps.Keys(m.states))
+	case target != "" && (m.kinds[target] != "" || m.states[target] != nil):
+		ids = m.familyLocked(target)
+	default:
+		m.mu.Unlock()
+		return nil, fmt.Errorf("clear faults: unknown device %q (want a GPU or MIG UUID, or all)", target)
+	}
+	for _, id := range ids {
+		s := m.states[id]
+		if s == nil {
+			continue
+		}
+		dropped := s.dropEvents()
+		released := s.release(now)
+		if len(dropped)+len(released) == 0 {
+			continue
+		}
+		cleared = append(cleared, id)
+		m.log.Info("operator cleared device faults", "target", target, "device", id, "released", released, "dropped", dropped)
+	}
+	if len(cleared) == 0 {
+		m.mu.Unlock()
+		m.log.Info("operator clear found no fault to clear", "target", target)
+		return nil, nil
+	}
+	m.markDirtyLocked()
+	changed := m.publishLocked(now)
+	m.mu.Unlock()
+	m.save()
+	signal(m.wake)
+	if changed {
+		m.notify()
+	}
+	return cleared, nil
+}
+
+// Verified tells the monitor that every GPU has been checked afresh (the
+// poll loop calls it after its first complete poll), which ends the fail
+// closed state of an unreadable state file: the node-wide "state" cause
+// goes at once, without a recovery period, since it was never a fault.
+// Without that cause it does nothing.
+func (m *Monitor) Verified() {
+	now := m.clock.Now()
+	m.mu.Lock()
+	s := m.states[NodeID]
+	if s == nil || s.causes[CheckState] == nil {
+		m.mu.Unlock()
+		return
+	}
+	delete(s.causes, CheckState)
+	if len(s.causes) == 0 && !s.healthy {
+		s.healthy = true
+		s.since = now
+	}
+	m.log.Info("every GPU verified after an unreadable health state")
+	m.markDirtyLocked()
+	changed := m.publishLocked(now)
+	m.mu.Unlock()
+	m.save()
+	signal(m.wake)
 	if changed {
 		m.notify()
 	}
@@ -296,7 +448,7 @@ func (m *Monitor) Observe(o Observation) {
 // registered. An XID raised before that is not seen (NVML queues events
 // only for registered sets), which callers that inject faults, such as
 // tests and the simulator demo, need to know.
-func (m *Monitor) Listening() bool { return m.eventsReady.Load() }
+func (m *Monitor) Listening() bool { return m.events.listening() }
 
 // LastXID returns the most recent XID observed on GPU uuid (XIDs on its MIG
 // devices included), as dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports it.
@@ -359,7 +511,10 @@ func (m *Monitor) Fitness() Fitness {
 		}
 		f.Fit = false
 		if id == NodeID {
-			f.NodeWide = true
+			// An unreadable state file is no fault of the node's: every
+			// GPU is unfit until verified, but it is no reason for
+			// NoExecute evictions.
+			f.NodeWide = slices.ContainsFunc(s.checks(), func(c string) bool { return c != CheckState })
 		} else {
 			f.Devices = append(f.Devices, id)
 		}
@@ -412,7 +567,9 @@ func (m *Monitor) ownLocked(id string) bool {
 
 func (m *Monitor) effectiveLocked(id string) bool {
 	ok := m.ownLocked(id)
-	switch m.kinds[id] {
+	// kindLocked, not m.kinds: a GPU restored from the state file before
+	// the first SetNode still shares the node's faults.
+	switch m.kindLocked(id, "") {
 	case KindGPU:
 		ok = ok && m.ownLocked(NodeID)
 	case KindMIG:
@@ -499,6 +656,7 @@ func (m *Monitor) evaluate() time.Time {
 	for id, s := range m.states {
 		recovered, due := s.evaluate(now, m.cfg)
 		if recovered {
+			m.markDirtyLocked()
 			m.metrics.transitions.WithLabelValues(id, "healthy").Inc()
 			m.log.Info("device healthy again", "device", id, "kind", s.kind, "flaps", s.flaps)
 		}
@@ -508,6 +666,7 @@ func (m *Monitor) evaluate() time.Time {
 	}
 	changed := m.publishLocked(now)
 	m.mu.Unlock()
+	m.save()
 	if changed {
 		m.notify()
 	}
@@ -537,62 +696,6 @@ func (m *Monitor) timerLoop(ctx context.Context) {
 			return
 		}
 	}
-}
-
-// pollLoop runs the polled checks every PollInterval, off every gRPC and
-// scrape path.
-func (m *Monitor) pollLoop(ctx context.Context) {
-	t := m.clock.NewTicker(m.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		m.pollOnce()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-	}
-}
-
-// pollOnce runs every polled check once.
-func (m *Monitor) pollOnce() {
-	m.pollMu.Lock()
-	defer m.pollMu.Unlock()
-	gpus := m.gpuList()
-	o, ok := m.nvmlc.probe(len(gpus))
-	if m.cfg.enabled(CheckNVML) {
-		m.Observe(o)
-	}
-	if !ok {
-		return
-	}
-	for _, g := range gpus {
-		dev, o := m.lost.resolve(g.UUID)
-		if m.cfg.enabled(CheckLost) {
-			m.Observe(o)
-		}
-		if dev == nil {
-			continue
-		}
-		t := Target{UUID: g.UUID, Index: g.Index, Device: dev}
-		for _, c := range m.checks {
-			for _, o := range m.runCheck(c, t) {
-				m.Observe(o)
-			}
-		}
-	}
-}
-
-// runCheck keeps a bug in one check (or a simulated device missing a
-// reading) from taking down the agent: it is logged and the check skipped.
-func (m *Monitor) runCheck(c DeviceCheck, t Target) (obs []Observation) {
-	defer func() {
-		if r := recover(); r != nil {
-			m.log.Error("health check panicked", "check", c.Name(), "device", t.UUID, "panic", fmt.Sprint(r))
-			obs = nil
-		}
-	}()
-	return c.CheckDevice(t)
 }
 
 // signal does a coalescing, non-blocking send.

@@ -29,7 +29,8 @@ type harness struct {
 func start(t *testing.T, f *fakeNVML, mig bool, dcgm DCGM) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	m, err := NewMonitor(Config{PollInterval: 24 * time.Hour, MaxRecoveryPeriod: 48 * time.Hour, DCGMMode: DCGMOff}, f, discard(), reg)
+	m, err := NewMonitor(Config{PollInterval: 24 * time.Hour, MaxRecoveryPeriod: 48 * time.Hour, DCGMMode: DCGMOff,
+		MIGDevicesServed: mig}, ownerOf(f), discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +42,7 @@ func start(t *testing.T, f *fakeNVML, mig bool, dcgm DCGM) *harness {
 	clk := clocktesting.NewFakeClock(t0)
 	m.clock = clk
 	m.SetNode(f.node(mig))
+	attachSampler(t, m, f.node(mig), 24*time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -140,12 +142,14 @@ func TestMonitorXIDEvents(t *testing.T) {
 		name    string
 		xid     uint64
 		healthy bool
+		held    bool // reset class: unhealthy until reset evidence
 	}{
-		{"fatal xid 79", 79, false},
-		{"fatal xid 48", 48, false},
-		{"fatal xid in range 144-150", 147, false},
-		{"application xid 13 only counted", 13, true},
-		{"informational xid 94 only counted", 94, true},
+		{"reboot-class xid 79 held", 79, false, true},
+		{"reset-class xid 48 held", 48, false, true},
+		{"nvlink xid in range 144-150 recovers", 147, false, false},
+		{"application xid 13 only counted", 13, true, false},
+		{"application xid 109 only counted", 109, true, false},
+		{"informational xid 94 only counted", 94, true, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,6 +170,13 @@ func TestMonitorXIDEvents(t *testing.T) {
 			if len(st.Reasons) != 1 || !strings.HasPrefix(st.Reasons[0], "xid ") {
 				t.Fatalf("reasons %q", st.Reasons)
 			}
+			if tc.held {
+				h.step(t, 5*time.Minute)
+				if h.m.Healthy("GPU-0") {
+					t.Fatal("reset-class xid recovered without a reset")
+				}
+				h.m.Observe(Observation{DeviceID: "GPU-0", Reset: true, Reason: "test reset"})
+			}
 			h.step(t, 5*time.Minute)
 			if !h.m.Healthy("GPU-0") {
 				t.Fatal("xid fault did not recover after the recovery period")
@@ -177,7 +188,9 @@ func TestMonitorXIDEvents(t *testing.T) {
 func TestMonitorMIG(t *testing.T) {
 	h := start(t, newFakeNVML(2), true, nil)
 	h.f.events <- nvml.EventData{Device: h.f.gpus[1].dev, EventType: nvml.EventTypeXidCriticalError, EventData: 94, GpuInstanceId: 2, ComputeInstanceId: 0}
-	h.f.events <- nvml.EventData{Device: h.f.gpus[1].dev, EventType: nvml.EventTypeXidCriticalError, EventData: 62, GpuInstanceId: 1, ComputeInstanceId: 0}
+	// 74 (NVLink class) is fatal without needing a reset, so it stays
+	// with the MIG device that reported it.
+	h.f.events <- nvml.EventData{Device: h.f.gpus[1].dev, EventType: nvml.EventTypeXidCriticalError, EventData: 74, GpuInstanceId: 1, ComputeInstanceId: 0}
 	h.waitFor(t, "MIG-1-a unhealthy", func() bool { return !h.m.Healthy("MIG-1-a") })
 	if got := h.healthy("GPU-1", "MIG-1-b"); !got["GPU-1"] || !got["MIG-1-b"] {
 		t.Fatalf("a MIG device's xid spread: %v", got)
@@ -185,9 +198,9 @@ func TestMonitorMIG(t *testing.T) {
 	if got := testutil.ToFloat64(h.m.metrics.xids.WithLabelValues("MIG-1-b", "94")); got != 1 {
 		t.Fatalf("MIG-1-b xid 94 count = %v", got)
 	}
-	// The parent reports its MIG devices' latest XID (62 came last).
-	if x, ok := h.m.LastXID("GPU-1"); !ok || x != 62 {
-		t.Fatalf("LastXID(GPU-1) = %d, %v; want 62", x, ok)
+	// The parent reports its MIG devices' latest XID (74 came last).
+	if x, ok := h.m.LastXID("GPU-1"); !ok || x != 74 {
+		t.Fatalf("LastXID(GPU-1) = %d, %v; want 74", x, ok)
 	}
 	if _, ok := h.m.LastXID("GPU-0"); ok {
 		t.Fatal("LastXID(GPU-0) reported an XID it never had")
@@ -240,9 +253,14 @@ func TestMonitorNVMLFailure(t *testing.T) {
 				t.Fatal("an unrelated device went unhealthy with NVML")
 			}
 			h.f.set(func() { tc.fix(h.f) })
-			h.m.SetNode(h.f.node(true)) // rebuild the event set now
 			h.m.pollOnce()
 			h.waitFor(t, "nvml cause cleared", func() bool {
+				if !tc.poll {
+					// The event set is kept across rescans: a failing
+					// one is rebuilt after the retry delay (a poll
+					// interval, a day here), not by SetNode.
+					h.clk.Step(time.Hour)
+				}
 				h.m.mu.Lock()
 				defer h.m.mu.Unlock()
 				for _, c := range h.m.states[NodeID].causes {
@@ -321,18 +339,23 @@ func TestMonitorSetNodeDropsGoneDevices(t *testing.T) {
 }
 
 // TestMonitorWaitGPULost: EventSet.Wait failing because one GPU is lost is
-// that GPU's problem (the gpu-lost check), not a node-wide NVML failure.
+// that GPU's problem (the gpu-lost check), not a node-wide NVML failure:
+// the set is rebuilt at once (the new one registered before the old one
+// is freed), and a set that keeps failing is retried after a poll interval.
 func TestMonitorWaitGPULost(t *testing.T) {
 	h := start(t, newFakeNVML(2), false, nil)
-	h.waitFor(t, "events registered", h.m.eventsReady.Load)
+	h.waitFor(t, "events registered", h.m.Listening)
 	h.f.set(func() { h.f.waitRet = nvml.ERROR_GPU_IS_LOST })
-	h.waitFor(t, "watcher stopped", func() bool { return !h.m.eventsReady.Load() })
+	h.waitFor(t, "event set rebuilt", func() bool { h.f.mu.Lock(); defer h.f.mu.Unlock(); return h.f.creates >= 2 })
 	if fit, reasons := h.m.NodeFit(); !fit {
 		t.Fatalf("node unfit from a lost GPU's event wait: %v", reasons)
 	}
 	h.f.set(func() { h.f.waitRet = nvml.SUCCESS })
-	h.clk.Step(24 * time.Hour) // the watcher's retry delay
-	h.waitFor(t, "events registered again", h.m.eventsReady.Load)
+	// The watcher's retry delay is a poll interval (a day here).
+	h.waitFor(t, "events registered again", func() bool { h.clk.Step(time.Hour); return h.m.Listening() })
+	if fit, reasons := h.m.NodeFit(); !fit {
+		t.Fatalf("node unfit after a lost GPU's event wait: %v", reasons)
+	}
 }
 
 // seriesDevices lists the device label of every series of metric name.
@@ -364,7 +387,6 @@ func seriesDevices(t *testing.T, reg *prometheus.Registry, name string) []string
 // per-device series; devices still present and NICs keep theirs.
 func TestMonitorSetNodePrunesGoneDevices(t *testing.T) {
 	h := start(t, newFakeNVML(2), true, nil)
-	h.m.pollOnce() // ECC series for both GPUs
 	h.m.Observe(Observation{DeviceID: "MIG-1-a", Check: CheckXID, Fatal: true, Event: true, Reason: "xid 62", XID: 62})
 	h.m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "x", Reason: "xid 13", XID: 13})
 	h.m.Observe(Observation{DeviceID: "mlx5_0", Kind: KindNIC, Check: "port", Fatal: true, Reason: "port down"})
@@ -372,15 +394,11 @@ func TestMonitorSetNodePrunesGoneDevices(t *testing.T) {
 		"gpu_node_agent_device_healthy",
 		"gpu_node_agent_health_transitions_total",
 		"gpu_node_agent_xid_errors_total",
-		"gpu_node_agent_ecc_errors",
 	}
-	for _, name := range perDevice[:3] {
+	for _, name := range perDevice {
 		if got := seriesDevices(t, h.reg, name); !slices.Contains(got, "MIG-1-a") {
 			t.Fatalf("%s devices %v before reconfiguration, want MIG-1-a among them", name, got)
 		}
-	}
-	if got := seriesDevices(t, h.reg, "gpu_node_agent_ecc_errors"); !slices.Equal(got, []string{"GPU-0", "GPU-1"}) {
-		t.Fatalf("ecc series devices %v before, want both GPUs", got)
 	}
 
 	// MIG devices gone, and GPU-0 gone too.

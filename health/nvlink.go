@@ -3,71 +3,80 @@ package health
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 )
 
-// nvlinkCheck watches each NVLink of a GPU: a link that was seen up going
-// down makes the GPU unfit until it is up again, and a jump of its replay,
-// recovery or CRC error counters within one poll is a fault event. Links
-// never seen up (absent or unused) are ignored.
-type nvlinkCheck struct {
-	jump uint64
-	up   map[string]map[int]bool
-	errs map[string]map[int]uint64
-}
+// baselineLinkUp is the baseline key recording that NVLink l was once seen
+// up (persisted, so a link down at the agent's restart is still known).
+func baselineLinkUp(l int) string { return "nvlink-up-" + strconv.Itoa(l) }
 
-func newNVLinkCheck(jump uint64) *nvlinkCheck {
-	return &nvlinkCheck{jump: jump, up: map[string]map[int]bool{}, errs: map[string]map[int]uint64{}}
-}
-
-func (*nvlinkCheck) Name() string { return CheckNVLink }
-
-var nvlinkCounters = []nvml.NvLinkErrorCounter{
-	nvml.NVLINK_ERROR_DL_REPLAY, nvml.NVLINK_ERROR_DL_RECOVERY, nvml.NVLINK_ERROR_DL_CRC_FLIT, nvml.NVLINK_ERROR_DL_CRC_DATA,
-}
-
-func (c *nvlinkCheck) CheckDevice(t Target) []Observation {
-	if c.up[t.UUID] == nil {
-		c.up[t.UUID] = map[int]bool{}
-		c.errs[t.UUID] = map[int]uint64{}
+// checkNVLink watches each NVLink of a GPU. A link is expected up when the
+// GPU's model wires it on the board (links 0..ExpectedNVLinks-1, from
+// expectedNVLinks) or when it was ever seen up; such a link that is down
+// makes the GPU unfit until it is up again, even if this agent never saw
+// it up. A rise of the link's error counters (replay, recovery, CRC flit
+// and data) between two samples of at least NVLinkErrorJump is a fault
+// event. Each counter counts on its own: the ones the GPU answers
+// NOT_SUPPORTED for (all four on Blackwell) are left out, never the link.
+func checkNVLink(in *checkInput, out *checkResult) {
+	prev := map[int]nvmlowner.Link{}
+	if in.Prev != nil {
+		for _, l := range in.Prev.Links {
+			prev[l.Link] = l
+		}
 	}
-	seen, errs := c.up[t.UUID], c.errs[t.UUID]
-	var obs []Observation
-	for link := range nvml.NVLINK_MAX_LINKS {
-		state, ret := t.Device.GetNvLinkState(link)
-		if ret != nvml.SUCCESS {
+	for _, l := range in.Cur.Links {
+		if l.Up.Status != nvmlowner.OK {
 			continue
 		}
-		key := "link " + strconv.Itoa(link)
-		up := state == nvml.FEATURE_ENABLED
-		_, wasSeen := seen[link]
-		if !up && !wasSeen {
+		up := l.Up.V == 1
+		_, seen := in.Baselines[baselineLinkUp(l.Link)]
+		if up && !seen {
+			out.setBaseline(baselineLinkUp(l.Link), 1)
+		}
+		if !up && !seen && l.Link >= in.ExpectedNVLinks {
+			// Not wired on this board (or unknown model): absent, not down.
 			continue
 		}
-		seen[link] = true
-		obs = append(obs, flag(t.UUID, CheckNVLink, key, !up, fmt.Sprintf("nvlink %d down", link)))
-		if !up {
+		key := "link " + strconv.Itoa(l.Link)
+		out.add(flag(in.UUID, CheckNVLink, key, !up, fmt.Sprintf("nvlink %d down", l.Link)))
+		p, had := prev[l.Link]
+		if !up || !had {
 			continue
 		}
-		var total uint64
-		ok := true
-		for _, ctr := range nvlinkCounters {
-			n, ret := t.Device.GetNvLinkErrorCounter(link, ctr)
-			if ret != nvml.SUCCESS {
-				ok = false
-				break
+		var rise uint64
+		for i, c := range l.Counters {
+			pc := p.Counters[i]
+			if c.Status == nvmlowner.OK && pc.Status == nvmlowner.OK && c.V > pc.V {
+				rise += c.V - pc.V
 			}
-			total += n
 		}
-		if !ok {
-			continue
+		if rise > 0 && rise >= in.Cfg.NVLinkErrorJump {
+			out.add(Observation{DeviceID: in.UUID, Kind: KindGPU, Check: CheckNVLink, Key: key + " errors",
+				Fatal: true, Event: true, Reason: fmt.Sprintf("nvlink %d errors rose by %d", l.Link, rise)})
 		}
-		if prev, had := errs[link]; had && total > prev && total-prev >= c.jump {
-			obs = append(obs, Observation{DeviceID: t.UUID, Kind: KindGPU, Check: CheckNVLink, Key: key + " errors",
-				Fatal: true, Event: true, Reason: fmt.Sprintf("nvlink %d errors rose by %d", link, total-prev)})
-		}
-		errs[link] = total
 	}
-	return obs
+}
+
+// expectedNVLinks is how many NVLinks a GPU model has wired to its peers or
+// NVSwitches on the boards NVIDIA builds it into (SXM modules; PCIe cards
+// are bridged optionally and count 0). From NVIDIA's data sheets: V100
+// SXM2/SXM3 6 (NVLink 2), A100 SXM4 12 (NVLink 3), H100/H200 SXM5 18
+// (NVLink 4), B200 18 (NVLink 5).
+func expectedNVLinks(model string) int {
+	m := strings.ToUpper(model)
+	switch {
+	case strings.Contains(m, "PCIE"), strings.Contains(m, " NVL"):
+		return 0
+	case strings.Contains(m, "V100-SXM"):
+		return 6
+	case strings.Contains(m, "A100-SXM"):
+		return 12
+	case strings.Contains(m, "H100 80GB HBM3"), strings.Contains(m, "H100-SXM"), strings.Contains(m, "H200"),
+		strings.Contains(m, "B200"):
+		return 18
+	}
+	return 0
 }

@@ -22,6 +22,19 @@ const (
 // is a one-off (an XID, an ECC event): it makes the device unhealthy but its
 // cause counts as cleared at once, so recovery starts from that moment and
 // restarts with every repeat.
+//
+// A Fatal observation with HoldUntilReset (a reset- or reboot-class XID,
+// the double-bit ECC event, a volatile DBE count that rose) is held: the
+// cause stays active, whatever Cleared observations follow, until a Reset
+// observation for its GPU, a boot ID change or an operator's
+// Monitor.ClearFaults releases it; the recovery period counts from then.
+//
+// A Reset observation is evidence that GPU DeviceID was reset or its
+// driver reloaded (Reason names the evidence, e.g. "volatile ECC counters
+// dropped"). It releases every held cause of that GPU and of its MIG
+// devices and is otherwise ignored: it is not a fault and creates no
+// state. Held causes on NodeID are released only by ClearFaults (or a new
+// boot ID).
 type Observation struct {
 	// DeviceID is a GPU UUID, a MIG UUID, an RDMA device ID or NodeID.
 	DeviceID string
@@ -36,7 +49,13 @@ type Observation struct {
 	Fatal   bool
 	Cleared bool
 	Event   bool
-	// Reason is a short human-readable cause, e.g. "xid 79".
+	// HoldUntilReset keeps a Fatal observation's cause active until reset
+	// evidence or an operator clear (see above).
+	HoldUntilReset bool
+	// Reset reports reset evidence for GPU DeviceID (see above).
+	Reset bool
+	// Reason is a short human-readable cause, e.g. "xid 79", or for a
+	// Reset observation the evidence.
 	Reason string
 	// XID is set for XID observations (fatal or counted).
 	XID uint64

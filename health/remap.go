@@ -1,26 +1,16 @@
 package health
 
-import "github.com/NVIDIA/go-nvml/pkg/nvml"
+import "github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 
-// remapCheck reads row remapping (Ampere and later): a pending remap needs
-// a GPU reset before the memory is trusted again, and a remap failure means
-// the GPU has run out of spare rows. Both make the GPU unfit until cleared.
-type remapCheck struct{}
-
-func (remapCheck) Name() string { return CheckRemap }
-
-func (remapCheck) CheckDevice(t Target) []Observation {
-	_, _, pending, failed, ret := t.Device.GetRemappedRows()
-	if ret != nvml.SUCCESS {
-		return nil
+// checkRemap reads row remapping (Ampere and later; earlier GPUs answer
+// NOT_SUPPORTED): a pending remap needs a GPU reset before the memory is
+// trusted again, and a remap failure means the GPU has run out of spare
+// rows. Both make the GPU unfit while NVML reports them.
+func checkRemap(in *checkInput, out *checkResult) {
+	if p, has := ok(in.Cur, nvmlowner.FieldRemapPending); has {
+		out.add(flag(in.UUID, CheckRemap, "pending", p == 1, "row remapping pending (reset required)"))
 	}
-	return []Observation{
-		flag(t.UUID, CheckRemap, "pending", pending, "row remapping pending (reset required)"),
-		flag(t.UUID, CheckRemap, "failure", failed, "row remapping failure"),
+	if f, has := ok(in.Cur, nvmlowner.FieldRemapFailure); has {
+		out.add(flag(in.UUID, CheckRemap, "failure", f == 1, "row remapping failure"))
 	}
-}
-
-// flag is a fatal observation while bad holds and a cleared one otherwise.
-func flag(id, check, key string, bad bool, reason string) Observation {
-	return Observation{DeviceID: id, Kind: KindGPU, Check: check, Key: key, Fatal: bad, Cleared: !bad, Reason: reason}
 }

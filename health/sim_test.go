@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
@@ -32,8 +34,8 @@ func simMonitor(t testing.TB, recovery time.Duration, clk *clocktesting.FakeCloc
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewMonitor(Config{PollInterval: 100 * time.Millisecond, RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery,
-		DCGMMode: DCGMOff}, node.NVML(), discard(), nil)
+	m, err := NewMonitor(Config{PollInterval: 100 * time.Millisecond, RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery, MIGDevicesServed: true,
+		DCGMMode: DCGMOff}, nvmlowner.New(node.NVML(), nvmlowner.Config{CallTimeout: 500 * time.Millisecond}, discard()), discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,9 +44,15 @@ func simMonitor(t testing.TB, recovery time.Duration, clk *clocktesting.FakeCloc
 		m.clock = clk
 	}
 	m.SetNode(node.Spec())
+	lib := node.NVML()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		t.Fatalf("simulated nvml init: %v", ret)
+	}
+	sampler := attachSampler(t, m, node.Spec(), 100*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = m.Run(ctx) })
+	wg.Go(func() { _ = sampler.Run(ctx) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	// Wait for the first poll and the event set.
 	deadline := time.Now().Add(10 * time.Second)
@@ -96,16 +104,26 @@ func TestSimFaults(t *testing.T) {
 		fault     string
 		unhealthy []string // device indexes/IDs resolved below: "gpu2", "mig1-0", "all"
 		reason    string
+		// reset is the gpu a reset-class fault is held on: it must
+		// outlast the recovery period, and a simulated GPU reset (not a
+		// DELETE) ends it.
+		reset string
 	}{
-		{"xid 79", `{"kind":"xid","gpu":2,"xid":79}`, []string{"gpu2"}, "xid"},
-		{"xid on a MIG device", `{"kind":"xid","gpu":1,"xid":62,"mig":"MIG0"}`, []string{"mig1-0"}, "xid"},
-		{"ecc-dbe", `{"kind":"ecc-dbe","gpu":2}`, []string{"gpu2"}, ""},
-		{"row-remap-pending", `{"kind":"row-remap-pending","gpu":2}`, []string{"gpu2"}, "row-remap"},
-		{"row-remap-failure on a MIG parent", `{"kind":"row-remap-failure","gpu":1}`, []string{"gpu1", "mig1-0", "mig1-1"}, "row-remap"},
-		{"retired-pages-pending", `{"kind":"retired-pages-pending","gpu":2}`, []string{"gpu2"}, "retired-pages"},
-		{"gpu-lost", `{"kind":"gpu-lost","gpu":2}`, []string{"gpu2"}, ""},
-		{"nvlink-down", `{"kind":"nvlink-down","gpu":2,"link":3}`, []string{"gpu2"}, "nvlink"},
-		{"nvml-failure", `{"kind":"nvml-failure","gpu":0}`, []string{"all"}, "nvml"},
+		// XIDs whose fault ends after the recovery period (NVLink class):
+		// reset-class ones are held until a reset (xid_test.go).
+		{"xid 74", `{"kind":"xid","gpu":2,"xid":74}`, []string{"gpu2"}, "xid", ""},
+		{"xid on a MIG device", `{"kind":"xid","gpu":1,"xid":74,"mig":"MIG0"}`, []string{"mig1-0"}, "xid", ""},
+		{"ecc-dbe", `{"kind":"ecc-dbe","gpu":2}`, []string{"gpu2"}, "", ""},
+		{"row-remap-pending", `{"kind":"row-remap-pending","gpu":2}`, []string{"gpu2"}, "row-remap", ""},
+		{"row-remap-failure", `{"kind":"row-remap-failure","gpu":2}`, []string{"gpu2"}, "row-remap", ""},
+		{"fabric-not-ready", `{"kind":"fabric-not-ready","gpu":3}`, []string{"gpu3"}, "fabric-not-ready", ""},
+		{"hung gpu", `{"kind":"hang","gpu":4}`, []string{"gpu4"}, "nvml-timeout", ""},
+		{"gpu missing from nvml", `{"kind":"gpu-missing","gpu":5}`, []string{"gpu5"}, "gpu-lost", ""},
+		{"xid 79 on a MIG device holds the whole gpu until reset", `{"kind":"xid","gpu":1,"xid":79,"mig":"MIG0"}`, []string{"gpu1", "mig1-0", "mig1-1"}, "xid", "1"},
+		{"xid 48 holds until reset", `{"kind":"xid","gpu":6,"xid":48}`, []string{"gpu6"}, "xid", "6"},
+		{"gpu-lost", `{"kind":"gpu-lost","gpu":2}`, []string{"gpu2"}, "", ""},
+		{"nvlink-down", `{"kind":"nvlink-down","gpu":2,"link":3}`, []string{"gpu2"}, "nvlink", ""},
+		{"nvml-failure", `{"kind":"nvml-failure","gpu":0}`, []string{"all"}, "nvml", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,11 +131,10 @@ func TestSimFaults(t *testing.T) {
 			spec := node.Spec()
 			migs := spec.GPUs[1].MIG
 			resolve := func(s string) []string {
+				if i, err := strconv.Atoi(strings.TrimPrefix(s, "gpu")); err == nil {
+					return []string{spec.GPUs[i].UUID}
+				}
 				switch s {
-				case "gpu1":
-					return []string{spec.GPUs[1].UUID}
-				case "gpu2":
-					return []string{spec.GPUs[2].UUID}
 				case "mig1-0":
 					return []string{migs[0].UUID}
 				case "mig1-1":
@@ -154,7 +171,23 @@ func TestSimFaults(t *testing.T) {
 			if f := m.Fitness(); f.Fit || (tc.reason != "" && f.Reason != tc.reason) {
 				t.Errorf("fitness %+v, want unfit with reason %q", f, tc.reason)
 			}
-			simFault(t, node, "DELETE", body)
+			// A fault held until a reset (a DBE event, a lost GPU) is
+			// released by reset evidence in the samples: let one sample
+			// see the fault before it is cleared.
+			m.pollOnce()
+			if tc.reset != "" {
+				// Held: still unhealthy three sampling cycles (each
+				// longer than the recovery period) later.
+				seq := m.sampler.Latest().Seq
+				waitUntil(t, "three more samples", func() bool { return m.sampler.Latest().Seq >= seq+3 })
+				m.evaluate()
+				if fit, _ := m.NodeFit(); fit {
+					t.Fatal("a reset-class fault recovered without a reset")
+				}
+				simFault(t, node, "POST", `{"kind":"gpu-reset","gpu":`+tc.reset+`}`)
+			} else {
+				simFault(t, node, "DELETE", body)
+			}
 			waitUntil(t, "recovery", func() bool { fit, _ := m.NodeFit(); return fit })
 			for _, id := range want {
 				if !m.Healthy(id) {
@@ -174,7 +207,7 @@ func TestSimFaultLatency(t *testing.T) {
 	for _, tc := range []struct {
 		name, inject, clear string
 	}{
-		{"xid (event)", `{"kind":"xid","gpu":GPU,"xid":79}`, ""},
+		{"xid (event)", `{"kind":"xid","gpu":GPU,"xid":74}`, ""},
 		{"row-remap-pending (poll 100ms)", `{"kind":"row-remap-pending","gpu":GPU}`, `{"kind":"row-remap-pending","gpu":GPU}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -280,7 +313,8 @@ func TestSimFaultToTaintLatency(t *testing.T) {
 	for i := range 24 {
 		gpu := []int{0, 2, 3, 4, 5, 6, 7}[i%7]
 		start := time.Now()
-		simFault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(gpu)+`,"xid":79}`)
+		// 74: a fatal XID that is not held until a reset.
+		simFault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(gpu)+`,"xid":74}`)
 		tainted(true)
 		lat = append(lat, time.Since(start))
 		clk.Step(20 * time.Millisecond)

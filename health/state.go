@@ -10,19 +10,30 @@ import (
 // cause is one reason a device is (or was) unfit.
 type cause struct {
 	reason string
+	// active is set while the check still reports the cause (never for
+	// an event).
 	active bool
-	// clearedAt is when the cause last cleared; recovery counts from the
-	// latest clearedAt of all causes.
+	// held is set for a reset-class cause until reset evidence or an
+	// operator clear releases it; a held cause blocks recovery even when
+	// no longer active.
+	held bool
+	// clearedAt is when the cause last stopped blocking recovery (went
+	// inactive while not held, was released, or the event happened);
+	// recovery counts from the latest clearedAt of all causes.
 	clearedAt time.Time
 }
+
+func (c *cause) blocking() bool { return c.active || c.held }
 
 // deviceState is the health state machine of one device:
 //
 //	Healthy --fatal observation--> Unhealthy (at once)
 //	Unhealthy --all causes clear and stay clear for the recovery period--> Healthy
 //
-// A device that goes unhealthy again within FlapWindow of recovering has
-// flapped; each recent flap doubles its recovery period up to the cap.
+// A held cause does not clear until it is released (reset evidence, a new
+// boot ID, an operator clear). A device that goes unhealthy again within
+// FlapWindow of recovering has flapped; each recent flap doubles its
+// recovery period up to the cap.
 type deviceState struct {
 	kind    string
 	healthy bool
@@ -38,8 +49,9 @@ func newDeviceState(kind string, now time.Time) *deviceState {
 	return &deviceState{kind: kind, healthy: true, since: now, causes: map[string]*cause{}}
 }
 
-// apply records o and reports whether the device went unhealthy.
-func (s *deviceState) apply(o Observation, now time.Time, cfg Config) bool {
+// apply records o and reports whether the device went unhealthy and
+// whether anything in the state changed (for persistence).
+func (s *deviceState) apply(o Observation, now time.Time, cfg Config) (wentUnhealthy, changed bool) {
 	key := o.causeKey()
 	switch {
 	case o.Fatal:
@@ -47,10 +59,19 @@ func (s *deviceState) apply(o Observation, now time.Time, cfg Config) bool {
 		if c == nil {
 			c = &cause{}
 			s.causes[key] = c
+			changed = true
 		}
+		before := *c
 		c.reason = o.Reason
-		c.active = !o.Event
-		c.clearedAt = now
+		c.held = c.held || o.HoldUntilReset
+		if o.Event {
+			// Recovery restarts with every repeat of an event.
+			c.active = false
+			c.clearedAt = now
+		} else {
+			c.active = true
+		}
+		changed = changed || *c != before
 		if s.healthy {
 			s.healthy = false
 			s.since = now
@@ -58,15 +79,50 @@ func (s *deviceState) apply(o Observation, now time.Time, cfg Config) bool {
 				s.flaps++
 				s.recentFlaps = append(s.recentFlaps, now)
 			}
-			return true
+			return true, true
 		}
 	case o.Cleared:
 		if c := s.causes[key]; c != nil && c.active {
 			c.active = false
-			c.clearedAt = now
+			if !c.held {
+				c.clearedAt = now
+			}
+			changed = true
 		}
 	}
-	return false
+	return false, changed
+}
+
+// release releases every held cause: the recovery period of those no
+// longer active counts from now. It returns the released causes' reasons.
+func (s *deviceState) release(now time.Time) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(s.causes)) {
+		c := s.causes[k]
+		if !c.held {
+			continue
+		}
+		c.held = false
+		if !c.active {
+			c.clearedAt = now
+		}
+		out = append(out, c.reason)
+	}
+	return out
+}
+
+// dropEvents deletes the causes that no longer block recovery (events and
+// cleared causes waiting out the recovery period) and returns their
+// reasons.
+func (s *deviceState) dropEvents() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(s.causes)) {
+		if c := s.causes[k]; !c.blocking() {
+			out = append(out, c.reason)
+			delete(s.causes, k)
+		}
+	}
+	return out
 }
 
 // recoveryPeriod is the damped recovery period: RecoveryPeriod doubled for
@@ -92,7 +148,7 @@ func (s *deviceState) evaluate(now time.Time, cfg Config) (recovered bool, next 
 	}
 	var last time.Time
 	for _, c := range s.causes {
-		if c.active {
+		if c.blocking() {
 			return false, time.Time{}
 		}
 		if c.clearedAt.After(last) {
@@ -110,14 +166,17 @@ func (s *deviceState) evaluate(now time.Time, cfg Config) (recovered bool, next 
 	return true, time.Time{}
 }
 
-// reasons lists the causes, sorted, cleared ones marked as recovering.
+// reasons lists the causes, sorted, held and cleared ones marked.
 func (s *deviceState) reasons() []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(s.causes)) {
 		c := s.causes[k]
-		if c.active {
+		switch {
+		case c.held:
+			out = append(out, c.reason+" (held until reset)")
+		case c.active:
 			out = append(out, c.reason)
-		} else {
+		default:
 			out = append(out, c.reason+" (cleared, recovering)")
 		}
 	}

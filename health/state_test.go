@@ -13,6 +13,10 @@ func TestDeviceStateTransitions(t *testing.T) {
 	xid := Observation{Check: "xid", Key: "xid 79", Fatal: true, Event: true, Reason: "xid 79"}
 	other := Observation{Check: "ecc", Key: "dbe", Fatal: true, Reason: "dbe"}
 	info := Observation{Check: "xid", Key: "xid 13", Reason: "xid 13", XID: 13}
+	held := Observation{Check: "xid", Key: "xid 79", Fatal: true, Event: true, HoldUntilReset: true, Reason: "xid 79"}
+	heldLasting := Observation{Check: "ecc", Key: "dbe", Fatal: true, HoldUntilReset: true, Reason: "dbe rose"}
+	heldCleared := Observation{Check: "ecc", Key: "dbe", Cleared: true}
+	reset := Observation{Reset: true, Reason: "test reset"}
 
 	type step struct {
 		at      time.Duration // since t0
@@ -85,13 +89,49 @@ func TestDeviceStateTransitions(t *testing.T) {
 			{2 * time.Hour, &xid, false, 0},
 			{2*time.Hour + 5*time.Minute, nil, true, 0},
 		}},
+		{"held event stays unhealthy past the period", []step{
+			{0, &held, false, 0},
+			{10 * time.Hour, nil, false, 0},
+		}},
+		{"reset starts recovery of a held event", []step{
+			{0, &held, false, 0},
+			{time.Hour, &reset, false, 0},
+			{time.Hour + 4*time.Minute, nil, false, 0},
+			{time.Hour + 5*time.Minute, nil, true, 0},
+		}},
+		{"held lasting cause ignores its clear", []step{
+			{0, &heldLasting, false, 0},
+			{time.Minute, &heldCleared, false, 0},
+			{time.Hour, nil, false, 0},
+			{time.Hour, &reset, false, 0},
+			{time.Hour + 5*time.Minute, nil, true, 0},
+		}},
+		{"reset of a lasting held cause still reported waits for its clear", []step{
+			{0, &heldLasting, false, 0},
+			{time.Minute, &reset, false, 0},
+			{time.Hour, nil, false, 0},
+			{time.Hour, &heldCleared, false, 0},
+			{time.Hour + 5*time.Minute, nil, true, 0},
+		}},
+		{"flap damping applies after a reset", []step{
+			{0, &xid, false, 0},
+			{5 * time.Minute, nil, true, 0},
+			{10 * time.Minute, &held, false, 1},
+			{time.Hour, &reset, false, 1},
+			{time.Hour + 5*time.Minute, nil, false, 1}, // 10m damped
+			{time.Hour + 10*time.Minute, nil, true, 1},
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newDeviceState(KindGPU, t0)
 			for i, st := range tc.steps {
 				now := t0.Add(st.at)
-				if st.obs != nil {
+				switch {
+				case st.obs == nil:
+				case st.obs.Reset:
+					s.release(now)
+				default:
 					s.apply(*st.obs, now, cfg)
 				}
 				s.evaluate(now, cfg)

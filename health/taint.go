@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,16 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 )
+
+// ClearFaultsAnnotation is the Node annotation an operator sets to clear
+// held faults after fixing a GPU: a GPU or MIG UUID, or "all". The tainter
+// acts on it once (Monitor.ClearFaults), removes it and posts an Event.
+const ClearFaultsAnnotation = "gpu-node-agent.io/clear-faults"
+
+// FaultClearer clears held faults on an operator's request (Monitor).
+type FaultClearer interface {
+	ClearFaults(target string) (cleared []string, err error)
+}
 
 // maxMessage bounds condition and event messages (the API server rejects
 // event messages over 1 KiB).
@@ -42,6 +53,9 @@ type Tainter struct {
 	// server fails.
 	minBackoff, maxBackoff time.Duration
 
+	// clearer acts on ClearFaultsAnnotation; Run sets the monitor.
+	clearer FaultClearer
+
 	// State of the last reconcile, to log dry-run and refusal once.
 	refused    bool
 	lastDryRun string
@@ -59,7 +73,7 @@ func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, l
 		}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_kube_api_writes_total",
-			Help: "Writes the tainter made to the Kubernetes API, by kind (taint, condition, event).",
+			Help: "Writes the tainter made to the Kubernetes API, by kind (taint, condition, event, annotation).",
 		}, []string{"kind"}),
 		minBackoff: time.Second,
 		maxBackoff: 2 * time.Minute,
@@ -82,6 +96,9 @@ func (t *Tainter) Run(ctx context.Context, mon *Monitor) error {
 	if t.cfg.Mode == TaintOff {
 		t.log.Info("node tainting is off")
 		return nil
+	}
+	if t.clearer == nil {
+		t.clearer = mon
 	}
 	changes := mon.subscribe()
 	resync := time.NewTicker(t.cfg.Resync)
@@ -106,7 +123,13 @@ func (t *Tainter) Run(ctx context.Context, mon *Monitor) error {
 	}
 }
 
-// Reconcile makes the Node reflect f once: taint, condition, events.
+// SetFaultClearer sets what acts on the clear-faults annotation (Run uses
+// its monitor when none is set).
+func (t *Tainter) SetFaultClearer(c FaultClearer) { t.clearer = c }
+
+// Reconcile makes the Node reflect f once: taint, condition, events. A
+// clear-faults annotation on the Node is acted on first; the fitness it
+// changes arrives with the monitor's next change signal.
 func (t *Tainter) Reconcile(ctx context.Context, f Fitness) error {
 	if t.cfg.Mode == TaintOff {
 		return nil
@@ -118,6 +141,9 @@ func (t *Tainter) Reconcile(ctx context.Context, f Fitness) error {
 		node, err = t.client.CoreV1().Nodes().Get(ctx, t.node, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("get node %s: %w", t.node, err)
+		}
+		if err := t.clearFaults(ctx, node); err != nil {
+			return err
 		}
 		ours := t.ourTaints(node.Spec.Taints)
 		refused = false
@@ -369,4 +395,51 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:maxMessage-3] + "..."
+}
+
+// clearFaults acts on the clear-faults annotation of node, if any: the
+// faults are cleared once, then the annotation is removed with a JSON
+// patch that first tests it still holds the value acted on, so a newer
+// request written meanwhile is neither lost nor removed unseen (the patch
+// fails, Reconcile reads again and acts on the new value). The result is
+// posted as an Event. In dry-run mode nothing is cleared or written.
+func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) error {
+	target, ok := node.Annotations[ClearFaultsAnnotation]
+	if !ok || t.clearer == nil {
+		return nil
+	}
+	if t.dryRun("clear-faults", target) {
+		return nil
+	}
+	cleared, cerr := t.clearer.ClearFaults(target)
+	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(ClearFaultsAnnotation)
+	body, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": path, "value": target},
+		{"op": "remove", "path": path},
+	})
+	if err != nil {
+		return fmt.Errorf("encode clear-faults annotation patch: %w", err)
+	}
+	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.JSONPatchType, body, metav1.PatchOptions{})
+	if err != nil {
+		// Cleared already; clearing again when the patch is retried is
+		// harmless (ClearFaults is idempotent).
+		return fmt.Errorf("remove annotation %s from node %s: %w", ClearFaultsAnnotation, t.node, err)
+	}
+	t.writes.WithLabelValues("annotation").Inc()
+	*node = *patched
+	if cerr != nil {
+		t.log.Warn("clear-faults request rejected", "node", t.node, "target", target, "err", cerr)
+		t.event(ctx, node, corev1.EventTypeWarning, "ClearFaultsRejected", cerr.Error())
+		return nil
+	}
+	msg := "operator cleared faults of " + target + ": "
+	if len(cleared) == 0 {
+		msg += "no held or recovering fault to clear"
+	} else {
+		msg += strings.Join(cleared, ", ")
+	}
+	t.log.Info("clear-faults request done", "node", t.node, "target", target, "cleared", cleared)
+	t.event(ctx, node, corev1.EventTypeNormal, "FaultsCleared", msg)
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -362,7 +363,7 @@ func TestTainterRunRetriesWhileAPIDown(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	m, err := NewMonitor(Config{}, newFakeNVML(1), discard(), nil)
+	m, err := NewMonitor(Config{}, ownerOf(newFakeNVML(1)), discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,4 +411,139 @@ func getNodeNoFail(c *fake.Clientset) *corev1.Node {
 		return nil
 	}
 	return n.(*corev1.Node)
+}
+
+// fakeClearer records ClearFaults calls.
+type fakeClearer struct {
+	calls []string
+	err   error
+}
+
+func (c *fakeClearer) ClearFaults(target string) ([]string, error) {
+	c.calls = append(c.calls, target)
+	if c.err != nil {
+		return nil, c.err
+	}
+	return []string{target}, nil
+}
+
+func annotated(value string) *corev1.Node {
+	n := testNode(nodeName)
+	n.Annotations = map[string]string{ClearFaultsAnnotation: value, "other": "kept"}
+	return n
+}
+
+func TestTainterClearFaultsAnnotation(t *testing.T) {
+	tests := []struct {
+		name       string
+		node       *corev1.Node
+		clearErr   error
+		wantCalls  []string
+		wantEvent  string // "" for none
+		wantRemove bool
+	}{
+		{name: "no annotation does nothing", node: testNode(nodeName)},
+		{name: "gpu uuid", node: annotated("GPU-0"), wantCalls: []string{"GPU-0"}, wantEvent: "Normal/FaultsCleared", wantRemove: true},
+		{name: "all", node: annotated("all"), wantCalls: []string{"all"}, wantEvent: "Normal/FaultsCleared", wantRemove: true},
+		{name: "unknown uuid rejected, annotation still removed", node: annotated("GPU-9"), clearErr: errors.New(`clear faults: unknown device "GPU-9"`),
+			wantCalls: []string{"GPU-9"}, wantEvent: "Warning/ClearFaultsRejected", wantRemove: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset(tc.node)
+			tr := newTestTainter(t, c, TaintConfig{})
+			cl := &fakeClearer{err: tc.clearErr}
+			tr.SetFaultClearer(cl)
+			// Twice: the request is acted on once.
+			for range 2 {
+				if err := tr.Reconcile(context.Background(), fit); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !slices.Equal(cl.calls, tc.wantCalls) {
+				t.Fatalf("ClearFaults calls %q, want %q", cl.calls, tc.wantCalls)
+			}
+			n := getNode(t, c)
+			if _, ok := n.Annotations[ClearFaultsAnnotation]; tc.wantRemove && ok {
+				t.Fatalf("annotation still there: %v", n.Annotations)
+			}
+			if tc.node.Annotations["other"] != "" && n.Annotations["other"] != "kept" {
+				t.Fatalf("other annotation lost: %v", n.Annotations)
+			}
+			ev := events(t, c)
+			if tc.wantEvent == "" {
+				if len(ev) != 0 {
+					t.Fatalf("events %v", ev)
+				}
+				return
+			}
+			if len(ev) != 1 || ev[0] != tc.wantEvent {
+				t.Fatalf("events %v, want [%s]", ev, tc.wantEvent)
+			}
+		})
+	}
+}
+
+// TestTainterClearFaultsRace: the annotation changed between the read and
+// the removal; the guarded patch fails and the new request is kept, then
+// acted on by the next reconcile.
+func TestTainterClearFaultsRace(t *testing.T) {
+	c := fake.NewClientset(annotated("GPU-0"))
+	raced := false
+	c.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetPatchType() != types.JSONPatchType || raced {
+			return false, nil, nil
+		}
+		raced = true
+		n := getNodeNoFail(c).DeepCopy()
+		n.Annotations[ClearFaultsAnnotation] = "all"
+		if err := c.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, n, ""); err != nil {
+			t.Fatal(err)
+		}
+		return false, nil, nil
+	})
+	tr := newTestTainter(t, c, TaintConfig{})
+	cl := &fakeClearer{}
+	tr.SetFaultClearer(cl)
+	if err := tr.Reconcile(context.Background(), fit); err == nil {
+		t.Fatal("removal succeeded although the annotation had changed")
+	}
+	if got := getNode(t, c).Annotations[ClearFaultsAnnotation]; got != "all" {
+		t.Fatalf("annotation %q, want the newer request kept", got)
+	}
+	if err := tr.Reconcile(context.Background(), fit); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cl.calls, []string{"GPU-0", "all"}) {
+		t.Fatalf("calls %q", cl.calls)
+	}
+	if _, ok := getNode(t, c).Annotations[ClearFaultsAnnotation]; ok {
+		t.Fatal("annotation not removed after acting on the newer request")
+	}
+}
+
+// TestTainterClearFaultsMonitor runs the annotation against a real
+// monitor: a held XID is released and recovers a period later.
+func TestTainterClearFaultsMonitor(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	m, _ := newStateMonitor(t, t.TempDir(), "", clk)
+	m.SetNode(testNodeModel())
+	m.Observe(Observation{DeviceID: "GPU-0", Check: CheckXID, Key: "xid 79", Fatal: true, Event: true, Reason: "xid 79", XID: 79})
+	c := fake.NewClientset(annotated("GPU-0"))
+	tr := newTestTainter(t, c, TaintConfig{})
+	tr.SetFaultClearer(m)
+	if err := tr.Reconcile(context.Background(), m.Fitness()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(5 * time.Minute)
+	m.evaluate()
+	if !m.Healthy("GPU-0") {
+		t.Fatalf("GPU-0 not recovered after the operator clear: %+v", m.Status("GPU-0"))
+	}
+	if err := tr.Reconcile(context.Background(), m.Fitness()); err != nil {
+		t.Fatal(err)
+	}
+	if n := getNode(t, c); len(tr.ourTaints(n.Spec.Taints)) != 0 {
+		t.Fatalf("taints %+v", n.Spec.Taints)
+	}
 }

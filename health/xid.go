@@ -2,51 +2,57 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
-	"time"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-// xidEvents are the NVML events the watcher registers for.
-const xidEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError
+// noInstance is the GPU/compute instance ID NVML reports for events not
+// attributable to a GPU/compute instance.
+const noInstance = nvmlowner.NoInstance
 
-// noInstance is the GPU/compute instance ID NVML reports for events that
-// are not tied to a MIG device.
-const noInstance = 0xFFFFFFFF
-
-// errWaitGPULost is EventSet.Wait failing because a registered GPU is
-// lost: the gpu-lost check reports that GPU; the set is built again after
-// a poll interval, without it, and the node is not at fault.
-var errWaitGPULost = errors.New("nvml event wait: a registered gpu is lost")
-
-// xidWatcher blocks in EventSet.Wait and turns each NVML event into an
-// observation as it arrives (event-driven, not polled). Fatal XIDs make
-// the device unfit; others are counted. Events carrying a GPU/compute
-// instance go to the matching MIG device. Failures of the event machinery
-// itself are node-wide NVML faults.
+// xidWatcher turns the NVML events of the owner's event watcher into
+// observations as they arrive (event driven, not polled). The event set
+// itself (kept across rescans, rebuilt without a gap) is the owner's
+// business; this file decides which devices an event concerns and what
+// it does to them. Failures of the event machinery are node-wide NVML
+// faults; NOT_SUPPORTED is no data.
 type xidWatcher struct {
-	m     *Monitor
-	fatal map[uint64]bool
-	// notSupported remembers GPUs already logged as lacking events.
-	notSupported map[string]bool
+	m  *Monitor
+	ew *nvmlowner.EventWatcher
+}
+
+// eventsHook connects SetNode and Listening to the running watcher.
+type eventsHook struct {
+	mu sync.Mutex
+	w  *nvmlowner.EventWatcher
 }
 
 func newXIDWatcher(m *Monitor) *xidWatcher {
-	w := &xidWatcher{m: m, fatal: map[uint64]bool{}, notSupported: map[string]bool{}}
-	for _, x := range m.cfg.FatalXIDs {
-		w.fatal[x] = true
-	}
+	w := &xidWatcher{m: m}
+	w.ew = nvmlowner.NewEventWatcher(m.owner, nvmlowner.EventConfig{
+		Wait:    m.cfg.eventWait,
+		Retry:   m.cfg.PollInterval,
+		Clock:   m.clock,
+		OnEvent: w.handle,
+		OnState: func(err error) { m.Observe(nodeEventsObservation(err)) },
+		OnNoData: func(call, uuid string) {
+			m.metrics.noData.WithLabelValues(uuid, call).Inc()
+		},
+	})
 	return w
 }
 
 func (w *xidWatcher) Name() string { return CheckXID }
 
-func (w *xidWatcher) nodeObservation(err error) Observation {
+// nodeEventsObservation is the node-wide NVML cause of the event
+// machinery failing (err) or working (nil).
+func nodeEventsObservation(err error) Observation {
 	o := Observation{DeviceID: NodeID, Check: CheckNVML, Key: "events"}
 	if err != nil {
 		o.Fatal, o.Reason = true, err.Error()
@@ -56,151 +62,141 @@ func (w *xidWatcher) nodeObservation(err error) Observation {
 	return o
 }
 
-// run (re)builds the event set whenever the node changes or the set fails,
-// until ctx ends.
+// run runs the event watcher until ctx ends.
 func (w *xidWatcher) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		gpus := w.m.gpuList()
-		if len(gpus) == 0 {
-			select {
-			case <-ctx.Done():
-			case <-w.m.nodeChanged:
-			}
-			continue
-		}
-		err := w.watch(ctx, gpus)
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, errWaitGPULost) {
-			w.m.log.Warn("nvml event wait: a registered gpu is lost; registering again", "retry", w.m.cfg.PollInterval)
-		} else if err != nil {
-			w.m.Observe(w.nodeObservation(err))
-			w.m.log.Error("nvml event watch failed; retrying", "err", err, "retry", w.m.cfg.PollInterval)
-		}
-		if err != nil {
-			select {
-			case <-ctx.Done():
-			case <-w.m.nodeChanged:
-			case <-w.m.clock.After(w.m.cfg.PollInterval):
-			}
-		}
+	w.m.events.attach(w.m, w.ew)
+	defer w.m.events.attach(w.m, nil)
+	_ = w.ew.Run(ctx)
+}
+
+// attach makes ew the watcher SetNode tells about GPU set changes, and
+// hands it the current GPU set.
+func (h *eventsHook) attach(m *Monitor, ew *nvmlowner.EventWatcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.w = ew
+	if ew != nil {
+		ew.SetGPUs(gpuUUIDs(m.gpuList()))
 	}
 }
 
-// watch creates an event set for gpus and handles events until ctx ends,
-// the node changes, a GPU that could not be registered should be retried,
-// or NVML fails (returned).
-func (w *xidWatcher) watch(ctx context.Context, gpus []topology.GPU) error {
-	set, ret := w.m.lib.EventSetCreate()
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("nvml event set create: %w", ret)
-	}
-	defer set.Free()
-	byUUID := map[string]topology.GPU{}
-	handles := map[string]nvml.Device{}
-	retry := false
-	for _, g := range gpus {
-		byUUID[g.UUID] = g
-		dev, ret := w.m.lib.DeviceGetHandleByUUID(g.UUID)
-		if ret == nvml.SUCCESS {
-			ret = dev.RegisterEvents(xidEvents, set)
-			if ret == nvml.ERROR_NOT_SUPPORTED {
-				// Some GPUs support XIDs but not the ECC events.
-				ret = dev.RegisterEvents(nvml.EventTypeXidCriticalError, set)
-			}
-		}
-		switch ret {
-		case nvml.SUCCESS:
-			handles[g.UUID] = dev
-		case nvml.ERROR_NOT_SUPPORTED:
-			if !w.notSupported[g.UUID] {
-				w.notSupported[g.UUID] = true
-				w.m.log.Info("gpu does not support xid events; polled checks only", "device", g.UUID)
-			}
-		default:
-			// Lost GPUs are the gpu-lost check's business; register again
-			// once they may be back.
-			retry = true
-			w.m.log.Debug("registering nvml events", "device", g.UUID, "err", ret)
-		}
-	}
-	w.m.Observe(w.nodeObservation(nil))
-	w.m.eventsReady.Store(true)
-	defer w.m.eventsReady.Store(false)
-	started := w.m.clock.Now()
-	waitMs := uint32(w.m.cfg.eventWait / time.Millisecond)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.m.nodeChanged:
-			return nil
-		default:
-		}
-		if retry && w.m.clock.Since(started) >= w.m.cfg.PollInterval {
-			return nil
-		}
-		e, ret := set.Wait(waitMs)
-		switch ret {
-		case nvml.SUCCESS:
-			w.handle(e, byUUID, handles)
-		case nvml.ERROR_TIMEOUT:
-		case nvml.ERROR_GPU_IS_LOST:
-			// One registered GPU fell off the bus: the gpu-lost check
-			// reports it; build the set again without it.
-			return errWaitGPULost
-		default:
-			return fmt.Errorf("nvml event wait: %w", ret)
-		}
+// nodeChanged tells the watcher the current GPU set. Under h.mu, so the
+// last caller's (newest) set is the one the watcher keeps; an unchanged
+// set costs nothing (the event set is kept).
+func (h *eventsHook) nodeChanged(m *Monitor) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.w != nil {
+		h.w.SetGPUs(gpuUUIDs(m.gpuList()))
 	}
 }
 
-// handle turns one event into observations.
-func (w *xidWatcher) handle(e nvml.EventData, byUUID map[string]topology.GPU, handles map[string]nvml.Device) {
-	var targets []topology.GPU
-	if e.Device == nil {
-		// NVML reports some XIDs without a device: they concern them all.
-		for _, g := range byUUID {
-			targets = append(targets, g)
-		}
-	} else if uuid, ret := e.Device.GetUUID(); ret == nvml.SUCCESS && byUUID[uuid].UUID != "" {
-		targets = append(targets, byUUID[uuid])
-	} else {
-		for uuid, h := range handles {
-			if h == e.Device {
-				targets = append(targets, byUUID[uuid])
-			}
-		}
+func (h *eventsHook) listening() bool {
+	h.mu.Lock()
+	w := h.w
+	h.mu.Unlock()
+	return w != nil && w.Listening()
+}
+
+func gpuUUIDs(gpus []topology.GPU) []string {
+	out := make([]string, len(gpus))
+	for i, g := range gpus {
+		out[i] = g.UUID
 	}
+	return out
+}
+
+// handle turns one event into observations of the devices it concerns.
+func (w *xidWatcher) handle(e nvmlowner.Event) {
+	o, wholeGPU := w.observation(e)
+	targets := attribute(w.m.gpuList(), e, wholeGPU, w.m.cfg.MIGDevicesServed)
 	if len(targets) == 0 {
-		w.m.log.Warn("nvml event for an unknown device", "type", e.EventType, "data", e.EventData)
+		// The node model no longer has the GPU (it left between the
+		// owner's filter and here).
+		w.m.log.Debug("nvml event for a device not in the node model; ignored", "device", e.UUID, "type", e.Type, "data", e.Data)
 		return
 	}
-	for _, g := range targets {
-		o := w.observation(e)
-		o.DeviceID, o.Kind = g.UUID, KindGPU
-		if e.GpuInstanceId != noInstance && e.ComputeInstanceId != noInstance {
-			for _, mig := range g.MIG {
-				if uint32(mig.GPUInstance) == e.GpuInstanceId && uint32(mig.ComputeInstance) == e.ComputeInstanceId {
-					o.DeviceID, o.Kind = mig.UUID, KindMIG
-				}
-			}
-		}
-		w.m.Observe(o)
+	if e.UUID == "" {
+		w.m.log.Warn("nvml event without an identifiable device; charged to every gpu", "type", e.Type, "data", e.Data)
+	}
+	for _, t := range targets {
+		obs := o
+		obs.DeviceID, obs.Kind = t.id, t.kind
+		w.m.Observe(obs)
 	}
 }
 
-func (w *xidWatcher) observation(e nvml.EventData) Observation {
-	switch e.EventType {
+// observation is what event e says, before it is charged to devices, and
+// whether it concerns the whole GPU whatever instance it names.
+func (w *xidWatcher) observation(e nvmlowner.Event) (o Observation, wholeGPU bool) {
+	switch e.Type {
 	case nvml.EventTypeXidCriticalError:
-		fatal := w.fatal[e.EventData]
-		return Observation{Check: CheckXID, Key: "xid " + strconv.FormatUint(e.EventData, 10),
-			Fatal: fatal, Event: fatal, Reason: fmt.Sprintf("xid %d", e.EventData), XID: e.EventData}
+		x := e.Data
+		class := ClassifyXID(x)
+		fatal, hold := w.m.cfg.FatalXID(x)
+		// A reset- or reboot-class XID needs the whole GPU reset, so
+		// every MIG device on it is affected whichever instance
+		// reported it.
+		return Observation{Check: CheckXID, Key: "xid " + strconv.FormatUint(x, 10),
+			Fatal: fatal, Event: fatal, HoldUntilReset: hold,
+			Reason: fmt.Sprintf("xid %d (%s)", x, class), XID: x}, class.holds()
 	case nvml.EventTypeDoubleBitEccError:
-		return Observation{Check: CheckXID, Key: "dbe", Fatal: true, Event: true, Reason: "double-bit ECC error event"}
+		// An uncorrectable ECC error: the GPU's memory needs a reset
+		// (page retirement / row remapping happen then).
+		return Observation{Check: CheckXID, Key: "dbe", Fatal: true, Event: true, HoldUntilReset: true,
+			Reason: "double-bit ECC error event"}, true
 	case nvml.EventTypeSingleBitEccError:
-		return Observation{Check: CheckXID, Key: "sbe", Reason: "single-bit ECC error event"}
+		return Observation{Check: CheckXID, Key: "sbe", Reason: "single-bit ECC error event"}, false
 	}
-	return Observation{Check: CheckXID, Key: "event", Reason: fmt.Sprintf("nvml event type %#x", e.EventType)}
+	return Observation{Check: CheckXID, Key: "event", Reason: fmt.Sprintf("nvml event type %#x", e.Type)}, false
+}
+
+// eventTarget is a device an event is charged to.
+type eventTarget struct{ id, kind string }
+
+// attribute says which devices of gpus event e concerns, following
+// nvml.h's nvmlEventData_t: gpuInstanceId is valid "if MIG is enabled and
+// nvmlEventTypeXidCriticalError event is attributable to a GPU instance",
+// computeInstanceId "if ... attributable to a compute instance", each
+// 0xFFFFFFFF otherwise. So:
+//   - no identifiable device: every GPU (as NVIDIA's k8s-device-plugin,
+//     internal/rm/health.go, marks every device when GetUUID fails);
+//   - wholeGPU (a reset-class XID, a DBE), or MIG devices not served (the
+//     GPU is the only device the kubelet knows), or no instance: the GPU;
+//   - GPU and compute instance: that MIG device;
+//   - GPU instance only: every MIG device of that GPU instance;
+//   - an instance that matches no MIG device (the layout changed under
+//     the event): the GPU, rather than losing the fault.
+//
+// A GPU not in gpus gets nothing.
+func attribute(gpus []topology.GPU, e nvmlowner.Event, wholeGPU, migServed bool) []eventTarget {
+	var out []eventTarget
+	if e.UUID == "" {
+		for _, g := range gpus {
+			out = append(out, eventTarget{g.UUID, KindGPU})
+		}
+		return out
+	}
+	for _, g := range gpus {
+		if g.UUID != e.UUID {
+			continue
+		}
+		gpu := []eventTarget{{g.UUID, KindGPU}}
+		if wholeGPU || !migServed || e.GPUInstance == noInstance {
+			return gpu
+		}
+		for _, mig := range g.MIG {
+			if uint32(mig.GPUInstance) != e.GPUInstance {
+				continue
+			}
+			if e.ComputeInstance == noInstance || uint32(mig.ComputeInstance) == e.ComputeInstance {
+				out = append(out, eventTarget{mig.UUID, KindMIG})
+			}
+		}
+		if len(out) == 0 {
+			return gpu
+		}
+		return out
+	}
+	return nil
 }

@@ -43,7 +43,7 @@ func reportLatency(b *testing.B, d []time.Duration, cpu0 time.Duration) {
 func BenchmarkScrape(b *testing.B) {
 	reg := NewRegistry("bench")
 	c, _ := newSimCollector(b, reg)
-	c.CollectNow(context.Background())
+	collectNow(b, c)
 	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 	lat := make([]time.Duration, 0, 1<<16)
@@ -67,7 +67,7 @@ func BenchmarkScrape(b *testing.B) {
 func BenchmarkScrapeGPUOnly(b *testing.B) {
 	reg := prometheus.NewRegistry()
 	c, _ := newSimCollector(b, reg)
-	c.CollectNow(context.Background())
+	collectNow(b, c)
 	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 	lat := make([]time.Duration, 0, 1<<16)
@@ -82,10 +82,29 @@ func BenchmarkScrapeGPUOnly(b *testing.B) {
 	reportLatency(b, lat, cpu0)
 }
 
-// BenchmarkCollect measures one collection cycle (all NVML reads of 8 GPUs
-// and 14 MIG devices plus rendering the snapshot) on the simulator; it
-// runs on the collection interval, never on a scrape.
-func BenchmarkCollect(b *testing.B) {
+// BenchmarkRefresh measures one render of the latest sampling cycle (8
+// GPUs and 14 MIG devices on the simulator) into the cached metrics: what
+// the collector adds per cycle on top of the sampler.
+func BenchmarkRefresh(b *testing.B) {
+	c, _ := newSimCollector(b, prometheus.NewRegistry())
+	ctx := context.Background()
+	collectNow(b, c)
+	lat := make([]time.Duration, 0, 1<<14)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime(b)
+	for b.Loop() {
+		start := time.Now()
+		c.Refresh(ctx)
+		lat = append(lat, time.Since(start))
+	}
+	reportLatency(b, lat, cpu0)
+}
+
+// BenchmarkCycle measures one sampling cycle (every NVML read of 8 GPUs
+// and 14 MIG devices through the NVML owner) plus its render: what the
+// agent spends per interval, never on a scrape.
+func BenchmarkCycle(b *testing.B) {
 	c, _ := newSimCollector(b, prometheus.NewRegistry())
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, 1<<14)
@@ -94,7 +113,8 @@ func BenchmarkCollect(b *testing.B) {
 	cpu0 := cpuTime(b)
 	for b.Loop() {
 		start := time.Now()
-		c.CollectNow(ctx)
+		c.sampler.SampleNow(ctx)
+		c.Refresh(ctx)
 		lat = append(lat, time.Since(start))
 	}
 	reportLatency(b, lat, cpu0)

@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -10,26 +9,31 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-// Defaults for Config's zero values.
+// Defaults of the agent's metrics configuration.
 const (
-	DefaultInterval      = 10 * time.Second
+	// DefaultInterval is the default of the agent's metrics.interval:
+	// the NVML sampler's interval, which is also how often the metrics
+	// are refreshed.
+	DefaultInterval = nvmlowner.DefaultSampleInterval
+	// DefaultDeviceTimeout is the default of metrics.deviceTimeout.
+	//
+	// Deprecated: the key is accepted and ignored. The collector no
+	// longer calls NVML; every NVML call is bounded by the NVML owner's
+	// call timeout (--nvml-call-timeout).
 	DefaultDeviceTimeout = 5 * time.Second
 )
 
+// podResourcesTimeout bounds one kubelet pod-resources List call.
+const podResourcesTimeout = 5 * time.Second
+
 // Config configures a Collector.
 type Config struct {
-	// Interval between collections; DefaultInterval when zero.
-	Interval time.Duration
-	// DeviceTimeout bounds how long one cycle waits for one GPU (and its
-	// MIG devices); DefaultDeviceTimeout when zero, never more than
-	// Interval. A GPU still busy from an earlier cycle is skipped.
-	DeviceTimeout time.Duration
 	// Hostname is the Hostname label (the node name in Kubernetes).
 	Hostname string
 	// PodResourcesSocket is the kubelet pod-resources socket used for
@@ -40,63 +44,85 @@ type Config struct {
 	XIDs XIDSource
 }
 
-// Collector gathers GPU readings from NVML on its own interval into an
-// immutable cached snapshot and serves that snapshot as dcgm-exporter
-// compatible metrics. Collect never calls NVML, so a scrape costs the same
-// however slow the hardware is.
+// Collector serves the NVML sampler's readings as dcgm-exporter compatible
+// metrics. After every sampling cycle (and every SetNode) it renders the
+// latest nvmlowner.Snapshot, labelled from the node's topology, into an
+// immutable cached set of const metrics; Collect only replays that set, so
+// a scrape never waits on NVML, the sampler or the kubelet.
 type Collector struct {
-	lib   nvml.Interface
-	cfg   Config
-	log   *slog.Logger
-	descs [numFields]*prometheus.Desc
+	sampler *nvmlowner.Sampler
+	// updates is the sampler subscription (nil without a sampler).
+	updates <-chan struct{}
+	cfg     Config
+	log     *slog.Logger
+	descs   [numFields]*prometheus.Desc
+	// unavailable is gpu_node_agent_nvml_field_unavailable, rendered
+	// with the DCGM series so it always matches the latest sample.
+	unavailable *prometheus.Desc
 
 	node     atomic.Pointer[topology.Node]
 	snapshot atomic.Pointer[[]prometheus.Metric]
 	kick     chan struct{}
 	pods     *podAttributor
 
-	// busy marks GPUs whose read from an earlier cycle has not returned;
-	// only the collecting goroutine touches the map, the flags are shared
-	// with the readers.
-	busy map[string]*atomic.Bool
-	// failing remembers which GPUs failed last cycle so a failure and a
-	// recovery are logged once each.
-	failing map[string]bool
-	collect sync.Mutex
+	// mu serialises refreshes and guards the per-GPU state below.
+	mu sync.Mutex
+	// lastSeq is the last sampling cycle accounted for: a re-render of
+	// the same cycle (after SetNode) counts no second error.
+	lastSeq uint64
+	// failing holds the GPUs whose last cycle failed, so a failure and a
+	// recovery are logged once each; errSeries the GPUs with an errors
+	// series; noDataSeen the (GPU, field, reason) already logged.
+	failing    map[string]bool
+	errSeries  map[string]bool
+	noDataSeen map[noDataKey]bool
+	// rendered, when set (tests), is called after every refresh.
+	rendered func()
 
 	duration prometheus.Histogram
 	errors   *prometheus.CounterVec
 }
 
-// NewCollector returns a Collector reading lib and registers it, with its
-// own gpu_node_agent_collection_* metrics, on reg. lib must already be
-// initialised. Call SetNode before Run: the node's GPUs and MIG devices
-// are what gets read.
-func NewCollector(lib nvml.Interface, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Collector, error) {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultInterval
+type noDataKey struct {
+	uuid   string
+	field  nvmlowner.Field
+	reason string
+}
+
+// NewCollector returns a Collector over the sampler s and registers it,
+// with its own gpu_node_agent_collection_* metrics, on reg. It calls no
+// NVML: the agent runs s and sets its targets (SamplerTargets). Call
+// SetNode for the labels; until then nothing is served.
+func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Collector, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.DeviceTimeout <= 0 {
-		cfg.DeviceTimeout = DefaultDeviceTimeout
-	}
-	cfg.DeviceTimeout = min(cfg.DeviceTimeout, cfg.Interval)
 	c := &Collector{
-		lib:     lib,
+		sampler: s,
 		cfg:     cfg,
 		log:     log,
 		descs:   newFieldDescs(),
-		kick:    make(chan struct{}, 1),
-		busy:    map[string]*atomic.Bool{},
-		failing: map[string]bool{},
+		unavailable: prometheus.NewDesc("gpu_node_agent_nvml_field_unavailable",
+			"1 for each NVML reading (field) a GPU, by UUID, does not give: reason not-supported "+
+				"(the device has no such reading) or no-permission (this process may not read it). No data, not a fault.",
+			[]string{"device", "field", "reason"}, nil),
+		kick:       make(chan struct{}, 1),
+		failing:    map[string]bool{},
+		errSeries:  map[string]bool{},
+		noDataSeen: map[noDataKey]bool{},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "gpu_node_agent_collection_duration_seconds",
-			Help:    "Time one collection of all GPU readings took.",
-			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+			Name: "gpu_node_agent_collection_duration_seconds",
+			Help: "Time one refresh of the GPU metrics took: the kubelet pod-resources lookup and rendering the latest NVML sample.",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+				0.25, 0.5, 1, 2.5, 5},
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_collection_errors_total",
-			Help: "Collection cycles in which reading a GPU (by UUID) failed or timed out.",
+			Help: "NVML sampling cycles in which a GPU (by UUID) could not be read (lost, timed out, library failure) or a reading failed; not-supported and no-permission readings do not count.",
 		}, []string{"device"}),
+	}
+	if s != nil {
+		c.updates = s.Subscribe()
 	}
 	if cfg.PodResourcesSocket != "" {
 		c.pods = newPodAttributor(cfg.PodResourcesSocket, log)
@@ -116,11 +142,12 @@ func NewCollector(lib nvml.Interface, cfg Config, reg prometheus.Registerer, log
 	return c, nil
 }
 
-// SetNode sets the GPUs and MIG devices to read (after discovery, and
-// again after a MIG reconfiguration) and asks Run for a fresh collection.
-// It never waits for a collection in progress (a hung GPU read must not
-// hold up the caller, the agent's reconcile loop); the next collection
-// drops the per-GPU state and error series of GPUs no longer in n.
+// SetNode sets the topology the samples are labelled with (after
+// discovery, and again after a MIG reconfiguration) and asks Run for a
+// fresh render. It never waits for a render in progress (which may be
+// waiting on the kubelet); the next render drops the series and per-GPU
+// state of GPUs no longer in n. A sample whose UUID is not in n is not
+// served; a GPU of n without a sample has no series.
 func (c *Collector) SetNode(n *topology.Node) {
 	c.node.Store(n)
 	select {
@@ -129,41 +156,16 @@ func (c *Collector) SetNode(n *topology.Node) {
 	}
 }
 
-// pruneLocked forgets GPUs that are not in n. A GPU whose read is still
-// running keeps its busy flag, so that if it comes back no second read of
-// it can start while the first is hung; a later SetNode drops it.
-func (c *Collector) pruneLocked(n *topology.Node) {
-	present := map[string]bool{}
-	if n != nil {
-		for _, g := range n.GPUs {
-			present[g.UUID] = true
-		}
-	}
-	// Every GPU that was read has a busy entry, so these are all the
-	// UUIDs that can have an errors series.
-	for uuid, flag := range c.busy {
-		if present[uuid] {
-			continue
-		}
-		c.errors.DeleteLabelValues(uuid)
-		delete(c.failing, uuid)
-		if !flag.Load() {
-			delete(c.busy, uuid)
-		}
-	}
-}
-
-// Run collects immediately, then every Interval, until ctx is done.
+// Run renders at once, then after every sampling cycle and every
+// SetNode, until ctx is done.
 func (c *Collector) Run(ctx context.Context) error {
-	t := time.NewTicker(c.cfg.Interval)
-	defer t.Stop()
 	defer c.pods.close()
 	for {
-		c.CollectNow(ctx)
+		c.Refresh(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-c.updates:
 		case <-c.kick:
 		}
 	}
@@ -174,186 +176,213 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		ch <- d
 	}
+	ch <- c.unavailable
 }
 
 // Collect implements prometheus.Collector: it only replays the cached
-// snapshot of const metrics built by the last collection.
+// snapshot of const metrics built by the last refresh.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range *c.snapshot.Load() {
 		ch <- m
 	}
 }
 
-// CollectNow runs one collection cycle and replaces the snapshot. Run
-// calls it on the interval; it is exported for tests and benchmarks that
-// need a deterministic number of cycles.
-func (c *Collector) CollectNow(ctx context.Context) {
-	c.collect.Lock()
-	defer c.collect.Unlock()
+// Refresh renders the sampler's latest snapshot now and replaces the
+// cached metrics. Run calls it; tests and benchmarks call it for a
+// deterministic number of renders (after Sampler.SampleNow).
+func (c *Collector) Refresh(ctx context.Context) {
+	var snap *nvmlowner.Snapshot
+	if c.sampler != nil {
+		snap = c.sampler.Latest()
+	}
+	c.refresh(ctx, snap)
+}
+
+// refresh renders snap (nil: nothing sampled yet).
+func (c *Collector) refresh(ctx context.Context, snap *nvmlowner.Snapshot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	start := time.Now()
 	node := c.node.Load()
-	c.pruneLocked(node)
-	if node == nil {
-		return
-	}
-
-	var podsDone chan podMap
-	if c.pods != nil {
-		podsDone = make(chan podMap, 1)
-		go func() { podsDone <- c.pods.refresh(ctx, c.cfg.DeviceTimeout) }()
-	}
-
-	results := c.readAll(ctx, node)
+	c.prune(node)
 
 	var pods podMap
-	if podsDone != nil {
-		pods = <-podsDone
+	if c.pods != nil && node != nil {
+		pods = c.pods.refresh(ctx, podResourcesTimeout)
 	}
 	if ctx.Err() != nil {
-		// Stopping: keep the last complete snapshot rather than a partial one.
+		// Stopping: keep the last complete render.
 		return
 	}
-	metrics := c.render(node, results, pods)
+	samples := map[string]*nvmlowner.Sample{}
+	if snap != nil && node != nil {
+		inNode := make(map[string]bool, len(node.GPUs))
+		for _, g := range node.GPUs {
+			inNode[g.UUID] = true
+		}
+		for i := range snap.Samples {
+			if s := &snap.Samples[i]; inNode[s.UUID] {
+				samples[s.UUID] = s
+			}
+		}
+		if snap.Seq != c.lastSeq {
+			c.lastSeq = snap.Seq
+			c.account(node, samples)
+		}
+	}
+	metrics := c.render(node, samples, pods)
 	c.snapshot.Store(&metrics)
 	c.duration.Observe(time.Since(start).Seconds())
+	if c.rendered != nil {
+		c.rendered()
+	}
 }
 
-// readAll reads every GPU on its own goroutine and waits for each at most
-// DeviceTimeout. A GPU that did not answer in time (or is still busy from
-// an earlier cycle) has no result and counts one collection error.
-func (c *Collector) readAll(ctx context.Context, node *topology.Node) []*gpuResult {
-	type done struct {
-		i   int
-		res *gpuResult
+// prune forgets GPUs that are not in n: their errors series, failure
+// marks and no-data log marks.
+func (c *Collector) prune(n *topology.Node) {
+	present := map[string]bool{}
+	if n != nil {
+		for _, g := range n.GPUs {
+			present[g.UUID] = true
+		}
 	}
-	results := make([]*gpuResult, len(node.GPUs))
-	started := make([]bool, len(node.GPUs))
-	ch := make(chan done, len(node.GPUs)) // buffered: late readers never block
-	waiting := 0
+	for uuid := range c.errSeries {
+		if !present[uuid] {
+			c.errors.DeleteLabelValues(uuid)
+			delete(c.errSeries, uuid)
+		}
+	}
+	for uuid := range c.failing {
+		if !present[uuid] {
+			delete(c.failing, uuid)
+		}
+	}
+	for k := range c.noDataSeen {
+		if !present[k.uuid] {
+			delete(c.noDataSeen, k)
+		}
+	}
+}
+
+// account counts one new sampling cycle: collection errors, and a log
+// line when a GPU starts or stops failing and the first time a reading
+// is seen unavailable.
+func (c *Collector) account(node *topology.Node, samples map[string]*nvmlowner.Sample) {
+	for _, g := range node.GPUs {
+		s := samples[g.UUID]
+		if s == nil {
+			continue
+		}
+		if err := sampleError(s); err != nil {
+			c.errors.WithLabelValues(g.UUID).Inc()
+			c.errSeries[g.UUID] = true
+			if !c.failing[g.UUID] {
+				c.log.Warn("gpu readings failed", "device", g.UUID, "err", err)
+				c.failing[g.UUID] = true
+			} else {
+				c.log.Debug("gpu readings failed", "device", g.UUID, "err", err)
+			}
+		} else if c.failing[g.UUID] {
+			c.log.Info("gpu readings recovered", "device", g.UUID)
+			delete(c.failing, g.UUID)
+		}
+		for f := range nvmlowner.NumFields {
+			reason := unavailableReason(s.Values[f])
+			if reason == "" {
+				continue
+			}
+			k := noDataKey{g.UUID, f, reason}
+			if !c.noDataSeen[k] {
+				c.noDataSeen[k] = true
+				c.log.Info("nvml reading unavailable: no data, not a fault", "device", g.UUID, "field", f.String(), "reason", reason)
+			}
+		}
+	}
+}
+
+// render turns one cycle's samples into const metrics. Building them here,
+// once per cycle, keeps label handling off the scrape path.
+func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sample, pods podMap) []prometheus.Metric {
+	if node == nil {
+		return []prometheus.Metric{}
+	}
+	out := make([]prometheus.Metric, 0, countSeries(samples))
+	var lv [numDeviceLabels]string
 	for i := range node.GPUs {
 		g := &node.GPUs[i]
-		flag := c.busy[g.UUID]
-		if flag == nil {
-			flag = &atomic.Bool{}
-			c.busy[g.UUID] = flag
-		}
-		if !flag.CompareAndSwap(false, true) {
-			c.recordFailure(g.UUID, errors.New("previous read still running"))
+		s := samples[g.UUID]
+		if s == nil {
 			continue
 		}
-		waiting++
-		started[i] = true
-		go func() {
-			res := readGPU(c.lib, g, c.cfg.XIDs)
-			// Clear the flag before handing the result over: once the
-			// collector has the result, the next cycle (or a prune) must
-			// see this GPU as idle. ch is buffered, so the send never blocks.
-			flag.Store(false)
-			ch <- done{i, res}
-		}()
-	}
-	timer := time.NewTimer(c.cfg.DeviceTimeout)
-	defer timer.Stop()
-wait:
-	for waiting > 0 {
-		select {
-		case d := <-ch:
-			results[d.i] = d.res
-			waiting--
-		case <-timer.C:
-			break wait
-		case <-ctx.Done():
-			return nil
-		}
-	}
-	// A reader that finished between the deadline and here still counts.
-drain:
-	for {
-		select {
-		case d := <-ch:
-			results[d.i] = d.res
-		default:
-			break drain
-		}
-	}
-	for i, res := range results {
-		uuid := node.GPUs[i].UUID
-		switch {
-		case res == nil:
-			if started[i] {
-				c.recordFailure(uuid, fmt.Errorf("read timed out after %s", c.cfg.DeviceTimeout))
-			}
-		case len(res.errs) > 0:
-			c.recordFailure(uuid, errors.Join(res.errs...))
-		default:
-			if c.failing[uuid] {
-				c.log.Info("gpu readings recovered", "device", uuid)
-				delete(c.failing, uuid)
-			}
-		}
-	}
-	return results
-}
-
-func (c *Collector) recordFailure(uuid string, err error) {
-	c.errors.WithLabelValues(uuid).Inc()
-	if !c.failing[uuid] {
-		c.log.Warn("gpu readings failed", "device", uuid, "err", err)
-		c.failing[uuid] = true
-		return
-	}
-	c.log.Debug("gpu readings failed", "device", uuid, "err", err)
-}
-
-// render turns one cycle's readings into const metrics. Building them here,
-// once per cycle, keeps label handling off the scrape path.
-func (c *Collector) render(node *topology.Node, results []*gpuResult, pods podMap) []prometheus.Metric {
-	out := make([]prometheus.Metric, 0, countPresent(results))
-	var lv [numDeviceLabels]string
-	for i, res := range results {
-		if res == nil {
-			continue
-		}
-		g := &node.GPUs[i]
 		lv = [numDeviceLabels]string{
 			strconv.Itoa(g.Index), g.UUID, g.PCIBusID, "nvidia" + strconv.Itoa(g.Minor),
 			g.Model, c.cfg.Hostname, "", "", "", "", "",
 		}
 		pods.fill(g.UUID, lv[8:])
-		out = c.appendReading(out, &res.gpu, lv[:])
+		for f := range numFields {
+			if fieldSpecs[f].src == noSource {
+				continue
+			}
+			if v, ok := valueOf(f, s.Values[fieldSpecs[f].src]); ok {
+				out = append(out, prometheus.MustNewConstMetric(c.descs[f], fieldSpecs[f].typ, v, lv[:]...))
+			}
+		}
+		if c.cfg.XIDs != nil {
+			// Even for a GPU that could not be read: its last XID (79,
+			// fallen off the bus) says why.
+			xid, _ := c.cfg.XIDs.LastXID(g.UUID)
+			out = append(out, prometheus.MustNewConstMetric(c.descs[fieldXIDErrors], fieldSpecs[fieldXIDErrors].typ, float64(xid), lv[:]...))
+		}
+		for f := range nvmlowner.NumFields {
+			if reason := unavailableReason(s.Values[f]); reason != "" {
+				out = append(out, prometheus.MustNewConstMetric(c.unavailable, prometheus.GaugeValue, 1, g.UUID, f.String(), reason))
+			}
+		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
+			ms := findMIG(s, m.UUID)
+			if ms == nil {
+				continue
+			}
 			lv[6], lv[7] = m.Profile, strconv.Itoa(m.GPUInstance)
 			lv[8], lv[9], lv[10] = "", "", ""
 			pods.fill(m.UUID, lv[8:])
-			out = c.appendReading(out, &res.migs[j], lv[:])
+			for _, r := range []struct {
+				f field
+				v nvmlowner.Value
+			}{{fieldFBUsed, ms.FBUsed}, {fieldFBFree, ms.FBFree}} {
+				if v, ok := valueOf(r.f, r.v); ok {
+					out = append(out, prometheus.MustNewConstMetric(c.descs[r.f], fieldSpecs[r.f].typ, v, lv[:]...))
+				}
+			}
 		}
 	}
 	return out
 }
 
-func (c *Collector) appendReading(out []prometheus.Metric, r *reading, lv []string) []prometheus.Metric {
-	for f := range numFields {
-		if !r.present[f] {
-			continue
+// findMIG returns s's reading of MIG device uuid, nil if it has none
+// (the topology changed since the sampler's targets were set).
+func findMIG(s *nvmlowner.Sample, uuid string) *nvmlowner.MIGSample {
+	for i := range s.MIG {
+		if s.MIG[i].UUID == uuid {
+			return &s.MIG[i]
 		}
-		out = append(out, prometheus.MustNewConstMetric(c.descs[f], fieldSpecs[f].typ, r.values[f], lv...))
 	}
-	return out
+	return nil
 }
 
-func countPresent(results []*gpuResult) int {
+// countSeries sizes a render: every sampled reading plus XID and MIG
+// framebuffer, an upper bound.
+func countSeries(samples map[string]*nvmlowner.Sample) int {
 	n := 0
-	for _, res := range results {
-		if res == nil {
-			continue
-		}
-		for _, p := range res.gpu.present {
-			if p {
+	for _, s := range samples {
+		for _, v := range s.Values {
+			if v.Status != nvmlowner.Absent {
 				n++
 			}
 		}
-		n += 2 * len(res.migs)
+		n += 1 + 2*len(s.MIG)
 	}
 	return n
 }

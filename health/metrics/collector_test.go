@@ -76,7 +76,7 @@ func TestGolden(t *testing.T) {
 				tt.setup(mn)
 			}
 			c, reg := newTestCollector(t, mn, tt.cfg)
-			c.CollectNow(context.Background())
+			collectNow(t, c)
 
 			golden := filepath.Join("testdata", tt.name+".prom")
 			if *update {
@@ -123,7 +123,7 @@ func TestUnsupportedFieldIsOmittedNotZero(t *testing.T) {
 	mn := newMockNode(t, 3, nil)
 	mn.devs[2].GetPcieReplayCounterFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	c, reg := newTestCollector(t, mn, Config{})
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 
 	got := series(t, reg, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")
 	for i, want := range []int{1, 1, 0} {
@@ -135,10 +135,39 @@ func TestUnsupportedFieldIsOmittedNotZero(t *testing.T) {
 	if n := testutil.CollectAndCount(c.errors); n != 0 {
 		t.Errorf("collection errors recorded for an unsupported field: %d series", n)
 	}
+	// It is visible as no data.
+	nd := noDataSeries(t, reg)
+	if !nd[mn.node.GPUs[2].UUID+"/pcie-replay/not-supported"] || nd[mn.node.GPUs[1].UUID+"/pcie-replay/not-supported"] {
+		t.Errorf("nvml_field_unavailable series = %v, want GPU 2's pcie-replay (and not GPU 1's)", nd)
+	}
 	// H100 mocks report no retired pages: the field is absent for all.
 	if got := series(t, reg, "DCGM_FI_DEV_RETIRED_SBE"); len(got) != 0 {
 		t.Errorf("DCGM_FI_DEV_RETIRED_SBE served for %v, want omitted", got)
 	}
+}
+
+// noDataSeries lists the gpu_node_agent_nvml_field_unavailable series as
+// "device/field/reason".
+func noDataSeries(t *testing.T, reg prometheus.Gatherer) map[string]bool {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	out := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpu_node_agent_nvml_field_unavailable" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[l["device"]+"/"+l["field"]+"/"+l["reason"]] = m.GetGauge().GetValue() == 1
+		}
+	}
+	return out
 }
 
 func TestFailingDeviceDoesNotHideOthers(t *testing.T) {
@@ -187,7 +216,7 @@ func TestFailingDeviceDoesNotHideOthers(t *testing.T) {
 			mn := newMockNode(t, 3, nil)
 			tt.break_(mn)
 			c, reg := newTestCollector(t, mn, Config{})
-			c.CollectNow(context.Background())
+			collectNow(t, c)
 
 			temps := series(t, reg, "DCGM_FI_DEV_GPU_TEMP")
 			for _, i := range []int{0, 2} {
@@ -208,7 +237,10 @@ func TestFailingDeviceDoesNotHideOthers(t *testing.T) {
 	}
 }
 
-func TestSlowDeviceDoesNotBlockOthersOrTheScrape(t *testing.T) {
+// TestSlowDeviceDoesNotBlockOthers: a GPU hung inside NVML times out in
+// the sampler; the collector serves the other GPUs and counts one error
+// per cycle for the hung one.
+func TestSlowDeviceDoesNotBlockOthers(t *testing.T) {
 	mn := newMockNode(t, 4, nil)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 4)
@@ -219,13 +251,13 @@ func TestSlowDeviceDoesNotBlockOthersOrTheScrape(t *testing.T) {
 		return nvml.Utilization{Gpu: 99}, nvml.SUCCESS
 	}
 	defer close(release)
-	// The timeout is ample for the healthy GPUs even under -race on a
-	// loaded machine; only the hung GPU can miss it.
-	c, reg := newTestCollector(t, mn, Config{DeviceTimeout: time.Second})
+	// The call timeout is ample for the healthy GPUs even under -race on
+	// a loaded machine; only the hung GPU can miss it.
+	c, reg := newTestCollectorTimeout(t, mn, Config{}, 2*time.Second)
 	slowUUID := mn.node.GPUs[2].UUID
 
-	// A collection cycle that hangs on GPU 2 finishes with the other GPUs.
-	c.CollectNow(context.Background())
+	// A cycle that hangs on GPU 2 finishes with the other GPUs.
+	collectNow(t, c)
 	<-entered
 	util := series(t, reg, "DCGM_FI_DEV_GPU_UTIL")
 	if len(util) != 3 || util[slowUUID] != 0 {
@@ -235,8 +267,9 @@ func TestSlowDeviceDoesNotBlockOthersOrTheScrape(t *testing.T) {
 		t.Errorf("collection errors for slow GPU = %v, want 1", got)
 	}
 
-	// The next cycle skips the still-hung GPU instead of piling up readers.
-	c.CollectNow(context.Background())
+	// The next cycle does not start a second read of the still-hung GPU
+	// and counts it again.
+	collectNow(t, c)
 	select {
 	case <-entered:
 		t.Error("a second reader was started on a GPU whose read is still running")
@@ -245,13 +278,18 @@ func TestSlowDeviceDoesNotBlockOthersOrTheScrape(t *testing.T) {
 	if got := testutil.ToFloat64(c.errors.WithLabelValues(slowUUID)); got != 2 {
 		t.Errorf("collection errors for slow GPU = %v, want 2", got)
 	}
-
+	if n := testutil.CollectAndCount(c.errors); n != 1 {
+		t.Errorf("collection error series = %d, want only the slow GPU's", n)
+	}
 }
 
-func TestScrapeDuringHungCollectionAnswersFromCache(t *testing.T) {
+// TestScrapeAndRefreshDuringHungCycleAnswerFromCache: while the sampler is
+// stuck inside NVML, a scrape and a render both return, with the last
+// complete cycle's readings.
+func TestScrapeAndRefreshDuringHungCycleAnswerFromCache(t *testing.T) {
 	mn := newMockNode(t, 4, nil)
-	c, reg := newTestCollector(t, mn, Config{Interval: time.Hour, DeviceTimeout: time.Hour})
-	c.CollectNow(context.Background())
+	c, reg := newTestCollector(t, mn, Config{})
+	collectNow(t, c)
 
 	release := make(chan struct{})
 	entered := make(chan struct{})
@@ -261,42 +299,47 @@ func TestScrapeDuringHungCollectionAnswersFromCache(t *testing.T) {
 		return nvml.Utilization{Gpu: 99}, nvml.SUCCESS
 	}
 	done := make(chan struct{})
-	go func() { c.CollectNow(context.Background()); close(done) }()
+	go func() { c.sampler.SampleNow(context.Background()); close(done) }()
 	<-entered
-	// The collection is now blocked inside NVML; the scrape must not be.
+	// The cycle is now blocked inside NVML; neither path may be.
+	c.Refresh(context.Background())
 	if util := series(t, reg, "DCGM_FI_DEV_GPU_UTIL"); len(util) != 4 {
-		t.Errorf("scrape during hung collection: GPU_UTIL series = %v, want the 4 cached", util)
+		t.Errorf("scrape during hung cycle: GPU_UTIL series = %v, want the 4 cached", util)
 	}
 	close(release)
 	<-done
 }
 
-func TestSetNodeReplacesDevices(t *testing.T) {
+// TestSetNodeRelabelsWithoutResampling: the topology decides what is
+// served; a sample of a GPU no longer in the node is dropped at the next
+// render, with no new sampling cycle.
+func TestSetNodeRelabelsWithoutResampling(t *testing.T) {
 	mn := newMockNode(t, 4, nil)
 	c, reg := newTestCollector(t, mn, Config{})
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 	if n := len(series(t, reg, "DCGM_FI_DEV_GPU_TEMP")); n != 4 {
 		t.Fatalf("GPU_TEMP series = %d, want 4", n)
 	}
 	smaller := *mn.node
 	smaller.GPUs = smaller.GPUs[:2]
 	c.SetNode(&smaller)
-	c.CollectNow(context.Background())
+	c.Refresh(context.Background())
 	if n := len(series(t, reg, "DCGM_FI_DEV_GPU_TEMP")); n != 2 {
 		t.Errorf("GPU_TEMP series after SetNode = %d, want 2", n)
 	}
 }
 
 // TestSetNodeForgetsGoneGPUs: a GPU that leaves the node (SetNode, then the
-// next collection) takes its busy flag, failing mark and collection-error
-// series with it; the GPUs that stay keep theirs.
+// next render) takes its failing mark and collection-error series with it;
+// the GPUs that stay keep theirs, and a re-render of the same sampling
+// cycle counts no second error.
 func TestSetNodeForgetsGoneGPUs(t *testing.T) {
 	mn := newMockNode(t, 3, nil)
 	for _, i := range []int{1, 2} {
 		mn.devs[i].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 	}
 	c, _ := newTestCollector(t, mn, Config{})
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 	gone, kept := mn.node.GPUs[2].UUID, mn.node.GPUs[1].UUID
 	if n := testutil.CollectAndCount(c.errors); n != 2 {
 		t.Fatalf("collection error series = %d, want 2 (GPUs 1 and 2)", n)
@@ -305,56 +348,76 @@ func TestSetNodeForgetsGoneGPUs(t *testing.T) {
 	smaller := *mn.node
 	smaller.GPUs = smaller.GPUs[:2]
 	c.SetNode(&smaller)
-	c.CollectNow(context.Background())
+	c.Refresh(context.Background()) // same cycle, new topology
+	if got := testutil.ToFloat64(c.errors.WithLabelValues(kept)); got != 1 {
+		t.Errorf("collection errors for GPU 1 after re-rendering the same cycle = %v, want 1", got)
+	}
+	collectNow(t, c)
 
-	c.collect.Lock()
-	defer c.collect.Unlock()
-	if _, ok := c.busy[gone]; ok {
-		t.Errorf("busy flag kept for gone GPU %s", gone)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failing[gone] || c.errSeries[gone] {
+		t.Errorf("state kept for gone GPU %s: failing %v, errSeries %v", gone, c.failing, c.errSeries)
 	}
-	if c.failing[gone] {
-		t.Errorf("failing mark kept for gone GPU %s", gone)
-	}
-	if len(c.busy) != 2 || !c.failing[kept] {
-		t.Errorf("busy %v, failing %v: want GPUs 0 and 1 kept, GPU 1 still failing", c.busy, c.failing)
+	if !c.failing[kept] || !c.errSeries[kept] {
+		t.Errorf("failing %v, errSeries %v: want GPU 1 still failing", c.failing, c.errSeries)
 	}
 	if n := testutil.CollectAndCount(c.errors); n != 1 {
 		t.Errorf("collection error series after SetNode = %d, want only GPU 1's", n)
 	}
 	if got := testutil.ToFloat64(c.errors.WithLabelValues(kept)); got != 2 {
-		t.Errorf("collection errors for GPU 1 = %v, want 2 (one per collection)", got)
+		t.Errorf("collection errors for GPU 1 = %v, want 2 (one per cycle)", got)
 	}
 }
 
-func TestRunCollectsUntilCancelled(t *testing.T) {
+// TestRunRendersAfterEachCycleAndSetNode runs the collector as the agent
+// does: it renders when the sampler publishes a cycle and when the node
+// changes, and stops with its context.
+func TestRunRendersAfterEachCycleAndSetNode(t *testing.T) {
 	mn := newMockNode(t, 2, nil)
-	c, reg := newTestCollector(t, mn, Config{Interval: time.Hour})
+	c, reg := newTestCollector(t, mn, Config{})
+	rendered := make(chan struct{})
+	c.rendered = func() { rendered <- struct{}{} }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	// Run collects at once; wait for the first snapshot via the histogram.
-	for testutil.CollectAndCount(c.duration) == 0 || histogramCount(t, reg) == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if n := len(series(t, reg, "DCGM_FI_DEV_GPU_TEMP")); n != 2 {
-		t.Errorf("GPU_TEMP series = %d, want 2", n)
-	}
-}
-
-func histogramCount(t *testing.T, reg prometheus.Gatherer) uint64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "gpu_node_agent_collection_duration_seconds" {
-			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+	// waitFor waits for renders until temps GPU_TEMP series are served.
+	waitFor := func(temps int) {
+		t.Helper()
+		timeout := time.After(time.Minute) // a deadlock guard, not a timing assertion
+		for {
+			select {
+			case <-rendered:
+			case <-timeout:
+				t.Fatalf("no render with %d GPU_TEMP series", temps)
+			}
+			if len(series(t, reg, "DCGM_FI_DEV_GPU_TEMP")) == temps {
+				return
+			}
 		}
 	}
-	return 0
+	<-rendered // at start: nothing sampled yet
+	if n := len(series(t, reg, "DCGM_FI_DEV_GPU_TEMP")); n != 0 {
+		t.Errorf("GPU_TEMP series before the first cycle = %d, want 0", n)
+	}
+	c.sampler.SampleNow(ctx)
+	waitFor(2)
+	smaller := *mn.node
+	smaller.GPUs = smaller.GPUs[:1]
+	c.SetNode(&smaller)
+	waitFor(1)
+
+	cancel()
+	// Drain a render racing with the cancellation.
+	for {
+		select {
+		case <-rendered:
+			continue
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		}
+		break
+	}
 }

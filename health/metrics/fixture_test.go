@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -80,7 +82,7 @@ func newMockNode(tb testing.TB, gpus int, layout migLayout) *mockNode {
 }
 
 // setReadings gives device i fixed, distinct readings for every NVML call
-// the collector makes. H100s have row remapping, not page retirement, so
+// the sampler makes. H100s have row remapping, not page retirement, so
 // the retired-page calls answer ERROR_NOT_SUPPORTED as real H100s do.
 func setReadings(d *server.Device, i int) {
 	u := uint32(i)
@@ -126,6 +128,14 @@ func setReadings(d *server.Device, i int) {
 		return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED
 	}
 	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return i % 3, i % 2, false, i == 7, nvml.SUCCESS }
+	// Read by the sampler for health, not served as DCGM metrics.
+	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
+		return nvml.FEATURE_ENABLED, nvml.FEATURE_ENABLED, nvml.SUCCESS
+	}
+	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+		return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_COMPLETED}, nvml.SUCCESS
+	}
+	d.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED }
 }
 
 func setFieldUint(fv *nvml.FieldValue, v uint64) {
@@ -149,31 +159,53 @@ func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Disca
 // testLogger logs to the test's output, so a failed read explains itself.
 func testLogger(tb testing.TB) *slog.Logger { return slog.New(slog.NewTextHandler(tb.Output(), nil)) }
 
-// patientConfig gives tests that don't test timeouts an interval and a
-// device timeout no loaded CI machine can hit, so what they assert never
+// patientTimeout is the NVML call timeout of tests that don't test
+// timeouts: no loaded CI machine can hit it, so what they assert never
 // depends on how fast the machine is.
-func patientConfig(cfg Config) Config {
-	if cfg.Interval == 0 {
-		cfg.Interval = time.Hour
+const patientTimeout = time.Minute
+
+// newSampler initialises lib through an NVML owner with call timeout
+// callTimeout and returns a sampler targeting node's GPUs and MIG devices.
+// Tests drive it with SampleNow, never Run, so cycles are deterministic.
+func newSampler(tb testing.TB, lib nvml.Interface, node *topology.Node, callTimeout time.Duration) *nvmlowner.Sampler {
+	tb.Helper()
+	owner := nvmlowner.New(lib, nvmlowner.Config{CallTimeout: callTimeout}, discardLogger())
+	if err := owner.Init(context.Background()); err != nil {
+		tb.Fatalf("nvml init: %v", err)
 	}
-	if cfg.DeviceTimeout == 0 {
-		cfg.DeviceTimeout = time.Minute
-	}
-	return cfg
+	s := nvmlowner.NewSampler(owner, nvmlowner.SamplerConfig{Interval: time.Hour})
+	s.SetTargets(SamplerTargets(node))
+	return s
 }
 
-// newTestCollector registers a collector for mn on a fresh registry.
+// newTestCollector registers a collector for mn, over a sampler with a
+// patient call timeout, on a fresh registry.
 func newTestCollector(tb testing.TB, mn *mockNode, cfg Config) (*Collector, *prometheus.Registry) {
+	tb.Helper()
+	return newTestCollectorTimeout(tb, mn, cfg, patientTimeout)
+}
+
+// newTestCollectorTimeout is newTestCollector with the NVML call timeout
+// callTimeout.
+func newTestCollectorTimeout(tb testing.TB, mn *mockNode, cfg Config, callTimeout time.Duration) (*Collector, *prometheus.Registry) {
 	tb.Helper()
 	reg := prometheus.NewRegistry()
 	if cfg.Hostname == "" {
 		cfg.Hostname = "node-1"
 	}
-	cfg = patientConfig(cfg)
-	c, err := NewCollector(mn.lib, cfg, reg, testLogger(tb))
+	c, err := NewCollector(newSampler(tb, mn.lib, mn.node, callTimeout), cfg, reg, testLogger(tb))
 	if err != nil {
 		tb.Fatalf("NewCollector: %v", err)
 	}
 	c.SetNode(mn.node)
 	return c, reg
+}
+
+// collectNow runs one sampling cycle and renders it.
+func collectNow(tb testing.TB, c *Collector) {
+	tb.Helper()
+	if c.sampler.SampleNow(context.Background()) == nil {
+		tb.Fatal("sampling cycle did not complete")
+	}
+	c.Refresh(context.Background())
 }

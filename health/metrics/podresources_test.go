@@ -77,7 +77,7 @@ func TestPodAttribution(t *testing.T) {
 	c, _ := newTestCollector(t, mn, Config{PodResourcesSocket: socket})
 
 	// No socket yet: attribution is off, metrics are still served.
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 	if got := podLabels(t, c, gpu0, ""); got != [3]string{} {
 		t.Errorf("labels without a kubelet = %v, want empty", got)
 	}
@@ -94,7 +94,7 @@ func TestPodAttribution(t *testing.T) {
 			container("app", "nvidia.com/gpu", gpu1+"::3"),
 		}},
 	}})
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 
 	tests := []struct {
 		name     string
@@ -135,7 +135,7 @@ func TestPodAttributionKubeletGoneCountsErrorNotFailure(t *testing.T) {
 		t.Fatalf("stale socket file: %v", err)
 	}
 	c, reg := newTestCollector(t, mn, Config{PodResourcesSocket: socket})
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 	if got := testutil.ToFloat64(c.pods.errors); got != 1 {
 		t.Errorf("pod-resources errors = %v, want 1", got)
 	}

@@ -2,43 +2,99 @@ package metrics
 
 import (
 	"bytes"
-	"context"
-	"encoding/binary"
+	"errors"
 	"log/slog"
-	"math"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-func TestFieldValueDecoding(t *testing.T) {
-	put64 := func(v uint64) (b [8]byte) { binary.NativeEndian.PutUint64(b[:], v); return }
-	put32 := func(v uint32) (b [8]byte) { binary.NativeEndian.PutUint32(b[:], v); return }
+func TestUnitConversions(t *testing.T) {
 	tests := []struct {
-		name   string
-		typ    nvml.ValueType
-		value  [8]byte
-		want   float64
-		wantOK bool
+		name string
+		f    field
+		v    nvmlowner.Value
+		want float64
+		ok   bool
 	}{
-		{"double", nvml.VALUE_TYPE_DOUBLE, put64(math.Float64bits(41.5)), 41.5, true},
-		{"unsigned int", nvml.VALUE_TYPE_UNSIGNED_INT, put32(73), 73, true},
-		{"unsigned long", nvml.VALUE_TYPE_UNSIGNED_LONG, put64(1 << 40), 1 << 40, true},
-		{"unsigned long long", nvml.VALUE_TYPE_UNSIGNED_LONG_LONG, put64(123456789012), 123456789012, true},
-		{"signed long long", nvml.VALUE_TYPE_SIGNED_LONG_LONG, put64(uint64(0xFFFFFFFFFFFFFFFF)), -1, true},
-		{"signed int", nvml.VALUE_TYPE_SIGNED_INT, put32(0xFFFFFFFE), -2, true},
-		{"unsigned short", nvml.VALUE_TYPE_UNSIGNED_SHORT, put32(0x0001FFFF), 0xFFFF, true},
-		{"unknown type", nvml.VALUE_TYPE_COUNT, put64(1), 0, false},
+		{"framebuffer bytes to whole MiB", fieldFBUsed, nvmlowner.Value{V: 3*mib + mib/2, Status: nvmlowner.OK}, 3, true},
+		{"power mW to W", fieldPowerUsage, nvmlowner.Value{V: 100500, Status: nvmlowner.OK}, 100.5, true},
+		{"energy stays mJ", fieldTotalEnergy, nvmlowner.Value{V: 123456789, Status: nvmlowner.OK}, 123456789, true},
+		{"not supported has no value", fieldGPUTemp, nvmlowner.Value{Status: nvmlowner.NotSupported}, 0, false},
+		{"failed has no value", fieldGPUTemp, nvmlowner.Value{Status: nvmlowner.Failed, Err: nvml.ERROR_UNKNOWN}, 0, false},
+		{"absent has no value", fieldGPUTemp, nvmlowner.Value{}, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := fieldValue(nvml.FieldValue{ValueType: uint32(tt.typ), Value: tt.value})
-			if got != tt.want || ok != tt.wantOK {
-				t.Errorf("fieldValue = %v, %v; want %v, %v", got, ok, tt.want, tt.wantOK)
+			got, ok := valueOf(tt.f, tt.v)
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("valueOf = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
 			}
 		})
+	}
+}
+
+func TestSampleError(t *testing.T) {
+	with := func(f nvmlowner.Field, v nvmlowner.Value) nvmlowner.Sample {
+		var s nvmlowner.Sample
+		s.Values[f] = v
+		return s
+	}
+	tests := []struct {
+		name string
+		s    nvmlowner.Sample
+		want string // substring of the error; "" for none
+	}{
+		{"all fine", with(nvmlowner.FieldGPUTemp, nvmlowner.Value{V: 40, Status: nvmlowner.OK}), ""},
+		{"not supported is no data", with(nvmlowner.FieldRetiredSBE, nvmlowner.Value{Status: nvmlowner.NotSupported}), ""},
+		{"no permission is no data", with(nvmlowner.FieldECCSBEAggregate, nvmlowner.Value{Status: nvmlowner.NoPermission}), ""},
+		{"failed field", with(nvmlowner.FieldPowerUsage, nvmlowner.Value{Status: nvmlowner.Failed, Err: nvml.ERROR_UNKNOWN}), "read power-usage"},
+		{"gpu not read", nvmlowner.Sample{Err: &nvmlowner.CallError{What: "sample", Err: nvmlowner.ErrTimeout}}, "timed out"},
+		{"failed mig read", nvmlowner.Sample{MIG: []nvmlowner.MIGSample{{
+			UUID: "MIG-1", FBUsed: nvmlowner.Value{Status: nvmlowner.Failed, Err: nvml.ERROR_UNKNOWN},
+		}}}, "read mig MIG-1 fb-used"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := sampleError(&tt.s)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("sampleError = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("sampleError = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	// The NVML return stays inspectable.
+	s := with(nvmlowner.FieldGPUTemp, nvmlowner.Value{Status: nvmlowner.Failed, Err: nvml.ERROR_UNKNOWN})
+	if err := sampleError(&s); !errors.Is(err, nvml.ERROR_UNKNOWN) {
+		t.Errorf("sampleError = %v, want it to wrap ERROR_UNKNOWN", err)
+	}
+}
+
+func TestSamplerTargets(t *testing.T) {
+	n := &topology.Node{GPUs: []topology.GPU{
+		{UUID: "GPU-a"},
+		{UUID: "GPU-b", MIGEnabled: true, MIG: []topology.MIGDevice{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
+	}}
+	got := SamplerTargets(n)
+	want := []nvmlowner.Target{
+		{UUID: "GPU-a"},
+		{UUID: "GPU-b", MIG: []nvmlowner.MIGTarget{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
+	}
+	if !slices.EqualFunc(got, want, func(a, b nvmlowner.Target) bool {
+		return a.UUID == b.UUID && slices.Equal(a.MIG, b.MIG)
+	}) {
+		t.Errorf("SamplerTargets = %+v, want %+v", got, want)
+	}
+	if got := SamplerTargets(nil); got != nil {
+		t.Errorf("SamplerTargets(nil) = %+v, want nil", got)
 	}
 }
 
@@ -54,18 +110,18 @@ func TestFailureIsLoggedOncePerEpisode(t *testing.T) {
 		return 40, nvml.SUCCESS
 	}
 	var logs bytes.Buffer
-	c, err := NewCollector(mn.lib, patientConfig(Config{}), prometheus.NewRegistry(),
+	c, err := NewCollector(newSampler(t, mn.lib, mn.node, patientTimeout), Config{}, prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.SetNode(mn.node)
 	for range 3 {
-		c.CollectNow(context.Background())
+		collectNow(t, c)
 	}
 	failing = false
 	for range 2 {
-		c.CollectNow(context.Background())
+		collectNow(t, c)
 	}
 	out := logs.String()
 	if n := strings.Count(out, `msg="gpu readings failed"`); n != 1 {
@@ -77,7 +133,10 @@ func TestFailureIsLoggedOncePerEpisode(t *testing.T) {
 	if n := strings.Count(out, `msg="gpu readings recovered"`); n != 1 {
 		t.Errorf("%d recovery lines, want 1:\n%s", n, out)
 	}
-	if n := strings.Count(out, "\n"); n != 2 {
-		t.Errorf("%d log lines, want 2:\n%s", n, out)
+	// Everything else logged is the one-time no-data notice per reading.
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.Contains(line, "gpu readings") && !strings.Contains(line, "nvml reading unavailable") {
+			t.Errorf("unexpected log line: %s", line)
+		}
 	}
 }

@@ -20,12 +20,12 @@ func startServer(t *testing.T, cfg ServerConfig, ready func() error) string {
 	t.Helper()
 	mn := newMockNode(t, 2, nil)
 	reg := NewRegistry("v1.2.3")
-	c, err := NewCollector(mn.lib, patientConfig(Config{Hostname: "node-1"}), reg, discardLogger())
+	c, err := NewCollector(newSampler(t, mn.lib, mn.node, patientTimeout), Config{Hostname: "node-1"}, reg, discardLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.SetNode(mn.node)
-	c.CollectNow(context.Background())
+	collectNow(t, c)
 
 	cfg.Address = "127.0.0.1:0"
 	s, err := Listen(cfg, reg, ready, discardLogger())

@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,7 +35,7 @@ func newSimCollector(tb testing.TB, reg prometheus.Registerer) (*Collector, *sim
 	if err != nil {
 		tb.Fatalf("sim.New: %v", err)
 	}
-	c, err := NewCollector(node.NVML(), patientConfig(Config{Hostname: "sim-node"}), reg, testLogger(tb))
+	c, err := NewCollector(newSampler(tb, node.NVML(), node.Spec(), patientTimeout), Config{Hostname: "sim-node"}, reg, testLogger(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -52,8 +51,8 @@ func TestGoldenSimulatedNode(t *testing.T) {
 	}
 	// Two cycles: the readings must come from the second step, proving
 	// they move and the snapshot is replaced.
-	c.CollectNow(context.Background())
-	c.CollectNow(context.Background())
+	collectNow(t, c)
+	collectNow(t, c)
 
 	golden := filepath.Join("testdata", "sim-dgx-h100-mig.prom")
 	if *update {
