@@ -131,6 +131,9 @@ type Sample struct {
 	Links []Link
 	// MIG are the MIG devices asked for, in the order asked.
 	MIG []MIGSample
+	// MIGChanged is set when a MIG handle index no longer holds the MIG
+	// device asked for: the layout changed and wants a rediscovery.
+	MIGChanged bool
 }
 
 // Get returns field f.

@@ -59,9 +59,11 @@ type Sampler struct {
 	targets atomic.Pointer[[]Target]
 	latest  atomic.Pointer[Snapshot]
 	kick    chan struct{}
-	seq     uint64
-	count   int // the device count of the last cycle
-	cycle   sync.Mutex
+	// layout is signalled when a cycle found the MIG layout changed.
+	layout chan struct{}
+	seq    uint64
+	count  int // the device count of the last cycle
+	cycle  sync.Mutex
 
 	subsMu sync.Mutex
 	subs   []chan struct{}
@@ -78,7 +80,7 @@ func NewSampler(o *Owner, cfg SamplerConfig) *Sampler {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultSampleInterval
 	}
-	return &Sampler{o: o, cfg: cfg, kick: make(chan struct{}, 1), links: map[string]int{}}
+	return &Sampler{o: o, cfg: cfg, kick: make(chan struct{}, 1), layout: make(chan struct{}, 1), links: map[string]int{}}
 }
 
 // Interval is the sampling period.
@@ -98,6 +100,20 @@ func (s *Sampler) SetTargets(t []Target) {
 		uuids[i] = g.UUID
 	}
 	s.o.SetGPUs(uuids)
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// LayoutChanged is signalled (coalesced) when a cycle found a MIG handle
+// index holding another MIG device than discovery saw: the layout changed
+// on a node that gives no change signal, and wants a rediscovery.
+func (s *Sampler) LayoutChanged() <-chan struct{} { return s.layout }
+
+// Kick asks Run for a cycle now rather than at the next tick (coalesced;
+// never blocks).
+func (s *Sampler) Kick() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -177,6 +193,15 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	for i := range snap.Samples {
+		if snap.Samples[i].MIGChanged {
+			select {
+			case s.layout <- struct{}{}:
+			default:
+			}
+			break
+		}
 	}
 	s.seq++
 	snap.Seq = s.seq
@@ -303,9 +328,21 @@ func readSample(dev nvml.Device, t Target, r *Sample, links int) nvml.Return {
 	for _, mt := range t.MIG {
 		ms := MIGSample{UUID: mt.UUID}
 		mig, ret := dev.GetMigDeviceHandleByIndex(mt.Index)
-		if note(ret) != nvml.SUCCESS {
+		var uuid string
+		if note(ret) == nvml.SUCCESS {
+			uuid, ret = mig.GetUUID()
+		}
+		switch {
+		case ret != nvml.SUCCESS:
 			ms.FBUsed, ms.FBFree = valueOf(0, ret), valueOf(0, ret)
-		} else {
+		case uuid != mt.UUID:
+			// The MIG layout changed since the last discovery (a real
+			// node has no change signal): the index now holds another
+			// device, whose readings must not carry this UUID.
+			stale := Value{Status: Failed, Err: fmt.Errorf("mig index %d is now %s", mt.Index, uuid)}
+			ms.FBUsed, ms.FBFree = stale, stale
+			r.MIGChanged = true
+		default:
 			mm, ret := mig.GetMemoryInfo()
 			ms.FBUsed, ms.FBFree = valueOf(mm.Used, note(ret)), valueOf(mm.Free, ret)
 		}

@@ -138,3 +138,32 @@ func TestSamplerLibraryFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestSamplerMIGLayoutChanged: after a MIG reconfiguration the sampler has
+// not been told of (a real node gives no signal), a MIG handle index holds
+// another device: its readings must not carry the old UUID, and a
+// rediscovery is asked for.
+func TestSamplerMIGLayoutChanged(t *testing.T) {
+	node, _, s, _ := simSampler(t, "dgx-h100", sim.WithMIG(1, "3g.40gb", "3g.40gb"))
+	if snap := s.SampleNow(context.Background()); snap.Samples[1].MIGChanged {
+		t.Fatal("layout reported changed before any change")
+	}
+	if err := node.SetMIGLayout(1, []string{"1g.10gb", "1g.10gb"}); err != nil {
+		t.Fatal(err)
+	}
+	snap := s.SampleNow(context.Background())
+	gpu1 := snap.Samples[1]
+	if !gpu1.MIGChanged {
+		t.Fatal("a new MIG layout not noticed")
+	}
+	for _, m := range gpu1.MIG {
+		if m.FBUsed.Status == OK {
+			t.Errorf("MIG %s still read after the layout changed", m.UUID)
+		}
+	}
+	select {
+	case <-s.LayoutChanged():
+	default:
+		t.Fatal("no rediscovery asked for")
+	}
+}
