@@ -272,6 +272,11 @@ func (m *Monitor) Observe(o Observation) {
 		// Whoever reports a reset-class XID, it waits for a reset.
 		o.HoldUntilReset = true
 	}
+	if o.Fatal && o.HoldUntilReset && o.Check != CheckRecovery && o.Check != CheckECC && m.sampler != nil {
+		// Sample at once: what the driver says now (its recovery action,
+		// the ECC counts) is what a later reset will be seen to change.
+		m.sampler.Kick()
+	}
 	now := m.clock.Now()
 	m.mu.Lock()
 	kind := m.kindLocked(o.DeviceID, o.Kind)
