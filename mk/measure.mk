@@ -40,3 +40,7 @@ measure-allocate: ## gpu Allocate cost per device-list strategy (ns/op)
 
 measure-mig-change: ## MIG change on the running agent to the ListAndWatch update: p50/p99 over 100 changes
 	$(GO) test -count=1 -run '^$$' -bench MIGChangeToListAndWatch -benchtime 100x ./cmd/gpu-node-agent
+
+.PHONY: measure-hang
+measure-hang: ## a hung GPU: time to Unhealthy, and other GPUs' XIDs to ListAndWatch meanwhile (p50/p99 over 24)
+	$(GO) test -count=1 -run '^$$' -bench XIDWhileGPUHangs -benchtime 24x ./cmd/gpu-node-agent

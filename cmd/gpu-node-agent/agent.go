@@ -20,7 +20,8 @@ type source struct {
 
 // reconciler keeps the served resources in step with the hardware: it
 // rediscovers on a change signal, a rescan tick or a request (SIGHUP), and
-// re-syncs without rediscovering when only health changed.
+// re-syncs without rediscovering when only health changed, also while a
+// discovery is running.
 type reconciler struct {
 	log      *slog.Logger
 	discover func() (*topology.Node, error)
@@ -60,7 +61,13 @@ type state struct {
 	errs map[string]error
 }
 
-// run does one pass at once, then one per signal until ctx is done.
+// run starts a discovery at once, then one per rediscover signal or tick,
+// until ctx is done. Discovery runs on its own goroutine: NVML calls can
+// block for tens of seconds on a hung GPU, and health re-syncs (which carry
+// every other GPU's health to the kubelet) must not wait for them. Its
+// result is applied here, on the run goroutine, so onDiscover, the sources
+// and sync are never called concurrently. One discovery runs at a time; any
+// number of requests while it runs add one more discovery after it.
 func (r *reconciler) run(ctx context.Context) {
 	full := fanIn(ctx, r.rediscover)
 	light := fanIn(ctx, r.resync)
@@ -70,25 +77,66 @@ func (r *reconciler) run(ctx context.Context) {
 		defer t.Stop()
 		tick = t.C
 	}
-	r.reconcile()
+	// done has room for the one running discovery's result, so a discovery
+	// finishing after ctx is done does not leak its goroutine.
+	done := make(chan discovered, 1)
+	running, pending, applied := false, false, false
+	start := func() {
+		running = true
+		go func() {
+			node, err := r.discover()
+			done <- discovered{node, err}
+		}()
+	}
+	request := func() {
+		if running {
+			pending = true
+			return
+		}
+		start()
+	}
+	start()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-full:
-			r.reconcile()
+			request()
 		case <-tick:
-			r.reconcile()
+			request()
 		case <-light:
-			r.apply(r.last)
+			// Before the first pass there is nothing to re-sync.
+			if applied {
+				r.apply(r.last)
+			}
+		case d := <-done:
+			running = false
+			r.finish(d.node, d.err)
+			applied = true
+			if pending {
+				pending = false
+				start()
+			}
 		}
 	}
 }
 
-// reconcile rediscovers the node and rebuilds every source's resources.
+// discovered is one discovery's result.
+type discovered struct {
+	node *topology.Node
+	err  error
+}
+
+// reconcile rediscovers the node and rebuilds every source's resources, on
+// the calling goroutine (tests and one-shot use; run discovers off it).
 func (r *reconciler) reconcile() {
-	st := state{errs: map[string]error{}}
 	node, err := r.discover()
+	r.finish(node, err)
+}
+
+// finish applies one discovery's result: onDiscover, every source, sync.
+func (r *reconciler) finish(node *topology.Node, err error) {
+	st := state{errs: map[string]error{}}
 	if err != nil {
 		if err.Error() != r.lastErr {
 			r.log.Error("device discovery failed; serving the last discovered devices", "err", err, "devices", r.good != nil)

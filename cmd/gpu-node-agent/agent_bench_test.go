@@ -201,3 +201,54 @@ func reportPercentiles(b *testing.B, samples []time.Duration) {
 		b.ReportMetric(float64(samples[(n*99)/100].Microseconds())/1000, "p99-ms")
 	}
 }
+
+// BenchmarkXIDWhileGPUHangs measures, on the running agent, a GPU whose
+// NVML calls hang (the simulator's hang fault, as a GSP timeout does):
+// first how long until the hung GPU is Unhealthy on ListAndWatch (reported
+// as hung-ms: the wait for the next sampling cycle plus the call timeout),
+// then, while it stays hung, an XID 74 on each other GPU in turn to that
+// GPU Unhealthy on the same stream (p50/p99): the hung GPU must delay no
+// other GPU's health. Each iteration waits (untimed) for the recovery.
+func BenchmarkXIDWhileGPUHangs(b *testing.B) {
+	dir := shortTempDir(b)
+	cfg := faultBenchConfig(dir)
+	cfg.Health.PollInterval = time.Second
+	cfg.Metrics.Interval.Duration = time.Second
+	cfg.NVMLCallTimeout.Duration = time.Second
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, _ := startAgent(b, a)
+	stream, _ := watchFirst(b, ctx, dir, "nvidia.com/gpu")
+	node := a.rec.current().node
+	ctl := a.hw.sim.ControlHandler()
+	send := func(method, body string) {
+		rec := httptest.NewRecorder()
+		ctl.ServeHTTP(rec, httptest.NewRequest(method, "/faults", strings.NewReader(body)))
+		if rec.Code/100 != 2 {
+			b.Fatalf("%s %s: %d %s", method, body, rec.Code, rec.Body)
+		}
+	}
+	hung := len(node.GPUs) - 1
+	start := time.Now()
+	send(http.MethodPost, fmt.Sprintf(`{"kind":"hang","gpu":%d}`, hung))
+	b.Cleanup(func() { send(http.MethodDelete, fmt.Sprintf(`{"kind":"hang","gpu":%d}`, hung)) })
+	recvUntilHealth(b, stream, node.GPUs[hung].UUID, pluginapi.Unhealthy)
+	hungAfter := time.Since(start)
+	var samples []time.Duration
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		g := i % hung
+		start := time.Now()
+		send(http.MethodPost, fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":74}`, g))
+		recvUntilHealth(b, stream, node.GPUs[g].UUID, pluginapi.Unhealthy)
+		samples = append(samples, time.Since(start))
+		b.StopTimer()
+		recvUntilHealth(b, stream, node.GPUs[g].UUID, pluginapi.Healthy)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportPercentiles(b, samples)
+	b.ReportMetric(float64(hungAfter.Microseconds())/1000, "hung-ms")
+}

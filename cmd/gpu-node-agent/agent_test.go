@@ -234,7 +234,7 @@ func TestDemoFault(t *testing.T) {
 	ctl := freeAddr(t)
 	code := make(chan int, 1)
 	go func() {
-		code <- run([]string{"demo", "--exit-after=15s", "--recovery-period=1s", "--sim-control-address=" + ctl, "--metrics-address=127.0.0.1:0"},
+		code <- run([]string{"demo", "--exit-after=40s", "--recovery-period=1s", "--metrics-interval=200ms", "--sim-control-address=" + ctl, "--metrics-address=127.0.0.1:0"},
 			&stdout, &stderr, func(string) string { return "" })
 	}()
 	waitFor(t, "the first inventory", func() bool { return strings.Contains(stdout.String(), "NODE: fit") })
@@ -255,6 +255,14 @@ func TestDemoFault(t *testing.T) {
 			t.Fatalf("the node never became unfit after %d XIDs", i+1)
 		}
 	}
+	// XID 79 is held until a reset: once the agent has read the driver's
+	// request for one (a reset it never saw asked for leaves no evidence),
+	// reset the GPU, and it recovers after the recovery period.
+	before := simCalls(t, ctl)["GetFieldValues"]
+	// Two cycles' worth of field reads after the xid hold a whole cycle
+	// that started after it (every GPU read once per cycle).
+	waitFor(t, "a full sampling cycle after the xid", func() bool { return simCalls(t, ctl)["GetFieldValues"] >= before+16 })
+	simFault(t, ctl, "POST", `{"kind":"gpu-reset","gpu":3}`)
 	if c := <-code; c != 0 {
 		t.Fatalf("exit code %d; stderr:\n%s", c, stderr.String())
 	}
@@ -266,7 +274,7 @@ func TestDemoFault(t *testing.T) {
 		t.Fatal("no inventory with GPU 3 UNHEALTHY and the node UNFIT (xid 79)")
 	}
 	if !regexp.MustCompile(`(?s)changed, now serving.*nvidia\.com/gpu\s+6\s+6\s.*NODE: fit`).MatchString(out[loc[1]:]) {
-		t.Error("no inventory with every GPU healthy and the node fit again after the recovery period")
+		t.Error("no inventory with every GPU healthy and the node fit again after the reset and the recovery period")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
@@ -33,19 +35,24 @@ type Config struct {
 	// Config is the YAML file that was read, if any.
 	Config string `json:"-"`
 
-	Simulate           string   `json:"simulate,omitempty"`
-	SimControlAddress  string   `json:"sim-control-address,omitempty"`
-	DevicePluginDir    string   `json:"device-plugin-dir,omitempty"`
-	HostRoot           string   `json:"host-root,omitempty"`
+	Simulate          string `json:"simulate,omitempty"`
+	SimControlAddress string `json:"sim-control-address,omitempty"`
+	DevicePluginDir   string `json:"device-plugin-dir,omitempty"`
+	HostRoot          string `json:"host-root,omitempty"`
+	// StateDir keeps the health state across restarts (empty disables).
+	StateDir           string   `json:"state-dir"`
 	MIGStrategy        string   `json:"mig-strategy,omitempty"`
 	DeviceListStrategy string   `json:"device-list-strategy,omitempty"`
 	PassDeviceSpecs    bool     `json:"pass-device-specs,omitempty"`
 	RescanInterval     Duration `json:"rescan-interval,omitempty"`
-	MetricsAddress     string   `json:"metrics-address,omitempty"`
-	NodeName           string   `json:"node-name,omitempty"`
-	Kubeconfig         string   `json:"kubeconfig,omitempty"`
-	LogFormat          string   `json:"log-format,omitempty"`
-	LogLevel           string   `json:"log-level,omitempty"`
+	// NVMLCallTimeout bounds every NVML call on a GPU (a hung GPU is
+	// unhealthy after it and never delays another GPU).
+	NVMLCallTimeout Duration `json:"nvml-call-timeout,omitempty"`
+	MetricsAddress  string   `json:"metrics-address,omitempty"`
+	NodeName        string   `json:"node-name,omitempty"`
+	Kubeconfig      string   `json:"kubeconfig,omitempty"`
+	LogFormat       string   `json:"log-format,omitempty"`
+	LogLevel        string   `json:"log-level,omitempty"`
 	// PrintInventory prints what is served at start and on every change
 	// (the demo uses it: there is no kubelet to ask).
 	PrintInventory bool `json:"print-inventory,omitempty"`
@@ -70,7 +77,8 @@ type Config struct {
 type MetricsSection struct {
 	// Interval between NVML collections (--metrics-interval).
 	Interval Duration `json:"interval,omitempty"`
-	// DeviceTimeout bounds one GPU's read within a collection.
+	// DeviceTimeout is deprecated and ignored (kept so existing config
+	// files still load): the NVML call timeout is --nvml-call-timeout.
 	DeviceTimeout Duration `json:"deviceTimeout,omitempty"`
 	// PodAttribution adds pod/namespace/container labels from the
 	// kubelet's pod-resources socket under the host root.
@@ -86,9 +94,11 @@ func defaults() Config {
 		SimControlAddress:  "127.0.0.1:9402",
 		DevicePluginDir:    "/var/lib/kubelet/device-plugins",
 		HostRoot:           "/",
+		StateDir:           defaultStateDir,
 		MIGStrategy:        gpu.MIGStrategyNone,
 		DeviceListStrategy: gpu.DeviceListEnvvar,
 		RescanInterval:     Duration{30 * time.Second},
+		NVMLCallTimeout:    Duration{nvmlowner.DefaultCallTimeout},
 		MetricsAddress:     ":9400",
 		LogFormat:          "text",
 		LogLevel:           "info",
@@ -129,10 +139,12 @@ var options = []option{
 	{name: "sim-control-address", usage: "loopback address of the simulator's control endpoint (simulate only; empty disables)", bind: str(func(c *Config) *string { return &c.SimControlAddress })},
 	{name: "device-plugin-dir", usage: "kubelet device-plugin directory (holds kubelet.sock and our sockets)", bind: str(func(c *Config) *string { return &c.DevicePluginDir })},
 	{name: "host-root", usage: "where the host's / is mounted (/dev, /sys, /proc/driver are read under it)", bind: str(func(c *Config) *string { return &c.HostRoot })},
+	{name: "state-dir", usage: "directory (on the host) where device health, held faults and counter baselines persist across restarts; empty disables (with --simulate the default moves under the simulated host root)", bind: str(func(c *Config) *string { return &c.StateDir })},
 	{name: "mig-strategy", usage: "how MIG devices are served: none, single or mixed", bind: str(func(c *Config) *string { return &c.MIGStrategy })},
 	{name: "device-list-strategy", usage: "how Allocate passes devices: envvar, volume-mounts or cdi-cri", bind: str(func(c *Config) *string { return &c.DeviceListStrategy })},
 	{name: "pass-device-specs", usage: "also return the /dev nodes each container needs", bind: boolean(func(c *Config) *bool { return &c.PassDeviceSpecs })},
 	{name: "rescan-interval", usage: "how often to rediscover devices (0 disables; SIGHUP rescans at once)", bind: duration(func(c *Config) *Duration { return &c.RescanInterval })},
+	{name: "nvml-call-timeout", usage: "bound on every NVML call on one GPU; a GPU whose calls hang longer is unhealthy (nvml-timeout)", bind: duration(func(c *Config) *Duration { return &c.NVMLCallTimeout })},
 	{name: "metrics-address", usage: "address of the /metrics endpoint (empty disables)", bind: str(func(c *Config) *string { return &c.MetricsAddress })},
 	{name: "node-name", env: "NODE_NAME", usage: "this node's Kubernetes name (env NODE_NAME)", bind: str(func(c *Config) *string { return &c.NodeName })},
 	{name: "kubeconfig", usage: "kubeconfig for the API server (empty: in-cluster)", bind: str(func(c *Config) *string { return &c.Kubeconfig })},
@@ -257,6 +269,9 @@ func (c *Config) Validate() error {
 			add("host-root", "%q is not a directory", c.HostRoot)
 		}
 	}
+	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
+		add("state-dir", "%q is not an absolute path", c.StateDir)
+	}
 	if c.Simulate != "" {
 		if spec, err := parseSimulate(c.Simulate); err != nil {
 			add("simulate", "%v", err)
@@ -272,6 +287,9 @@ func (c *Config) Validate() error {
 				add("sim-control-address", "%v", err)
 			}
 		}
+	}
+	if c.NVMLCallTimeout.Duration < 10*time.Millisecond {
+		add("nvml-call-timeout", "%s is below 10ms", c.NVMLCallTimeout.Duration)
 	}
 	if c.RescanInterval.Duration < 0 {
 		add("rescan-interval", "%s is negative", c.RescanInterval.Duration)
@@ -307,6 +325,23 @@ func (c *Config) gpuConfig(hostRoot string) gpu.Config {
 		PassDeviceSpecs:    c.PassDeviceSpecs,
 		HostRoot:           hostRoot,
 	}
+}
+
+// defaultStateDir is --state-dir's default.
+const defaultStateDir = "/var/lib/gpu-node-agent"
+
+// healthConfig is the health section plus what the monitor takes from the
+// top level: the host root it reads the boot ID under and the state dir.
+// A simulated node keeps the default state dir under its own host root, so
+// a demo never writes the real /var/lib.
+func (c *Config) healthConfig(hostRoot string) health.Config {
+	h := c.Health.Config
+	h.HostRoot = hostRoot
+	h.StateDir = c.StateDir
+	if c.Simulate != "" && c.StateDir == defaultStateDir {
+		h.StateDir = filepath.Join(hostRoot, defaultStateDir)
+	}
+	return h
 }
 
 // taintMode is the tainter's mode after defaults (on when unset).

@@ -215,3 +215,46 @@ func TestParseSimulate(t *testing.T) {
 		})
 	}
 }
+
+func TestConfigStateDir(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		env      map[string]string
+		simulate string
+		hostRoot string
+		want     string // health.Config.StateDir
+		wantErr  string
+	}{
+		{name: "default", hostRoot: "/", want: "/var/lib/gpu-node-agent"},
+		{name: "flag", args: []string{"--state-dir", "/data/gna"}, hostRoot: "/", want: "/data/gna"},
+		{name: "env", env: map[string]string{"GNA_STATE_DIR": "/env/gna"}, hostRoot: "/", want: "/env/gna"},
+		{name: "empty flag disables", args: []string{"--state-dir="}, hostRoot: "/", want: ""},
+		{name: "simulate moves the default under the host root", simulate: "dgx-h100", hostRoot: "/tmp/sim-root", want: "/tmp/sim-root/var/lib/gpu-node-agent"},
+		{name: "simulate keeps an explicit dir", args: []string{"--state-dir", "/data/gna"}, simulate: "dgx-h100", hostRoot: "/tmp/sim-root", want: "/data/gna"},
+		{name: "relative dir rejected", args: []string{"--state-dir", "state"}, hostRoot: "/", wantErr: `state-dir: "state" is not an absolute path`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(tc.args, env(tc.env), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Simulate = tc.simulate
+			err = c.Validate()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Validate = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := c.healthConfig(tc.hostRoot)
+			if h.StateDir != tc.want || h.HostRoot != tc.hostRoot {
+				t.Fatalf("health StateDir %q HostRoot %q, want %q %q", h.StateDir, h.HostRoot, tc.want, tc.hostRoot)
+			}
+		})
+	}
+}

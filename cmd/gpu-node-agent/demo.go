@@ -48,8 +48,11 @@ would offer a kubelet is printed below, again on every change. While it runs, tr
   curl -s -X POST 127.0.0.1:9402/mig -d '{"gpu":1,"profiles":["3g.40gb","3g.40gb"]}'
   curl -s -X POST 127.0.0.1:9402/mig -d '{"gpu":0,"profiles":[]}'
 A fault: GPU 3 reports XID 79 (fallen off the bus). The GPU turns UNHEALTHY and the node
-UNFIT; an XID is an event, so it is healthy again 20s (health.recoveryPeriod) later:
+UNFIT, and it stays so until the GPU is reset (a reset-class XID never clears on a timer);
+after the reset it is healthy again 20s (health.recoveryPeriod) later:
   curl -s -X POST 127.0.0.1:9402/faults -d '{"kind":"xid","gpu":3,"xid":79}'
+  curl -s -X POST 127.0.0.1:9402/faults -d '{"kind":"gpu-reset","gpu":3}'
+An XID that asks for no reset (74, NVLink) is an event: healthy again 20s later.
 Lasting faults (gpu-lost, nvlink-down, ecc-dbe, ...) are cleared with DELETE and the same body:
   curl -s -X POST 127.0.0.1:9402/faults -d '{"kind":"gpu-lost","gpu":5}'
   curl -s -X DELETE 127.0.0.1:9402/faults -d '{"kind":"gpu-lost","gpu":5}'

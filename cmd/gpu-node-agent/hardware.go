@@ -1,14 +1,18 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -24,11 +28,25 @@ type hardware struct {
 
 	mu  sync.Mutex
 	lib nvml.Interface
+	// owner is the only NVML caller outside discovery: per-GPU lanes,
+	// bounded calls, the sampler's and the event set's home.
+	owner *nvmlowner.Owner
 	// ready says Init succeeded; until then every discovery retries it, so
 	// a driver that loads after the agent is picked up by a rescan.
 	ready bool
 	// warned keeps a failing NVML to one error line, not one per rescan.
 	warned bool
+	// disc discovers over lib; it remembers GPU reads still hung from
+	// earlier discoveries. Created once lib is ready.
+	disc *topology.Discoverer
+	// callTimeout bounds each GPU's reads within one discovery.
+	callTimeout time.Duration
+	// last is the last discovered node (nil until one succeeds, and after
+	// a failed discovery): the links of the next discovery start from it,
+	// and the gpu-missing check compares with it.
+	last *topology.Node
+	// health configures the gpu-missing check (expected GPUs, disabled).
+	health health.Config
 
 	cleanup []func()
 }
@@ -40,7 +58,13 @@ type hardware struct {
 // discovery keeps failing (no GPU resources) until it loads.
 func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 	if cfg.Simulate == "" {
-		return nvmlHardware(nvml.New(), cfg.HostRoot, log), nil
+		h := nvmlHardware(nvml.New(), cfg.HostRoot, log)
+		h.health = cfg.Health.Config
+		if t := cfg.NVMLCallTimeout.Duration; t > 0 {
+			h.callTimeout = t
+			h.owner = nvmlowner.New(h.lib, nvmlowner.Config{CallTimeout: t}, log.With("component", "nvml"))
+		}
+		return h, nil
 	}
 
 	spec, err := parseSimulate(cfg.Simulate)
@@ -53,7 +77,7 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &hardware{log: log, what: "simulated " + spec.String()}
+	h := &hardware{log: log, what: "simulated " + spec.String(), callTimeout: cmp.Or(cfg.NVMLCallTimeout.Duration, nvmlowner.DefaultCallTimeout), health: cfg.Health.Config}
 	root := cfg.HostRoot
 	if root == "/" {
 		// Never write a simulated /sys and /dev over the real ones.
@@ -70,6 +94,7 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 		return nil, err
 	}
 	h.sim, h.lib, h.hostRoot, h.ready = node, node.NVML(), root, true
+	h.owner = nvmlowner.New(h.lib, nvmlowner.Config{CallTimeout: h.callTimeout}, log.With("component", "nvml"))
 	if ret := h.lib.Init(); ret != nvml.SUCCESS {
 		h.close()
 		return nil, fmt.Errorf("simulate: nvml init: %w", ret)
@@ -80,7 +105,8 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 
 // nvmlHardware is real hardware behind lib (nvml.New() outside tests).
 func nvmlHardware(lib nvml.Interface, hostRoot string, log *slog.Logger) *hardware {
-	h := &hardware{log: log, hostRoot: hostRoot, what: "NVML", lib: lib}
+	h := &hardware{log: log, hostRoot: hostRoot, what: "NVML", lib: lib, callTimeout: nvmlowner.DefaultCallTimeout,
+		owner: nvmlowner.New(lib, nvmlowner.Config{}, log.With("component", "nvml"))}
 	h.mu.Lock()
 	h.initLocked()
 	h.mu.Unlock()
@@ -110,19 +136,34 @@ func (h *hardware) initLocked() {
 // errNVMLUnavailable is returned by discover while NVML cannot be loaded.
 var errNVMLUnavailable = errors.New("nvml unavailable")
 
-// discover reads the node's current topology.
+// discover reads the node's current topology: each GPU bounded by the
+// call timeout (a hung GPU comes back Lost, "nvml-timeout: <call>"), the
+// links reused from the last discovery while the GPU set is unchanged.
 func (h *hardware) discover() (*topology.Node, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.initLocked()
 	if !h.ready {
+		h.last = nil
 		return nil, errNVMLUnavailable
 	}
-	n, err := topology.Discover(h.lib, h.hostRoot, h.log.With("component", "discovery"))
+	if h.disc == nil {
+		h.disc = topology.NewDiscoverer(h.lib, h.hostRoot, h.log.With("component", "discovery"))
+	}
+	n, err := h.disc.Discover(topology.Options{CallTimeout: h.callTimeout, Previous: h.last})
 	if err != nil {
+		h.last = nil
 		return nil, fmt.Errorf("discover: %w", err)
 	}
+	h.last = n
 	return n, nil
+}
+
+// lastNode is the last discovered node, nil if the last discovery failed.
+func (h *hardware) lastNode() *topology.Node {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
 }
 
 // changed is signalled when the simulated layout changes; nil (never) on

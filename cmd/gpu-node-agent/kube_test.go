@@ -102,7 +102,10 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
 	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
 	waitFor(t, "taint after the xid", func() bool { return ourTaint(getNode()) })
-	waitFor(t, "taint removed after recovery", func() bool { return !ourTaint(getNode()) })
+	// XID 79 holds until the GPU is reset.
+	waitResetRequested(t, a.mon, a.rec.current().node.GPUs[2].UUID)
+	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":2}`)
+	waitFor(t, "taint removed after the reset and recovery", func() bool { return !ourTaint(getNode()) })
 }
 
 // TestNoteNVML: NVML that won't load on a node with NVIDIA GPUs on its PCI
@@ -145,6 +148,8 @@ func TestNoteNVML(t *testing.T) {
 			if !fit && !strings.Contains(strings.Join(why, ";"), "nvml unavailable with NVIDIA GPUs") {
 				t.Errorf("reasons %v", why)
 			}
+			// Discovery works and lists the GPU on the bus.
+			hw.last = &topology.Node{GPUs: []topology.GPU{{UUID: "GPU-0", PCIBusID: "0000:17:00.0"}}}
 			noteNVML(mon, hw, nil)
 			// Recovery takes the recovery period; the cause itself is gone.
 			if st := mon.Status(health.NodeID); !fit && !strings.Contains(strings.Join(st.Reasons, ";"), "cleared") {

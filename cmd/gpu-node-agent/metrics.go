@@ -9,17 +9,16 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 )
 
-// newCollector builds the dcgm-exporter compatible GPU collector on reg.
-// Its XID metric comes from the health monitor, which owns the NVML event
-// set (two event sets would each see only some of the events).
-func newCollector(cfg Config, hw *hardware, mon *health.Monitor, reg prometheus.Registerer, log *slog.Logger) (*metrics.Collector, error) {
-	mc := metrics.Config{
-		Interval:      cfg.Metrics.Interval.Duration,
-		DeviceTimeout: cfg.Metrics.DeviceTimeout.Duration,
-		Hostname:      cfg.NodeName,
-	}
+// newCollector builds the dcgm-exporter compatible GPU collector on reg,
+// serving the readings of sampler s (the NVML owner's; it calls no NVML
+// itself, and metrics.deviceTimeout is ignored). Its XID metric comes from
+// the health monitor, which owns the NVML event set (two event sets would
+// each see only some of the events).
+func newCollector(cfg Config, s *nvmlowner.Sampler, hw *hardware, mon *health.Monitor, reg prometheus.Registerer, log *slog.Logger) (*metrics.Collector, error) {
+	mc := metrics.Config{Hostname: cfg.NodeName}
 	if mc.Hostname == "" {
 		mc.Hostname, _ = os.Hostname()
 	}
@@ -27,7 +26,7 @@ func newCollector(cfg Config, hw *hardware, mon *health.Monitor, reg prometheus.
 		mc.PodResourcesSocket = metrics.PodResourcesSocketPath(hw.hostRoot)
 	}
 	mc.XIDs = mon
-	c, err := metrics.NewCollector(hw.lib, mc, reg, log)
+	c, err := metrics.NewCollector(s, mc, reg, log)
 	if err != nil {
 		return nil, fmt.Errorf("metrics collector: %w", err)
 	}

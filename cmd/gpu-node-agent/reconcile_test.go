@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -249,5 +251,80 @@ func TestNVMLUnavailable(t *testing.T) {
 	}
 	if len(node.GPUs) != 0 {
 		t.Errorf("gpus = %d, want 0", len(node.GPUs))
+	}
+}
+
+// awaitSignal waits for one signal on ch, failing the test with what after a
+// bound that only a broken reconciler reaches.
+func awaitSignal(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// TestReconcileResyncDuringDiscovery: a discovery blocked in NVML does not
+// hold up health re-syncs; rediscover requests during it coalesce into one
+// more discovery afterwards, and two discoveries never run at once.
+func TestReconcileResyncDuringDiscovery(t *testing.T) {
+	rec := newSyncRecorder()
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var calls, running, overlap atomic.Int32
+	rediscover := make(chan struct{})
+	resync := make(chan struct{})
+	r := &reconciler{
+		log: slog.New(slog.DiscardHandler),
+		discover: func() (*topology.Node, error) {
+			if running.Add(1) > 1 {
+				overlap.Add(1)
+			}
+			defer running.Add(-1)
+			if calls.Add(1) == 2 {
+				// The second discovery hangs, as on a GPU in a GSP timeout.
+				started <- struct{}{}
+				<-release
+			}
+			return &topology.Node{}, nil
+		},
+		sources: []source{{name: "gpu", build: func(*topology.Node) ([]plugin.Resource, error) {
+			return []plugin.Resource{fakeResource{"nvidia.com/gpu", 1}}, nil
+		}}},
+		sync:       rec.sync,
+		rediscover: []<-chan struct{}{rediscover},
+		resync:     []<-chan struct{}{resync},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	awaitSignal(t, rec.ch, "the first discovery's sync")
+	rediscover <- struct{}{}
+	awaitSignal(t, started, "the second discovery to start")
+	resync <- struct{}{}
+	awaitSignal(t, rec.ch, "a health re-sync's sync while a discovery is blocked")
+	// Two more requests while it is blocked: one discovery after it.
+	rediscover <- struct{}{}
+	rediscover <- struct{}{}
+	resync <- struct{}{}
+	awaitSignal(t, rec.ch, "a second health re-sync's sync while a discovery is blocked")
+	close(release)
+	awaitSignal(t, rec.ch, "the blocked discovery's sync")
+	awaitSignal(t, rec.ch, "the coalesced discovery's sync")
+	cancel()
+	<-done
+	if n := calls.Load(); n != 3 {
+		t.Errorf("%d discoveries, want 3 (initial, the blocked one, one for the requests during it)", n)
+	}
+	if n := overlap.Load(); n != 0 {
+		t.Errorf("%d discoveries started while another ran", n)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.syncs) != 5 {
+		t.Errorf("%d syncs, want 5", len(rec.syncs))
 	}
 }

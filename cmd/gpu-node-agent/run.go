@@ -10,12 +10,14 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -32,6 +34,7 @@ type agent struct {
 	mgr       *plugin.Manager
 	mon       *health.Monitor
 	collector *metrics.Collector
+	sampler   *nvmlowner.Sampler
 	watcher   *rdma.Watcher
 	// node is nil unless a node name and tainting or labels are set.
 	node *nodeObject
@@ -73,10 +76,18 @@ func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (_ *agent, err er
 	if err != nil {
 		return nil, fmt.Errorf("device-plugin manager: %w", err)
 	}
-	if a.mon, err = health.NewMonitor(cfg.Health.Config, hw.lib, log.With("component", "health"), a.reg); err != nil {
+	hcfg := cfg.healthConfig(hw.hostRoot)
+	// Under --mig-strategy none the kubelet knows whole GPUs only: XIDs
+	// tagged with a MIG instance go to the GPU.
+	hcfg.MIGDevicesServed = cfg.MIGStrategy != gpu.MIGStrategyNone
+	if a.mon, err = health.NewMonitor(hcfg, hw.owner, log.With("component", "health"), a.reg); err != nil {
 		return nil, err
 	}
-	if a.collector, err = newCollector(cfg, hw, a.mon, a.reg, log.With("component", "metrics")); err != nil {
+	// One sampler reads every GPU counter once per interval for health
+	// and metrics alike, on the NVML owner's per-GPU lanes.
+	a.sampler = nvmlowner.NewSampler(hw.owner, nvmlowner.SamplerConfig{Interval: sampleInterval(cfg)})
+	a.mon.SetSampler(a.sampler)
+	if a.collector, err = newCollector(cfg, a.sampler, hw, a.mon, a.reg, log.With("component", "metrics")); err != nil {
 		return nil, err
 	}
 	a.nics = openNICs(cfg.RDMA, hw, log.With("component", "rdma"))
@@ -108,7 +119,8 @@ func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (_ *agent, err er
 	if s := a.nics.source(a.mon, cfg.DeviceListStrategy == gpu.DeviceListCDICRI, recent); s != nil {
 		sources = append(sources, *s)
 	}
-	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode}
+	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode,
+		func(n *topology.Node) { a.sampler.SetTargets(metrics.SamplerTargets(n)) }}
 	if a.node != nil {
 		onDiscover = append(onDiscover, a.node.setNode)
 	}
@@ -124,7 +136,7 @@ func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (_ *agent, err er
 		sources:    sources,
 		sync:       a.mgr.Sync,
 		rescan:     cfg.RescanInterval.Duration,
-		rediscover: []<-chan struct{}{hw.changed()},
+		rediscover: []<-chan struct{}{hw.changed(), a.sampler.LayoutChanged()},
 		// Health changes re-sync the plugin manager without rediscovery.
 		resync: []<-chan struct{}{a.mon.Changes()},
 	}
@@ -197,6 +209,7 @@ func (a *agent) run(ctx context.Context) error {
 	start("device-plugin manager", func() error { return a.mgr.Run(ctx) })
 	start("reconcile", func() error { a.rec.run(ctx); return nil })
 	start("health monitor", func() error { return a.mon.Run(ctx) })
+	start("nvml sampler", func() error { return a.sampler.Run(ctx) })
 	start("metrics collector", func() error { return a.collector.Run(ctx) })
 	if a.watcher != nil {
 		start("rdma watcher", func() error { return a.watcher.Run(ctx) })
@@ -236,4 +249,17 @@ func signals(ctx context.Context, in <-chan os.Signal) <-chan struct{} {
 		}
 	}()
 	return out
+}
+
+// sampleInterval is the NVML sampling period: the shorter of the health
+// poll and metrics intervals, so each counter is read once for both.
+func sampleInterval(cfg Config) time.Duration {
+	h := cfg.Health.PollInterval
+	if h == 0 {
+		h = health.Config{}.WithDefaults().PollInterval
+	}
+	if m := cfg.Metrics.Interval.Duration; m > 0 && m < h {
+		return m
+	}
+	return h
 }

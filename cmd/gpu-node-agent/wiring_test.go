@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -64,6 +66,31 @@ func httpGet(url string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// waitResetRequested waits until the monitor has read the driver's request
+// to reset GPU id (the recovery-action cause): a reset it never saw asked
+// for leaves it no evidence to release a held fault.
+func waitResetRequested(t *testing.T, mon interface{ Status(string) health.Status }, id string) {
+	t.Helper()
+	waitFor(t, "the driver's reset request for "+id, func() bool {
+		return strings.Contains(strings.Join(mon.Status(id).Reasons, " "), "driver requests a gpu reset")
+	})
+}
+
+// simCalls reads the simulator's NVML call counts.
+func simCalls(t *testing.T, addr string) map[string]uint64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/calls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var calls map[string]uint64
+	if err := json.NewDecoder(resp.Body).Decode(&calls); err != nil {
+		t.Fatalf("GET /calls: %v", err)
+	}
+	return calls
 }
 
 func simFault(t *testing.T, addr, method, body string) {
@@ -166,7 +193,7 @@ func TestAgentWiring(t *testing.T) {
 		}
 	})
 
-	t.Run("xid event: unhealthy, then healthy after the recovery period", func(t *testing.T) {
+	t.Run("reset-class xid: unhealthy until the gpu is reset, then healthy after the recovery period", func(t *testing.T) {
 		id := node.GPUs[3].UUID
 		waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
 		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":3,"xid":79}`)
@@ -174,6 +201,11 @@ func TestAgentWiring(t *testing.T) {
 		if fit, _ := a.mon.NodeFit(); fit {
 			t.Error("node fit with GPU 3 unhealthy")
 		}
+		if st := a.mon.Status(id); !strings.Contains(strings.Join(st.Reasons, " "), "held until reset") {
+			t.Errorf("GPU 3 reasons %v, want the xid held until reset", st.Reasons)
+		}
+		waitResetRequested(t, a.mon, id)
+		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":3}`)
 		recvUntil(t, stream, id, pluginapi.Healthy)
 	})
 	t.Run("lasting fault: unhealthy until cleared and recovered", func(t *testing.T) {

@@ -188,6 +188,7 @@ func TestDaemonSet(t *testing.T) {
 					"pod-resources":  "/var/lib/kubelet/pod-resources",
 					"host-sys":       "/sys",
 					"host-dev":       "/dev",
+					"state":          "/var/lib/gpu-node-agent",
 				}
 				if got := hostPaths(spec); !maps.Equal(got, wantPaths) {
 					t.Errorf("hostPaths %v, want %v", got, wantPaths)
@@ -197,6 +198,7 @@ func TestDaemonSet(t *testing.T) {
 					"host-sys": "/host/sys", "host-dev": "/host/dev",
 					"pod-resources":  "/host/var/lib/kubelet/pod-resources",
 					"device-plugins": "/var/lib/kubelet/device-plugins",
+					"state":          "/var/lib/gpu-node-agent",
 				} {
 					if m[name].MountPath != path {
 						t.Errorf("volume %s mounted at %q, want %q", name, m[name].MountPath, path)
@@ -204,6 +206,16 @@ func TestDaemonSet(t *testing.T) {
 				}
 				if !m["host-sys"].ReadOnly || !m["host-dev"].ReadOnly {
 					t.Error("host /sys and /dev must be mounted read-only")
+				}
+				// The persisted health state is written: read-write, and the
+				// directory is created on a fresh node.
+				if m["state"].ReadOnly || !slices.Contains(c.Args, "--state-dir=/var/lib/gpu-node-agent") {
+					t.Errorf("state dir mount %+v, args %v: want read-write and --state-dir", m["state"], c.Args)
+				}
+				for _, v := range spec.Volumes {
+					if v.Name == "state" && (v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate) {
+						t.Errorf("state volume %+v, want DirectoryOrCreate", v.HostPath)
+					}
 				}
 				if spec.HostNetwork {
 					t.Error("hostNetwork on real GPUs; only simulate needs it")

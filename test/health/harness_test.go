@@ -21,7 +21,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // apiCounter counts the requests a client makes, by method and by
@@ -30,13 +32,15 @@ import (
 type apiCounter struct {
 	mu      sync.Mutex
 	methods map[string]int
-	status  map[int]int
-	errors  int
-	before  func(*http.Request)
+	// requests counts completed requests by method and URL path.
+	requests map[string]int
+	status   map[int]int
+	errors   int
+	before   func(*http.Request)
 }
 
 func newAPICounter() *apiCounter {
-	return &apiCounter{methods: map[string]int{}, status: map[int]int{}}
+	return &apiCounter{methods: map[string]int{}, requests: map[string]int{}, status: map[int]int{}}
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -56,6 +60,7 @@ func (c *apiCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.methods[r.Method]++
+		c.requests[r.Method+" "+r.URL.Path]++
 		if err != nil {
 			c.errors++
 		} else {
@@ -70,6 +75,7 @@ func (c *apiCounter) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.methods)
+	clear(c.requests)
 	clear(c.status)
 	c.errors = 0
 }
@@ -84,6 +90,13 @@ func (c *apiCounter) counts() (writes, reads int, summary string) {
 	}
 	reads = c.methods[http.MethodGet]
 	return writes, reads, fmt.Sprintf("methods %v, statuses %v, transport errors %d", c.methods, c.status, c.errors)
+}
+
+// requestCount is how many method requests for path have completed.
+func (c *apiCounter) requestCount(method, path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.requests[method+" "+path]
 }
 
 func (c *apiCounter) statusCount(code int) int {
@@ -112,12 +125,20 @@ func countedClient(t testing.TB, cfg *rest.Config, counter *apiCounter) kubernet
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// startSimMonitor runs a health monitor on a simulated DGX H100 and waits
-// until it receives XID events: the simulator drops events injected
-// before the monitor's event set is registered, so it injects XID 79 on
-// GPU 0 until the monitor sees one, then waits for GPU 0 to recover
-// (cfg.RecoveryPeriod should be short, or the test waits that long).
-func startSimMonitor(t testing.TB, cfg health.Config) (*sim.Node, *health.Monitor) {
+// simHealth is a health monitor and its NVML sampler running on a
+// simulated node, as the agent wires them (run.go).
+type simHealth struct {
+	node    *sim.Node
+	mon     *health.Monitor
+	sampler *nvmlowner.Sampler
+	// reg holds the monitor's metrics: the observations it counts are
+	// the tests' signal that it has applied a sampling cycle.
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// newSimNode is a simulated DGX H100.
+func newSimNode(t testing.TB) *sim.Node {
 	t.Helper()
 	spec, err := sim.Profile("dgx-h100")
 	if err != nil {
@@ -127,34 +148,127 @@ func startSimMonitor(t testing.TB, cfg health.Config) (*sim.Node, *health.Monito
 	if err != nil {
 		t.Fatal(err)
 	}
+	return node
+}
+
+// startSimMonitor runs a health monitor and its sampler on a new simulated
+// DGX H100 (see runSimMonitor).
+func startSimMonitor(t testing.TB, cfg health.Config) *simHealth {
+	t.Helper()
+	return runSimMonitor(t, newSimNode(t), cfg)
+}
+
+// runSimMonitor builds a monitor on node (restoring cfg.StateDir, if set,
+// in NewMonitor) and runs it with a sampler whose interval is
+// cfg.PollInterval, until stop is called or the test ends. It returns once
+// the monitor's XID event set is registered (the simulator, like NVML,
+// drops events raised before that) and the sampler has published a cycle.
+func runSimMonitor(t testing.TB, node *sim.Node, cfg health.Config) *simHealth {
+	t.Helper()
+	h := buildSimMonitor(t, node, cfg)
+	h.start(t)
+	waitFor(t, time.Minute, "the monitor's XID event set and a first sampling cycle", func() bool {
+		return h.mon.Listening() && h.sampler.Latest() != nil
+	})
+	return h
+}
+
+// buildSimMonitor builds the monitor and sampler without running them.
+func buildSimMonitor(t testing.TB, node *sim.Node, cfg health.Config) *simHealth {
+	t.Helper()
 	cfg.DCGMMode = health.DCGMOff
-	mon, err := health.NewMonitor(cfg, node.NVML(), discard(), nil)
+	owner := nvmlowner.New(node.NVML(), nvmlowner.Config{}, discard())
+	if err := owner.Init(context.Background()); err != nil {
+		t.Fatalf("simulated nvml init: %v", err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	mon, err := health.NewMonitor(cfg, owner, discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	interval := cfg.PollInterval
+	if interval == 0 {
+		interval = health.Config{}.WithDefaults().PollInterval
+	}
+	sampler := nvmlowner.NewSampler(owner, nvmlowner.SamplerConfig{Interval: interval})
+	sampler.SetTargets(samplerTargets(node.Spec()))
+	mon.SetSampler(sampler)
 	mon.SetNode(node.Spec())
+	return &simHealth{node: node, mon: mon, sampler: sampler, reg: reg, stop: func() {}}
+}
+
+// samplerTargets is what the agent samples on node (health/metrics
+// SamplerTargets; importing that package here would add its HTTP server's
+// dependencies to this module for ten lines).
+func samplerTargets(node *topology.Node) []nvmlowner.Target {
+	var targets []nvmlowner.Target
+	for _, g := range node.GPUs {
+		tg := nvmlowner.Target{UUID: g.UUID}
+		for _, m := range g.MIG {
+			tg.MIG = append(tg.MIG, nvmlowner.MIGTarget{UUID: m.UUID, Index: m.Index})
+		}
+		targets = append(targets, tg)
+	}
+	return targets
+}
+
+// start runs the monitor and the sampler until stop or the test's end.
+func (h *simHealth) start(t testing.TB) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = mon.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { _ = h.mon.Run(ctx) })
+	wg.Go(func() { _ = h.sampler.Run(ctx) })
+	var once sync.Once
+	h.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(h.stop)
+}
 
-	gpu0 := node.Spec().GPUs[0].UUID
-	waitFor(t, time.Minute, "the monitor to receive simulated XID events", func() bool {
-		simFault(t, node, http.MethodPost, `{"kind":"xid","gpu":0,"xid":79}`)
-		deadline := time.Now().Add(500 * time.Millisecond)
-		for time.Now().Before(deadline) {
-			if !mon.Healthy(gpu0) {
-				return true
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		return false
+// gpu is GPU i's UUID.
+func (h *simHealth) gpu(i int) string { return h.node.Spec().GPUs[i].UUID }
+
+// recoveryActionSeen counts the sampling cycles in which the monitor read
+// a GPU's driver recovery action asking for a reset (NVML_FI_DEV_GET_GPU_
+// RECOVERY_ACTION; the simulator sets it with every reset-class XID).
+func (h *simHealth) recoveryActionSeen(t testing.TB) float64 {
+	t.Helper()
+	return metricByLabel(t, h.reg, "gpu_node_agent_fault_observations_total", "check")[health.CheckRecovery]
+}
+
+// awaitResetRequested waits until the monitor has applied a sampling
+// cycle, begun after this call, that read a GPU asking for a reset: the
+// reset evidence the monitor looks for is that field going back to none
+// between two of its samples, so a reset before it had seen the request
+// would leave no trace.
+func (h *simHealth) awaitResetRequested(t testing.TB) {
+	t.Helper()
+	base := h.recoveryActionSeen(t)
+	waitFor(t, time.Minute, "a sampling cycle reading the GPU's reset request", func() bool {
+		return h.recoveryActionSeen(t) >= base+2
 	})
-	waitFor(t, time.Minute+cfg.RecoveryPeriod, "GPU 0 to recover from the warm-up XID", func() bool {
-		fit, _ := mon.NodeFit()
-		return fit
+}
+
+// heldThenReset checks that GPU i's reset-class fault outlasts the
+// recovery period while nothing resets the GPU (the monitor applies
+// sampling cycles spanning more than the period, and GPU i is still
+// unhealthy and the node unfit), then resets GPU i in the simulator.
+func (h *simHealth) heldThenReset(t testing.TB, i int, recovery time.Duration) {
+	t.Helper()
+	h.awaitResetRequested(t)
+	// n cycles are at least (n-1) intervals apart: more than the
+	// recovery period plus one interval for the monitor's timer.
+	n := int(recovery/h.sampler.Interval()) + 3
+	base := h.recoveryActionSeen(t)
+	waitFor(t, time.Minute+time.Duration(n)*h.sampler.Interval(), fmt.Sprintf("%d more sampling cycles", n), func() bool {
+		return h.recoveryActionSeen(t) >= base+float64(n)
 	})
-	return node, mon
+	if h.mon.Healthy(h.gpu(i)) {
+		t.Fatalf("GPU %d healthy again %d sampling cycles (%s each) after a reset-class fault, with recovery period %s and no reset",
+			i, n, h.sampler.Interval(), recovery)
+	}
+	if fit, _ := h.mon.NodeFit(); fit {
+		t.Fatalf("node fit again after a reset-class fault on GPU %d without a reset", i)
+	}
+	simFault(t, h.node, http.MethodPost, fmt.Sprintf(`{"kind":"gpu-reset","gpu":%d}`, i))
 }
 
 // simFault posts or deletes a fault through the simulator's control API.
@@ -167,8 +281,8 @@ func simFault(t testing.TB, n *sim.Node, method, body string) {
 	}
 }
 
-// runTainter runs tainter.Run(mon) until the test ends.
-func runTainter(t testing.TB, tainter *health.Tainter, mon *health.Monitor) {
+// runTainter runs tainter.Run(mon) until stop is called or the test ends.
+func runTainter(t testing.TB, tainter *health.Tainter, mon *health.Monitor) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -176,7 +290,10 @@ func runTainter(t testing.TB, tainter *health.Tainter, mon *health.Monitor) {
 			t.Errorf("tainter run: %v", err)
 		}
 	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // waitFor polls cond every 20ms until it holds, failing after timeout.

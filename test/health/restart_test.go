@@ -20,7 +20,7 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-restart"
 	createNode(t, c.Client, name)
-	simNode, mon := startSimMonitor(t, health.Config{PollInterval: time.Second,
+	h := startSimMonitor(t, health.Config{PollInterval: time.Second,
 		RecoveryPeriod: 300 * time.Millisecond, FlapWindow: time.Millisecond})
 	counter := newAPICounter()
 	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, counter), name,
@@ -28,7 +28,7 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runTainter(t, tainter, mon)
+	runTainter(t, tainter, h.mon)
 	waitFor(t, 30*time.Second, "GPUHealthy=True at start", func() bool { return conditionIs(getNode(t, c.Client, name), corev1.ConditionTrue) })
 
 	if err := c.StopAPIServer(); err != nil {
@@ -36,9 +36,9 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	}
 	counter.reset()
 	// A row-remap failure lasts until cleared, however long the outage.
-	gpu := simNode.Spec().GPUs[4].UUID
-	simFault(t, simNode, http.MethodPost, `{"kind":"row-remap-failure","gpu":4}`)
-	waitFor(t, 30*time.Second, "the monitor to record the fault", func() bool { return !mon.Healthy(gpu) })
+	gpu := h.gpu(4)
+	simFault(t, h.node, http.MethodPost, `{"kind":"row-remap-failure","gpu":4}`)
+	waitFor(t, 30*time.Second, "the monitor to record the fault", func() bool { return !h.mon.Healthy(gpu) })
 	waitFor(t, 30*time.Second, "the tainter to fail against the stopped API server", func() bool { return counter.errorCount() > 0 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -36,7 +36,7 @@ func TestRunSteadyStateWrites(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-steady"
 	createNode(t, c.Client, name)
-	simNode, mon := startSimMonitor(t, health.Config{PollInterval: time.Second,
+	h := startSimMonitor(t, health.Config{PollInterval: time.Second,
 		RecoveryPeriod: 300 * time.Millisecond, FlapWindow: time.Millisecond})
 	counter := newAPICounter()
 	reg := prometheus.NewPedanticRegistry()
@@ -46,10 +46,10 @@ func TestRunSteadyStateWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runTainter(t, tainter, mon)
+	runTainter(t, tainter, h.mon)
 
 	// A row-remap failure lasts until cleared; the monitor keeps polling it.
-	simFault(t, simNode, http.MethodPost, `{"kind":"row-remap-failure","gpu":3}`)
+	simFault(t, h.node, http.MethodPost, `{"kind":"row-remap-failure","gpu":3}`)
 	// Initial condition True, then taint, condition False and the event.
 	waitFor(t, time.Minute, "taint, condition and event written", func() bool {
 		w := metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind")
@@ -79,7 +79,7 @@ func TestRunSteadyStateWrites(t *testing.T) {
 	if got := getNode(t, c.Client, name).ResourceVersion; got != rv {
 		t.Errorf("node resourceVersion moved %s -> %s at steady state", rv, got)
 	}
-	if fit, _ := mon.NodeFit(); fit {
+	if fit, _ := h.mon.NodeFit(); fit {
 		t.Errorf("node fit at the end: the fault did not last the steady-state period")
 	}
 }
