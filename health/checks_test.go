@@ -175,6 +175,11 @@ func TestSampleChecks(t *testing.T) {
 		{name: "nvlink counters not supported (blackwell): state still checked", run: checkNVLink, prev: mods{countersUnsupported},
 			cur: mods{countersUnsupported, linkDown(0)}, baselines: map[string]uint64{"nvlink-up-0": 1, "nvlink-up-1": 1},
 			want: "nvlink/link 0:F:nvlink 0 down nvlink/link 1:C"},
+		{name: "nvlink on blackwell: recovery events count instead", run: checkNVLink,
+			prev:      mods{countersUnsupported, func(s *nvmlowner.Sample) { s.Links[1].Recoveries = nvmlowner.Value{V: 3, Status: nvmlowner.OK} }},
+			cur:       mods{countersUnsupported, func(s *nvmlowner.Sample) { s.Links[1].Recoveries = nvmlowner.Value{V: 103, Status: nvmlowner.OK} }},
+			baselines: map[string]uint64{"nvlink-up-0": 1, "nvlink-up-1": 1},
+			want:      "nvlink/link 0:C nvlink/link 1:C nvlink/link 1 errors:E:nvlink 1 errors rose by 100"},
 		{name: "nvlink one counter unsupported, the others count", run: checkNVLink, prev: mods{func(s *nvmlowner.Sample) {
 			s.Links[0].Counters[0] = nvmlowner.Value{Status: nvmlowner.NotSupported}
 		}}, cur: mods{func(s *nvmlowner.Sample) {

@@ -19,7 +19,8 @@ func baselineLinkUp(l int) string { return "nvlink-up-" + strconv.Itoa(l) }
 // it up. A rise of the link's error counters (replay, recovery, CRC flit
 // and data) between two samples of at least NVLinkErrorJump is a fault
 // event. Each counter counts on its own: the ones the GPU answers
-// NOT_SUPPORTED for (all four on Blackwell) are left out, never the link.
+// NOT_SUPPORTED for are left out, never the link; on Blackwell, where all
+// four are, the NVLink5 recovery event count stands in for them.
 func checkNVLink(in *checkInput, out *checkResult) {
 	prev := map[int]nvmlowner.Link{}
 	if in.Prev != nil {
@@ -47,8 +48,11 @@ func checkNVLink(in *checkInput, out *checkResult) {
 			continue
 		}
 		var rise uint64
-		for i, c := range l.Counters {
-			pc := p.Counters[i]
+		for i, c := range append(l.Counters[:], l.Recoveries) {
+			pc := p.Recoveries
+			if i < len(p.Counters) {
+				pc = p.Counters[i]
+			}
 			if c.Status == nvmlowner.OK && pc.Status == nvmlowner.OK && c.V > pc.V {
 				rise += c.V - pc.V
 			}

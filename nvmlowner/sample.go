@@ -101,6 +101,12 @@ type Link struct {
 	Link     int
 	Up       Value // GetNvLinkState: 1 FEATURE_ENABLED, 0 disabled
 	Counters [4]Value
+	// Recoveries is the link's NVLink5 recovery event count (field
+	// FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS, scope = link), read where
+	// the DL counters are not supported: nvml.h says those fields are
+	// "unsupported for Blackwell+. Please use
+	// NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*".
+	Recoveries Value
 }
 
 // NVLinkCounters are the NVLink error counters a Link carries, in order.

@@ -407,7 +407,42 @@ func readLinks(dev nvml.Device, note func(nvml.Return) nvml.Return, max int) []L
 		}
 		links = append(links, lk)
 	}
+	readRecoveries(dev, links, note)
 	return links
+}
+
+// readRecoveries reads, in one field-values call, the NVLink5 recovery
+// event count of every up link whose DL error counters the GPU does not
+// support (Blackwell and later).
+func readRecoveries(dev nvml.Device, links []Link, note func(nvml.Return) nvml.Return) {
+	var fvs []nvml.FieldValue
+	var idx []int
+	for i, l := range links {
+		if l.Up.V != 1 || l.Up.Status != OK || l.Counters[0].Status != NotSupported {
+			continue
+		}
+		fvs = append(fvs, nvml.FieldValue{FieldId: nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS, ScopeId: uint32(l.Link)})
+		idx = append(idx, i)
+	}
+	if len(fvs) == 0 {
+		return
+	}
+	if ret := note(dev.GetFieldValues(fvs)); ret != nvml.SUCCESS {
+		for _, i := range idx {
+			links[i].Recoveries = valueOf(0, ret)
+		}
+		return
+	}
+	for k, fv := range fvs {
+		ret := nvml.Return(fv.NvmlReturn)
+		if ret != nvml.SUCCESS {
+			links[idx[k]].Recoveries = valueOf(0, ret)
+			continue
+		}
+		if x, ok := fieldUint(fv); ok {
+			links[idx[k]].Recoveries = Value{V: x, Status: OK}
+		}
+	}
 }
 
 // linkBound is how many link numbers to ask GPU uuid about.

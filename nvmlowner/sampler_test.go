@@ -167,3 +167,21 @@ func TestSamplerMIGLayoutChanged(t *testing.T) {
 		t.Fatal("no rediscovery asked for")
 	}
 }
+
+// TestSamplerBlackwellRecoveries: on Blackwell the DL error counters are
+// NOT_SUPPORTED, and the NVLink5 recovery event count is read per link.
+func TestSamplerBlackwellRecoveries(t *testing.T) {
+	_, _, s, _ := simSampler(t, "dgx-b200")
+	snap := s.SampleNow(context.Background())
+	for _, smp := range snap.Samples {
+		if len(smp.Links) != 18 {
+			t.Fatalf("%s: %d links, want 18", smp.UUID, len(smp.Links))
+		}
+		for _, l := range smp.Links {
+			if l.Counters[0].Status != NotSupported || l.Recoveries.Status != OK {
+				t.Fatalf("%s link %d: DL counter status %d, recoveries status %d; want NotSupported and OK",
+					smp.UUID, l.Link, l.Counters[0].Status, l.Recoveries.Status)
+			}
+		}
+	}
+}
