@@ -57,7 +57,11 @@ func newMockNode(tb testing.TB, gpus int, layout migLayout) *mockNode {
 			g.MIG = append(g.MIG, m)
 			used := uint64(64+j*512) * mib
 			total := m.MemoryMiB * mib
+			uuid := m.UUID
 			migs = append(migs, &mock.Device{
+				// The sampler checks that the MIG index still holds
+				// the device discovery saw.
+				GetUUIDFunc: func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
 				GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
 					return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 				},
