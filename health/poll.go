@@ -21,14 +21,16 @@ func (m *Monitor) pollLoop(ctx context.Context) {
 		<-ctx.Done()
 		return
 	}
-	ch := m.sampler.Subscribe()
+	// Every snapshot, in order: reset evidence is a change between two
+	// consecutive samples, which applying only the latest could skip.
+	ch := m.sampler.Snapshots(64)
 	m.applySnapshot(m.sampler.Latest())
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-ch:
-			m.applySnapshot(m.sampler.Latest())
+		case snap := <-ch:
+			m.applySnapshot(snap)
 		}
 	}
 }

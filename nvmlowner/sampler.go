@@ -67,6 +67,7 @@ type Sampler struct {
 
 	subsMu sync.Mutex
 	subs   []chan struct{}
+	queues []chan *Snapshot
 
 	// links is, per GPU, one past the highest NVLink that exists (learnt
 	// from its first complete sample), so later cycles ask NVML only
@@ -128,6 +129,18 @@ func (s *Sampler) Subscribe() <-chan struct{} {
 	s.subs = append(s.subs, ch)
 	s.subsMu.Unlock()
 	return ch
+}
+
+// Snapshots returns a channel that receives every cycle's snapshot in
+// order, for a consumer that must see each one (the health checks compare
+// consecutive samples: a reset shows only as a change between two). It
+// holds n; a consumer that falls n behind loses the oldest.
+func (s *Sampler) Snapshots(n int) <-chan *Snapshot {
+	q := make(chan *Snapshot, max(n, 1))
+	s.subsMu.Lock()
+	s.queues = append(s.queues, q)
+	s.subsMu.Unlock()
+	return q
 }
 
 // Latest is the last complete cycle, nil before the first.
@@ -211,6 +224,21 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 		select {
 		case ch <- struct{}{}:
 		default:
+		}
+	}
+	for _, q := range s.queues {
+		for sent := false; !sent; {
+			select {
+			case q <- snap:
+				sent = true
+			default:
+				// The consumer is a whole buffer behind: drop its
+				// oldest snapshot rather than wait for it.
+				select {
+				case <-q:
+				default:
+				}
+			}
 		}
 	}
 	s.subsMu.Unlock()

@@ -2,6 +2,7 @@ package nvmlowner
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -183,5 +184,26 @@ func TestSamplerBlackwellRecoveries(t *testing.T) {
 					smp.UUID, l.Link, l.Counters[0].Status, l.Recoveries.Status)
 			}
 		}
+	}
+}
+
+// TestSamplerSnapshotsInOrder: a consumer of Snapshots sees every cycle in
+// order while it keeps up, and the newest ones when it falls behind.
+func TestSamplerSnapshotsInOrder(t *testing.T) {
+	_, _, s, _ := simSampler(t, "pcie-8gpu")
+	q := s.Snapshots(3)
+	for range 5 {
+		s.SampleNow(context.Background())
+	}
+	var seqs []uint64
+	for range 3 {
+		seqs = append(seqs, (<-q).Seq)
+	}
+	if fmt.Sprint(seqs) != "[3 4 5]" {
+		t.Fatalf("a consumer 2 behind got %v, want the newest three [3 4 5]", seqs)
+	}
+	s.SampleNow(context.Background())
+	if got := (<-q).Seq; got != 6 {
+		t.Fatalf("next snapshot %d, want 6", got)
 	}
 }
