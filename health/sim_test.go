@@ -168,8 +168,19 @@ func TestSimFaults(t *testing.T) {
 					t.Errorf("%s unhealthy too: %v", id, st.Reasons)
 				}
 			}
-			if f := m.Fitness(); f.Fit || (tc.reason != "" && f.Reason != tc.reason) {
-				t.Errorf("fitness %+v, want unfit with reason %q", f, tc.reason)
+			reason := tc.reason
+			if tc.reset != "" {
+				// A reset-class XID makes the driver ask for a reset too
+				// (its recovery action, read by the sample the XID asks
+				// for at once): two causes, so the reason is multiple.
+				gpu := resolve("gpu" + tc.reset)[0]
+				waitUntil(t, "the driver's reset request", func() bool {
+					return strings.Contains(strings.Join(m.Status(gpu).Reasons, " "), "driver requests a gpu reset")
+				})
+				reason = "multiple"
+			}
+			if f := m.Fitness(); f.Fit || (reason != "" && f.Reason != reason) {
+				t.Errorf("fitness %+v, want unfit with reason %q", f, reason)
 			}
 			// A fault held until a reset (a DBE event, a lost GPU) is
 			// released by reset evidence in the samples: let one sample

@@ -64,7 +64,8 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 }
 
 // BenchmarkFaultToListAndWatch measures a device fault's path through the
-// running agent: an XID 79 injected into the simulated node (its NVML
+// running agent: an XID 74 (NVLink class: it recovers by itself, where a
+// reset-class XID would hold until a reset) injected into the simulated node (its NVML
 // event set), the health monitor's observation, its change signal, the
 // reconciler's re-sync and the push that reaches an open ListAndWatch
 // stream with the GPU Unhealthy. Each iteration faults the next GPU and
@@ -84,7 +85,7 @@ func BenchmarkFaultToListAndWatch(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		g := i % len(node.GPUs)
-		req := httptest.NewRequest(http.MethodPost, "/faults", strings.NewReader(fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":79}`, g)))
+		req := httptest.NewRequest(http.MethodPost, "/faults", strings.NewReader(fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":74}`, g)))
 		rec := httptest.NewRecorder()
 		start := time.Now()
 		ctl.ServeHTTP(rec, req)
