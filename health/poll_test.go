@@ -18,15 +18,7 @@ import (
 func attachSampler(t testing.TB, m *Monitor, node *topology.Node, interval time.Duration) *nvmlowner.Sampler {
 	t.Helper()
 	s := nvmlowner.NewSampler(m.owner, nvmlowner.SamplerConfig{Interval: interval})
-	var targets []nvmlowner.Target
-	for _, g := range node.GPUs {
-		tg := nvmlowner.Target{UUID: g.UUID}
-		for _, mig := range g.MIG {
-			tg.MIG = append(tg.MIG, nvmlowner.MIGTarget{UUID: mig.UUID, Index: mig.Index})
-		}
-		targets = append(targets, tg)
-	}
-	s.SetTargets(targets)
+	s.SetTargets(nvmlowner.TargetsOf(node))
 	m.SetSampler(s)
 	return s
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // DefaultSampleInterval is the sampling period when SamplerConfig.Interval
@@ -20,6 +22,24 @@ const DefaultSampleInterval = 10 * time.Second
 type Target struct {
 	UUID string
 	MIG  []MIGTarget
+}
+
+// TargetsOf is what the sampler must read for node n (nil: nothing): every
+// GPU by UUID, with its MIG devices by UUID and MIG handle index. The agent
+// passes it to SetTargets after every discovery.
+func TargetsOf(n *topology.Node) []Target {
+	if n == nil {
+		return nil
+	}
+	targets := make([]Target, 0, len(n.GPUs))
+	for _, g := range n.GPUs {
+		t := Target{UUID: g.UUID}
+		for _, m := range g.MIG {
+			t.MIG = append(t.MIG, MIGTarget{UUID: m.UUID, Index: m.Index})
+		}
+		targets = append(targets, t)
+	}
+	return targets
 }
 
 // MIGTarget is a MIG device by UUID and its MIG handle index under its

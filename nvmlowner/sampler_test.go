@@ -3,12 +3,14 @@ package nvmlowner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 func simSampler(t *testing.T, profile string, opts ...sim.ProfileOption) (*sim.Node, *Owner, *Sampler, []Target) {
@@ -26,14 +28,7 @@ func simSampler(t *testing.T, profile string, opts ...sim.ProfileOption) (*sim.N
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = o.Shutdown(context.Background()) })
-	var targets []Target
-	for _, g := range node.Spec().GPUs {
-		tg := Target{UUID: g.UUID}
-		for _, m := range g.MIG {
-			tg.MIG = append(tg.MIG, MIGTarget{UUID: m.UUID, Index: m.Index})
-		}
-		targets = append(targets, tg)
-	}
+	targets := TargetsOf(node.Spec())
 	s := NewSampler(o, SamplerConfig{Interval: time.Hour})
 	s.SetTargets(targets)
 	return node, o, s, targets
@@ -205,5 +200,25 @@ func TestSamplerSnapshotsInOrder(t *testing.T) {
 	s.SampleNow(context.Background())
 	if got := (<-q).Seq; got != 6 {
 		t.Fatalf("next snapshot %d, want 6", got)
+	}
+}
+
+func TestTargetsOf(t *testing.T) {
+	n := &topology.Node{GPUs: []topology.GPU{
+		{UUID: "GPU-a"},
+		{UUID: "GPU-b", MIGEnabled: true, MIG: []topology.MIGDevice{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
+	}}
+	got := TargetsOf(n)
+	want := []Target{
+		{UUID: "GPU-a"},
+		{UUID: "GPU-b", MIG: []MIGTarget{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
+	}
+	if !slices.EqualFunc(got, want, func(a, b Target) bool {
+		return a.UUID == b.UUID && slices.Equal(a.MIG, b.MIG)
+	}) {
+		t.Errorf("TargetsOf = %+v, want %+v", got, want)
+	}
+	if got := TargetsOf(nil); got != nil {
+		t.Errorf("TargetsOf(nil) = %+v, want nil", got)
 	}
 }

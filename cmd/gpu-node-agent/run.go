@@ -120,7 +120,7 @@ func openAgent(cfg Config, log *slog.Logger, stdout io.Writer) (_ *agent, err er
 		sources = append(sources, *s)
 	}
 	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode,
-		func(n *topology.Node) { a.sampler.SetTargets(metrics.SamplerTargets(n)) }}
+		func(n *topology.Node) { a.sampler.SetTargets(nvmlowner.TargetsOf(n)) }}
 	if a.node != nil {
 		onDiscover = append(onDiscover, a.node.setNode)
 	}

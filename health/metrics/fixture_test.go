@@ -178,7 +178,7 @@ func newSampler(tb testing.TB, lib nvml.Interface, node *topology.Node, callTime
 		tb.Fatalf("nvml init: %v", err)
 	}
 	s := nvmlowner.NewSampler(owner, nvmlowner.SamplerConfig{Interval: time.Hour})
-	s.SetTargets(SamplerTargets(node))
+	s.SetTargets(nvmlowner.TargetsOf(node))
 	return s
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
-	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // XIDSource reports the last XID seen on a GPU; the health monitor, which
@@ -22,25 +21,6 @@ const (
 	reasonNotSupported = "not-supported"
 	reasonNoPermission = "no-permission"
 )
-
-// SamplerTargets is what the NVML sampler must read for the metrics (and
-// health) of node n: every GPU by UUID, with its MIG devices by UUID and MIG
-// handle index. The agent passes it to nvmlowner.Sampler.SetTargets after
-// every discovery.
-func SamplerTargets(n *topology.Node) []nvmlowner.Target {
-	if n == nil {
-		return nil
-	}
-	targets := make([]nvmlowner.Target, 0, len(n.GPUs))
-	for _, g := range n.GPUs {
-		t := nvmlowner.Target{UUID: g.UUID}
-		for _, m := range g.MIG {
-			t.MIG = append(t.MIG, nvmlowner.MIGTarget{UUID: m.UUID, Index: m.Index})
-		}
-		targets = append(targets, t)
-	}
-	return targets
-}
 
 // sampleError says why a GPU's sample counts as a collection error, or
 // nil: the GPU could not be read at all (lost, timed out, library failure)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
-	"slices"
 	"strings"
 	"testing"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
-	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 func TestUnitConversions(t *testing.T) {
@@ -75,26 +73,6 @@ func TestSampleError(t *testing.T) {
 	s := with(nvmlowner.FieldGPUTemp, nvmlowner.Value{Status: nvmlowner.Failed, Err: nvml.ERROR_UNKNOWN})
 	if err := sampleError(&s); !errors.Is(err, nvml.ERROR_UNKNOWN) {
 		t.Errorf("sampleError = %v, want it to wrap ERROR_UNKNOWN", err)
-	}
-}
-
-func TestSamplerTargets(t *testing.T) {
-	n := &topology.Node{GPUs: []topology.GPU{
-		{UUID: "GPU-a"},
-		{UUID: "GPU-b", MIGEnabled: true, MIG: []topology.MIGDevice{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
-	}}
-	got := SamplerTargets(n)
-	want := []nvmlowner.Target{
-		{UUID: "GPU-a"},
-		{UUID: "GPU-b", MIG: []nvmlowner.MIGTarget{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
-	}
-	if !slices.EqualFunc(got, want, func(a, b nvmlowner.Target) bool {
-		return a.UUID == b.UUID && slices.Equal(a.MIG, b.MIG)
-	}) {
-		t.Errorf("SamplerTargets = %+v, want %+v", got, want)
-	}
-	if got := SamplerTargets(nil); got != nil {
-		t.Errorf("SamplerTargets(nil) = %+v, want nil", got)
 	}
 }
 

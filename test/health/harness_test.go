@@ -23,7 +23,6 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
-	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // apiCounter counts the requests a client makes, by method and by
@@ -191,25 +190,10 @@ func buildSimMonitor(t testing.TB, node *sim.Node, cfg health.Config) *simHealth
 		interval = health.Config{}.WithDefaults().PollInterval
 	}
 	sampler := nvmlowner.NewSampler(owner, nvmlowner.SamplerConfig{Interval: interval})
-	sampler.SetTargets(samplerTargets(node.Spec()))
+	sampler.SetTargets(nvmlowner.TargetsOf(node.Spec()))
 	mon.SetSampler(sampler)
 	mon.SetNode(node.Spec())
 	return &simHealth{node: node, mon: mon, sampler: sampler, reg: reg, stop: func() {}}
-}
-
-// samplerTargets is what the agent samples on node (health/metrics
-// SamplerTargets; importing that package here would add its HTTP server's
-// dependencies to this module for ten lines).
-func samplerTargets(node *topology.Node) []nvmlowner.Target {
-	var targets []nvmlowner.Target
-	for _, g := range node.GPUs {
-		tg := nvmlowner.Target{UUID: g.UUID}
-		for _, m := range g.MIG {
-			tg.MIG = append(tg.MIG, nvmlowner.MIGTarget{UUID: m.UUID, Index: m.Index})
-		}
-		targets = append(targets, tg)
-	}
-	return targets
 }
 
 // start runs the monitor and the sampler until stop or the test's end.
