@@ -212,6 +212,13 @@ func TestAgentWiring(t *testing.T) {
 		id := node.GPUs[5].UUID
 		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-lost","gpu":5}`)
 		recvUntil(t, stream, id, pluginapi.Unhealthy)
+		// The XID 79 that comes with it is held until a reset; the GPU
+		// answering again after a sample saw it lost is that evidence
+		// (a GPU that is back before any sample saw it gone leaves none,
+		// and stays held until an operator clears it).
+		waitFor(t, "a sample to see GPU 5 lost", func() bool {
+			return strings.Contains(strings.Join(a.mon.Status(id).Reasons, " "), "gpu lost")
+		})
 		simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"gpu-lost","gpu":5}`)
 		recvUntil(t, stream, id, pluginapi.Healthy)
 	})
