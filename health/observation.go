@@ -1,7 +1,5 @@
 package health
 
-import "github.com/NVIDIA/go-nvml/pkg/nvml"
-
 // NodeID is the DeviceID of observations about the node as a whole (NVML
 // itself failing); a fault on it makes every GPU and MIG device unhealthy.
 const NodeID = "node"
@@ -68,31 +66,7 @@ func (o Observation) causeKey() string {
 	return o.Check + "/" + o.Key
 }
 
-// Target is one GPU as the polled checks see it: its identity from the
-// node model and its NVML handle for this poll.
-type Target struct {
-	UUID   string
-	Index  int
-	Device nvml.Device
-}
-
 // Check is one source of observations, switched off by name.
 type Check interface {
 	Name() string
-}
-
-// DeviceCheck is a polled check of one GPU. CheckDevice is called from the
-// poll loop only (never concurrently), so implementations may keep
-// per-device state without locking.
-type DeviceCheck interface {
-	Check
-	CheckDevice(t Target) []Observation
-}
-
-// ignorable says whether an NVML return means "nothing to report here":
-// the query isn't supported on this device or the GPU is lost, which the
-// gpu-lost check reports on its own.
-func ignorable(ret nvml.Return) bool {
-	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_GPU_IS_LOST ||
-		ret == nvml.ERROR_FUNCTION_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT
 }

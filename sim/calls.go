@@ -74,9 +74,6 @@ func (g *gpuGate) setHang(on bool) {
 	}
 }
 
-// hung reports whether the GPU is hung.
-func (g *gpuGate) hung() bool { return g.hang.Load() != nil }
-
 // NVMLCalls returns how many calls the agent has made into the simulated
 // NVML since New, by method name, for measurements: library calls under
 // their nvml.Interface names (DeviceGetCount, EventSetWait, ...), device

@@ -104,8 +104,9 @@ func defaults() Config {
 		LogLevel:           "info",
 		NodeLabels:         true,
 		Metrics: MetricsSection{
-			Interval:       Duration{metrics.DefaultInterval},
-			DeviceTimeout:  Duration{metrics.DefaultDeviceTimeout},
+			Interval: Duration{metrics.DefaultInterval},
+			// Deprecated and ignored; kept so that files setting it load.
+			DeviceTimeout:  Duration{5 * time.Second},
 			PodAttribution: true,
 		},
 	}

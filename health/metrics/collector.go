@@ -21,12 +21,6 @@ const (
 	// the NVML sampler's interval, which is also how often the metrics
 	// are refreshed.
 	DefaultInterval = nvmlowner.DefaultSampleInterval
-	// DefaultDeviceTimeout is the default of metrics.deviceTimeout.
-	//
-	// Deprecated: the key is accepted and ignored. The collector no
-	// longer calls NVML; every NVML call is bounded by the NVML owner's
-	// call timeout (--nvml-call-timeout).
-	DefaultDeviceTimeout = 5 * time.Second
 )
 
 // podResourcesTimeout bounds one kubelet pod-resources List call.
