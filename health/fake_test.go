@@ -8,6 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -167,7 +168,7 @@ func (f *fakeNVML) newDevice(g *fakeGPU) *mock.Device {
 		}
 		return 0, lostOr(nvml.SUCCESS)
 	}
-	notSupportedByDefault(d)
+	sim.FillUnsupported(d)
 	return d
 }
 

@@ -360,14 +360,7 @@ func (m *Monitor) reset(o Observation) {
 		m.log.Debug("reset evidence with no held fault", "device", o.DeviceID, "evidence", o.Reason)
 		return
 	}
-	m.markDirtyLocked()
-	changed := m.publishLocked(now)
-	m.mu.Unlock()
-	m.save()
-	signal(m.wake)
-	if changed {
-		m.notify()
-	}
+	m.commitLocked(now)
 }
 
 // ClearFaults is an operator's clear: for target (a GPU or MIG UUID, any
@@ -409,6 +402,14 @@ func (m *Monitor) ClearFaults(target string) (cleared []string, err error) {
 		m.log.Info("operator clear found no fault to clear", "target", target)
 		return nil, nil
 	}
+	m.commitLocked(now)
+	return cleared, nil
+}
+
+// commitLocked ends a change of device state made under m.mu: it marks the
+// state for saving, republishes health, unlocks, saves, wakes the recovery
+// timer and notifies consumers if anything they see changed.
+func (m *Monitor) commitLocked(now time.Time) {
 	m.markDirtyLocked()
 	changed := m.publishLocked(now)
 	m.mu.Unlock()
@@ -417,7 +418,6 @@ func (m *Monitor) ClearFaults(target string) (cleared []string, err error) {
 	if changed {
 		m.notify()
 	}
-	return cleared, nil
 }
 
 // Verified tells the monitor that every GPU has been checked afresh (the
@@ -439,14 +439,7 @@ func (m *Monitor) Verified() {
 		s.since = now
 	}
 	m.log.Info("every GPU verified after an unreadable health state")
-	m.markDirtyLocked()
-	changed := m.publishLocked(now)
-	m.mu.Unlock()
-	m.save()
-	signal(m.wake)
-	if changed {
-		m.notify()
-	}
+	m.commitLocked(now)
 }
 
 // Listening reports whether the XID watcher has an NVML event set

@@ -2,8 +2,6 @@ package health
 
 import (
 	"context"
-	"reflect"
-	"strings"
 	"testing"
 	"time"
 
@@ -30,31 +28,6 @@ func (m *Monitor) pollOnce() {
 		return
 	}
 	m.applySnapshot(m.sampler.SampleNow(context.Background()))
-}
-
-// notSupportedByDefault makes every unset XxxFunc field of a go-nvml mock
-// answer ERROR_NOT_SUPPORTED (an unset one panics), as a real GPU answers
-// for what it lacks.
-func notSupportedByDefault(mockPtr any) {
-	v := reflect.ValueOf(mockPtr).Elem()
-	ret := reflect.TypeOf(nvml.SUCCESS)
-	for i := 0; i < v.NumField(); i++ {
-		f := v.Field(i)
-		if !strings.HasSuffix(v.Type().Field(i).Name, "Func") || f.Kind() != reflect.Func || !f.IsNil() {
-			continue
-		}
-		ft := f.Type()
-		f.Set(reflect.MakeFunc(ft, func([]reflect.Value) []reflect.Value {
-			out := make([]reflect.Value, ft.NumOut())
-			for k := range out {
-				out[k] = reflect.Zero(ft.Out(k))
-				if ft.Out(k) == ret {
-					out[k] = reflect.ValueOf(nvml.ERROR_NOT_SUPPORTED)
-				}
-			}
-			return out
-		}))
-	}
 }
 
 // ownerOf is an NVML owner over lib with the default call timeout.

@@ -93,7 +93,7 @@ func TestSamplerHungGPU(t *testing.T) {
 	f := newFakeLib()
 	release := make(chan struct{})
 	for uuid, d := range f.devs {
-		notSupportedByDefault(d)
+		sim.FillUnsupported(d)
 		if uuid == "GPU-a" {
 			d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { <-release; return nvml.Utilization{}, nvml.SUCCESS }
 		} else {

@@ -10,6 +10,13 @@ import (
 
 var returnType = reflect.TypeOf(nvml.SUCCESS)
 
+// FillUnsupported gives every unset XxxFunc field of a go-nvml mock (a
+// pointer to mock.Device, mock.GpuInstance, ...) an implementation that
+// returns ERROR_NOT_SUPPORTED, as the simulator's own devices have: tests
+// that build bare mocks use it so a call they did not set answers as a
+// real GPU lacking the feature does, instead of panicking.
+func FillUnsupported(mockPtr any) { fillUnsupported(mockPtr) }
+
 // fillUnsupported gives every unset XxxFunc field of a go-nvml mock (a
 // pointer to mock.Device, mock.GpuInstance, ...) an implementation that
 // returns zero values and ERROR_NOT_SUPPORTED. An unset field makes the mock
