@@ -174,8 +174,11 @@ func TestSimFaults(t *testing.T) {
 				// (its recovery action, read by the sample the XID asks
 				// for at once): two causes, so the reason is multiple.
 				gpu := resolve("gpu" + tc.reset)[0]
-				waitUntil(t, "the driver's reset request", func() bool {
-					return strings.Contains(strings.Join(m.Status(gpu).Reasons, " "), "driver requests a gpu reset")
+				// Both may come first: the sampler can read the request
+				// before the event watcher hands over the XID.
+				waitUntil(t, "the xid and the driver's reset request", func() bool {
+					r := strings.Join(m.Status(gpu).Reasons, " ")
+					return strings.Contains(r, "driver requests a gpu reset") && strings.Contains(r, "xid ")
 				})
 				reason = "multiple"
 			}
