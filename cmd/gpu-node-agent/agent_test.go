@@ -268,7 +268,7 @@ func TestDemoFault(t *testing.T) {
 	}
 	out := stdout.String()
 	t.Logf("demo output:\n%s", out)
-	faulty := regexp.MustCompile(`(?s)changed, now serving ===\nRESOURCE\s+DEVICES\s+HEALTHY\s+PER NUMA NODE\nnvidia\.com/gpu\s+6\s+5\s.*nvidia\.com/gpu\s+GPU-\S+\s+GPU 3\s+UNHEALTHY\s+0.*NODE: UNFIT\n  GPU-\S+: xid 79`)
+	faulty := regexp.MustCompile(`(?s)changed, now serving ===\nRESOURCE\s+DEVICES\s+HEALTHY\s+PER NUMA NODE\nnvidia\.com/gpu\s+6\s+5\s.*nvidia\.com/gpu\s+GPU-\S+\s+GPU 3\s+UNHEALTHY\s+0.*NODE: UNFIT\n  GPU-\S+: [^\n]*xid 79`)
 	loc := faulty.FindStringIndex(out)
 	if loc == nil {
 		t.Fatal("no inventory with GPU 3 UNHEALTHY and the node UNFIT (xid 79)")
