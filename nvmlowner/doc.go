@@ -1,6 +1,6 @@
 // Package nvmlowner is the only code that calls NVML. It owns the library's
 // lifetime (Init/Shutdown), looks GPUs up by UUID (never by a stale index),
 // runs every call on a per-GPU lane bounded by a timeout so one hung GPU
-// never delays another, samples each counter once per interval for health
+// never delays another, discovers the node's topology (Discoverer), samples each counter once per interval for health
 // and metrics alike, and keeps the XID event set across unchanged rescans.
 package nvmlowner

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -112,6 +113,35 @@ func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev nvml.Devi
 	})
 }
 
+// DoIndex runs fn with the handle of GPU index i, on a lane of that index:
+// discovery's way to a GPU whose UUID it does not know yet. The handle is
+// looked up by index on every call (indexes are not stable across a driver
+// reload or a GPU falling off the bus) and never cached. Bounds and errors
+// are Do's; the lane of an index is not the lane of the GPU's UUID, so a
+// hung GPU can hold one goroutine on each.
+func (o *Owner) DoIndex(ctx context.Context, i int, what string, fn func(dev nvml.Device) nvml.Return) error {
+	l := o.lane(indexLane(i))
+	return l.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return {
+		dev, ret := o.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return ret
+		}
+		return fn(dev)
+	})
+}
+
+// indexLane is the lanes key of GPU index i: never a UUID (those start
+// with "GPU-" or "MIG-").
+func indexLane(i int) string { return fmt.Sprintf("#%d", i) }
+
+// cachedHandle is GPU uuid's handle if a call has looked it up, else nil.
+// It never calls NVML, so it is safe on another GPU's lane.
+func (o *Owner) cachedHandle(uuid string) nvml.Device {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.handles[uuid]
+}
+
 // Hung reports whether a call on GPU uuid has been running for longer
 // than the call timeout.
 func (o *Owner) Hung(uuid string) bool {
@@ -136,7 +166,8 @@ func (o *Owner) SetGPUs(uuids []string) {
 		}
 	}
 	for u, l := range o.lanes {
-		if !keep[u] && !l.busy() {
+		// Index lanes are few (one per GPU index) and kept.
+		if !keep[u] && !strings.HasPrefix(u, "#") && !l.busy() {
 			delete(o.lanes, u)
 		}
 	}
@@ -189,6 +220,9 @@ func (o *Owner) dropHandle(uuid string) {
 type CallError struct {
 	What string
 	Err  error
+	// Running is the call that still held the GPU's lane when this one
+	// gave up waiting for it (the call that hangs), else empty.
+	Running string
 }
 
 func (e *CallError) Error() string { return fmt.Sprintf("nvml %s: %v", e.What, e.Err) }
@@ -201,6 +235,7 @@ type lane struct {
 
 	mu      sync.Mutex
 	started time.Time // zero when idle
+	what    string    // the running call
 	// overdue is set when a caller gave up on the running call (it
 	// outlived the timeout); cleared when the call returns.
 	overdue bool
@@ -229,19 +264,23 @@ func (l *lane) run(ctx context.Context, timeout time.Duration, what string, fn f
 	select {
 	case l.slot <- struct{}{}:
 	case <-deadline.C:
-		return &CallError{What: what, Err: fmt.Errorf("%w (an earlier call on this device is still running)", ErrTimeout)}
+		l.mu.Lock()
+		running := l.what
+		l.mu.Unlock()
+		return &CallError{What: what, Running: running,
+			Err: fmt.Errorf("%w (an earlier call on this device, %s, is still running)", ErrTimeout, running)}
 	case <-ctx.Done():
 		return &CallError{What: what, Err: ctx.Err()}
 	}
 	l.mu.Lock()
-	l.started = time.Now()
+	l.started, l.what = time.Now(), what
 	l.mu.Unlock()
 	done := make(chan nvml.Return, 1)
 	go func() {
 		var ret nvml.Return = nvml.ERROR_UNKNOWN
 		defer func() {
 			l.mu.Lock()
-			l.started = time.Time{}
+			l.started, l.what = time.Time{}, ""
 			l.overdue = false
 			l.mu.Unlock()
 			<-l.slot

@@ -1,7 +1,8 @@
 // Package topology owns what a node has and how it is wired: a plain data
-// model of GPUs, MIG devices, NICs and the links between them, its discovery
-// from NVML and sysfs, its JSON snapshot format, and the preferred-allocation
-// solver that reads it.
+// model of GPUs, MIG devices, NICs and the links between them, MIG profile
+// names, its JSON snapshot format, and the preferred-allocation solver that
+// reads it. It makes no NVML call: the model is discovered by
+// nvmlowner.Discoverer.
 package topology
 
 // Node is everything the agent knows about a node's devices and wiring. The

@@ -1,13 +1,12 @@
 package main
 
 import (
-	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -26,21 +25,17 @@ type hardware struct {
 	// sim is the simulated node, nil on real hardware.
 	sim *sim.Node
 
-	mu  sync.Mutex
-	lib nvml.Interface
-	// owner is the only NVML caller outside discovery: per-GPU lanes,
-	// bounded calls, the sampler's and the event set's home.
+	mu sync.Mutex
+	// owner is the only NVML caller: per-GPU lanes, bounded calls;
+	// discovery, the sampler and the event set all call through it.
 	owner *nvmlowner.Owner
 	// ready says Init succeeded; until then every discovery retries it, so
 	// a driver that loads after the agent is picked up by a rescan.
 	ready bool
 	// warned keeps a failing NVML to one error line, not one per rescan.
 	warned bool
-	// disc discovers over lib; it remembers GPU reads still hung from
-	// earlier discoveries. Created once lib is ready.
-	disc *topology.Discoverer
-	// callTimeout bounds each GPU's reads within one discovery.
-	callTimeout time.Duration
+	// disc discovers through owner. Created once NVML is initialised.
+	disc *nvmlowner.Discoverer
 	// last is the last discovered node (nil until one succeeds, and after
 	// a failed discovery): the links of the next discovery start from it,
 	// and the gpu-missing check compares with it.
@@ -57,13 +52,10 @@ type hardware struct {
 // snapshot); a real NVML that fails to load is not one: it is logged and
 // discovery keeps failing (no GPU resources) until it loads.
 func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
+	ocfg := nvmlowner.Config{CallTimeout: cfg.NVMLCallTimeout.Duration}
 	if cfg.Simulate == "" {
-		h := nvmlHardware(nvml.New(), cfg.HostRoot, log)
+		h := nvmlHardware(nvml.New(), ocfg, cfg.HostRoot, log)
 		h.health = cfg.Health.Config
-		if t := cfg.NVMLCallTimeout.Duration; t > 0 {
-			h.callTimeout = t
-			h.owner = nvmlowner.New(h.lib, nvmlowner.Config{CallTimeout: t}, log.With("component", "nvml"))
-		}
 		return h, nil
 	}
 
@@ -77,7 +69,7 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &hardware{log: log, what: "simulated " + spec.String(), callTimeout: cmp.Or(cfg.NVMLCallTimeout.Duration, nvmlowner.DefaultCallTimeout), health: cfg.Health.Config}
+	h := &hardware{log: log, what: "simulated " + spec.String(), health: cfg.Health.Config}
 	root := cfg.HostRoot
 	if root == "/" {
 		// Never write a simulated /sys and /dev over the real ones.
@@ -93,52 +85,62 @@ func openHardware(cfg *Config, log *slog.Logger) (*hardware, error) {
 		h.close()
 		return nil, err
 	}
-	h.sim, h.lib, h.hostRoot, h.ready = node, node.NVML(), root, true
-	h.owner = nvmlowner.New(h.lib, nvmlowner.Config{CallTimeout: h.callTimeout}, log.With("component", "nvml"))
-	if ret := h.lib.Init(); ret != nvml.SUCCESS {
+	h.sim, h.hostRoot, h.ready = node, root, true
+	h.owner = nvmlowner.New(node.NVML(), ocfg, log.With("component", "nvml"))
+	if err := h.owner.Init(context.Background()); err != nil {
 		h.close()
-		return nil, fmt.Errorf("simulate: nvml init: %w", ret)
+		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	h.cleanup = append(h.cleanup, func() { h.lib.Shutdown() })
+	h.cleanup = append(h.cleanup, h.shutdown)
 	return h, nil
 }
 
 // nvmlHardware is real hardware behind lib (nvml.New() outside tests).
-func nvmlHardware(lib nvml.Interface, hostRoot string, log *slog.Logger) *hardware {
-	h := &hardware{log: log, hostRoot: hostRoot, what: "NVML", lib: lib, callTimeout: nvmlowner.DefaultCallTimeout,
-		owner: nvmlowner.New(lib, nvmlowner.Config{}, log.With("component", "nvml"))}
+func nvmlHardware(lib nvml.Interface, cfg nvmlowner.Config, hostRoot string, log *slog.Logger) *hardware {
+	h := &hardware{log: log, hostRoot: hostRoot, what: "NVML",
+		owner: nvmlowner.New(lib, cfg, log.With("component", "nvml"))}
 	h.mu.Lock()
 	h.initLocked()
 	h.mu.Unlock()
 	return h
 }
 
-// initLocked loads and initialises NVML; h.mu must be held.
+// initLocked loads and initialises NVML, bounded by the call timeout;
+// h.mu must be held.
 func (h *hardware) initLocked() {
 	if h.ready {
 		return
 	}
-	if ret := h.lib.Init(); ret != nvml.SUCCESS {
+	if err := h.owner.Init(context.Background()); err != nil {
 		// Not a silent empty node: this is an error and no GPU is served.
 		if !h.warned {
-			h.log.Error("NVML unavailable: serving no GPU resources until it loads", "err", nvml.ErrorString(ret))
+			h.log.Error("NVML unavailable: serving no GPU resources until it loads", "err", err)
 			h.warned = true
 		} else {
-			h.log.Debug("NVML still unavailable", "err", nvml.ErrorString(ret))
+			h.log.Debug("NVML still unavailable", "err", err)
 		}
 		return
 	}
 	h.ready = true
-	h.cleanup = append(h.cleanup, func() { h.lib.Shutdown() })
+	h.cleanup = append(h.cleanup, h.shutdown)
 	h.log.Info("NVML initialised")
+}
+
+// shutdown balances the successful Init (bounded: a hung driver does not
+// hold up the agent's exit).
+func (h *hardware) shutdown() {
+	if err := h.owner.Shutdown(context.Background()); err != nil {
+		h.log.Warn("NVML shutdown failed", "err", err)
+	}
 }
 
 // errNVMLUnavailable is returned by discover while NVML cannot be loaded.
 var errNVMLUnavailable = errors.New("nvml unavailable")
 
-// discover reads the node's current topology: each GPU bounded by the
-// call timeout (a hung GPU comes back Lost, "nvml-timeout: <call>"), the
-// links reused from the last discovery while the GPU set is unchanged.
+// discover reads the node's current topology through the owner: every
+// call bounded by the call timeout (a hung GPU comes back Lost,
+// "nvml-timeout: <call>"), the links reused from the last discovery while
+// the GPU set is unchanged.
 func (h *hardware) discover() (*topology.Node, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -148,9 +150,9 @@ func (h *hardware) discover() (*topology.Node, error) {
 		return nil, errNVMLUnavailable
 	}
 	if h.disc == nil {
-		h.disc = topology.NewDiscoverer(h.lib, h.hostRoot, h.log.With("component", "discovery"))
+		h.disc = nvmlowner.NewDiscoverer(h.owner, h.hostRoot, h.log.With("component", "discovery"))
 	}
-	n, err := h.disc.Discover(topology.Options{CallTimeout: h.callTimeout, Previous: h.last})
+	n, err := h.disc.Discover(context.Background(), h.last)
 	if err != nil {
 		h.last = nil
 		return nil, fmt.Errorf("discover: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -232,7 +233,7 @@ func TestNVMLUnavailable(t *testing.T) {
 		ErrorStringFunc:    func(r nvml.Return) string { return "library not found" },
 	}
 	var logs bytes.Buffer
-	h := nvmlHardware(lib, t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
+	h := nvmlHardware(lib, nvmlowner.Config{}, t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
 	defer h.close()
 	for i := 0; i < 3; i++ {
 		if _, err := h.discover(); !errors.Is(err, errNVMLUnavailable) {

@@ -1,6 +1,7 @@
-package topology_test
+package nvmlowner_test
 
 import (
+	"context"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -50,6 +52,15 @@ func (c *countingLib) DeviceGetCount() (int, nvml.Return) {
 func (c *countingLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
 	c.count("DeviceGetHandleByIndex")
 	dev, ret := c.Interface.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return countingDevice{dev, c}, ret
+}
+
+func (c *countingLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
+	c.count("DeviceGetHandleByUUID")
+	dev, ret := c.Interface.DeviceGetHandleByUUID(uuid)
 	if ret != nvml.SUCCESS {
 		return nil, ret
 	}
@@ -109,6 +120,7 @@ func (d countingDevice) GetTopologyCommonAncestor(other nvml.Device) (nvml.GpuTo
 // NVLink remote and common-ancestor queries are skipped and the links are
 // the same; a changed set queries them again.
 func TestRediscoverReusesLinks(t *testing.T) {
+	ctx := context.Background()
 	for _, profile := range []string{"dgx-h100", "dgx-1v", "dgx-2"} {
 		t.Run(profile, func(t *testing.T) {
 			spec, err := sim.Profile(profile)
@@ -117,13 +129,13 @@ func TestRediscoverReusesLinks(t *testing.T) {
 			}
 			n := simulate(t, spec)
 			lib := newCountingLib(n.NVML())
-			d := topology.NewDiscoverer(lib, n.HostRoot(), nil)
-			first, err := d.Discover(topology.Options{CallTimeout: time.Minute})
+			d := nvmlowner.NewDiscoverer(nvmlowner.New(lib, nvmlowner.Config{CallTimeout: time.Minute}, nil), n.HostRoot(), nil)
+			first, err := d.Discover(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, full := lib.take()
-			again, err := d.Discover(topology.Options{CallTimeout: time.Minute, Previous: first})
+			firstCalls, full := lib.take()
+			again, err := d.Discover(ctx, first)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -146,12 +158,17 @@ func TestRediscoverReusesLinks(t *testing.T) {
 			changed.GPUs = append([]topology.GPU(nil), first.GPUs...)
 			changed.GPUs[1].Lost = true
 			changed.Links = nil
-			third, err := d.Discover(topology.Options{CallTimeout: time.Minute, Previous: &changed})
+			third, err := d.Discover(ctx, &changed)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, n := lib.take(); n != full {
-				t.Errorf("changed gpu set: %d calls, want a full discovery's %d", n, full)
+			// The first discovery also looked up each GPU's handle by
+			// UUID, which the owner keeps: compare the link queries.
+			calls, _ = lib.take()
+			for _, name := range []string{"GetNvLinkState", "GetNvLinkRemoteDeviceType", "GetTopologyCommonAncestor"} {
+				if calls[name] == 0 || calls[name] != firstCalls[name] {
+					t.Errorf("changed gpu set: %d %s calls, want a full discovery's %d", calls[name], name, firstCalls[name])
+				}
 			}
 			if !reflect.DeepEqual(third.Links, first.Links) {
 				t.Errorf("links recomputed after a change differ from the first discovery's")
@@ -174,6 +191,15 @@ func (h *hangLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
 	if ret != nvml.SUCCESS {
 		return dev, ret
 	}
+	return hangDevice{dev, h, i == h.index}, ret
+}
+
+func (h *hangLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
+	dev, ret := h.Interface.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return dev, ret
+	}
+	i, _ := dev.GetIndex()
 	return hangDevice{dev, h, i == h.index}, ret
 }
 
@@ -201,9 +227,11 @@ func (d hangDevice) GetTopologyCommonAncestor(other nvml.Device) (nvml.GpuTopolo
 
 // TestDiscoverHungGPU: a GPU whose read does not return within the call
 // timeout is kept Lost with the call it hung in; the other GPUs are read
-// in full; the next discovery does not read the hung GPU again while its
-// read is still running, and reads it normally once it returns.
+// in full; the next discovery does not call the hung GPU again while its
+// call is still running (its lane is held), and reads it normally once
+// it returns.
 func TestDiscoverHungGPU(t *testing.T) {
+	ctx := context.Background()
 	spec, err := sim.Profile("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
@@ -217,21 +245,21 @@ func TestDiscoverHungGPU(t *testing.T) {
 			close(lib.release)
 		}
 	}()
-	d := topology.NewDiscoverer(lib, n.HostRoot(), nil)
 	// The timeout only has to expire while GetMemoryInfo blocks; its length
 	// is not asserted on.
-	opts := topology.Options{CallTimeout: 100 * time.Millisecond}
+	o := nvmlowner.New(lib, nvmlowner.Config{CallTimeout: 100 * time.Millisecond}, nil)
+	d := nvmlowner.NewDiscoverer(o, n.HostRoot(), nil)
 
 	tests := []struct {
 		name       string
 		wantReason string
 	}{
 		{"hung in GetMemoryInfo", "nvml-timeout: GetMemoryInfo"},
-		{"earlier read still running", "nvml-timeout: GetMemoryInfo (an earlier read of this gpu is still running)"},
+		{"earlier call still running", "nvml-timeout: GetMemoryInfo (an earlier call on this gpu is still running)"},
 	}
 	var prev *topology.Node
 	for _, tc := range tests {
-		got, err := d.Discover(topology.Options{CallTimeout: opts.CallTimeout, Previous: prev})
+		got, err := d.Discover(ctx, prev)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -254,24 +282,24 @@ func TestDiscoverHungGPU(t *testing.T) {
 		if l := got.Link(0, 2); l.NVLinks != 0 || l.PCIe != "" {
 			t.Errorf("%s: pair 0-2 of a hung gpu: %+v, want no link", tc.name, l)
 		}
+		if !o.Hung(spec.GPUs[2].UUID) {
+			t.Errorf("%s: owner does not report gpu 2 hung", tc.name)
+		}
 	}
 	if e := lib.entered.Load(); e != 1 {
-		t.Errorf("hung GetMemoryInfo entered %d times, want 1 (no second read of a hung gpu)", e)
-	}
-	if f := d.Inflight(); f != 1 {
-		t.Errorf("%d reads in flight, want 1", f)
+		t.Errorf("hung GetMemoryInfo entered %d times, want 1 (no second call on a hung gpu)", e)
 	}
 
 	close(lib.release)
-	// The late result is dropped; the read leaves the in-flight set when
-	// it returns, which nothing signals: wait for it, bounded.
-	for deadline := time.Now().Add(10 * time.Second); d.Inflight() != 0; {
+	// The late result is dropped; the lane frees when the call returns,
+	// which nothing signals: wait for it, bounded.
+	for deadline := time.Now().Add(10 * time.Second); o.Hung(spec.GPUs[2].UUID); {
 		if time.Now().After(deadline) {
-			t.Fatal("hung read still in flight 10s after its call returned")
+			t.Fatal("hung call still holds the lane 10s after it returned")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	got, err := d.Discover(topology.Options{CallTimeout: time.Minute, Previous: prev})
+	got, err := d.Discover(ctx, prev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,18 +330,18 @@ func BenchmarkRediscover(b *testing.B) {
 			}
 			b.Run(name+"/"+mode, func(b *testing.B) {
 				lib := newCountingLib(n.NVML())
-				d := topology.NewDiscoverer(lib, n.HostRoot(), nil)
-				prev, err := d.Discover(topology.Options{CallTimeout: time.Minute})
+				d := nvmlowner.NewDiscoverer(nvmlowner.New(lib, nvmlowner.Config{CallTimeout: time.Minute}, nil), n.HostRoot(), nil)
+				prev, err := d.Discover(context.Background(), nil)
 				if err != nil {
 					b.Fatal(err)
 				}
 				lib.take()
 				for b.Loop() {
-					opts := topology.Options{CallTimeout: time.Minute}
+					var previous *topology.Node
 					if withPrevious {
-						opts.Previous = prev
+						previous = prev
 					}
-					if _, err := d.Discover(opts); err != nil {
+					if _, err := d.Discover(context.Background(), previous); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -1,10 +1,10 @@
-package topology_test
+package nvmlowner_test
 
 import (
 	"testing"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
-	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // BenchmarkDiscover measures one full discovery of a simulated node (the
@@ -21,7 +21,7 @@ func BenchmarkDiscover(b *testing.B) {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				if _, err := topology.Discover(n.NVML(), n.HostRoot(), nil); err != nil {
+				if _, err := nvmlowner.Discover(n.NVML(), n.HostRoot(), nil); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package topology_test
+package nvmlowner_test
 
 import (
 	"os"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -26,7 +27,7 @@ func simulate(t *testing.T, spec *topology.Node) *sim.Node {
 
 func discover(t *testing.T, n *sim.Node) *topology.Node {
 	t.Helper()
-	got, err := topology.Discover(n.NVML(), n.HostRoot(), nil)
+	got, err := nvmlowner.Discover(n.NVML(), n.HostRoot(), nil)
 	if err != nil {
 		t.Fatalf("Discover: %v", err)
 	}
@@ -332,7 +333,7 @@ func TestDiscoverLostGPU(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := topology.Discover(tc.lib, n.HostRoot(), nil)
+			got, err := nvmlowner.Discover(tc.lib, n.HostRoot(), nil)
 			if err != nil {
 				t.Fatalf("Discover failed for one lost gpu: %v", err)
 			}
