@@ -15,9 +15,11 @@ import (
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/lint/support"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
 
@@ -108,8 +110,8 @@ func TestLint(t *testing.T) {
 func TestRBACIsLeastPrivilege(t *testing.T) {
 	files := render(t, nil)
 	d := docs(files["rbac.yaml"])
-	if len(d) != 2 {
-		t.Fatalf("rbac.yaml: %d documents, want ClusterRole and ClusterRoleBinding", len(d))
+	if len(d) != 4 {
+		t.Fatalf("rbac.yaml: %d documents, want ClusterRole, ClusterRoleBinding, Role and RoleBinding", len(d))
 	}
 	var role rbacv1.ClusterRole
 	if err := yaml.UnmarshalStrict([]byte(d[0]), &role); err != nil {
@@ -152,6 +154,83 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 ||
 		binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != ReleaseNamespace {
 		t.Errorf("binding %+v does not bind role %s to service account %s/%s", binding, role.Name, ReleaseNamespace, sa.Name)
+	}
+
+	// The safeguard's slot Leases: only in the release namespace.
+	var leases rbacv1.Role
+	if err := yaml.UnmarshalStrict([]byte(d[2]), &leases); err != nil {
+		t.Fatal(err)
+	}
+	wantRule := rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
+		Verbs: []string{"get", "list", "create", "update", "delete"}}
+	if leases.Namespace != ReleaseNamespace || len(leases.Rules) != 1 || !reflect.DeepEqual(leases.Rules[0], wantRule) {
+		t.Errorf("lease Role %+v, want %+v in %s", leases, wantRule, ReleaseNamespace)
+	}
+	var leaseBinding rbacv1.RoleBinding
+	if err := yaml.UnmarshalStrict([]byte(d[3]), &leaseBinding); err != nil {
+		t.Fatal(err)
+	}
+	if leaseBinding.Namespace != ReleaseNamespace || leaseBinding.RoleRef.Kind != "Role" || leaseBinding.RoleRef.Name != leases.Name ||
+		len(leaseBinding.Subjects) != 1 || leaseBinding.Subjects[0].Name != sa.Name || leaseBinding.Subjects[0].Namespace != ReleaseNamespace {
+		t.Errorf("lease RoleBinding %+v does not bind Role %s to service account %s/%s", leaseBinding, leases.Name, ReleaseNamespace, sa.Name)
+	}
+}
+
+// TestAdmissionPolicy asserts the ValidatingAdmissionPolicy's key fields:
+// it matches only the agent's service account, fails closed, is bound with
+// Deny, and follows the taint key and condition type the agent is
+// configured with. Its rules run against a real kube-apiserver in
+// test/health (TestAdmissionPolicyNodeScoped).
+func TestAdmissionPolicy(t *testing.T) {
+	files := render(t, map[string]any{
+		"taintKey": "example.com/gpu-unfit",
+		"config":   map[string]any{"taint": map[string]any{"conditionType": "GPUFit"}},
+	})
+	d := docs(files["validatingadmissionpolicy.yaml"])
+	if len(d) != 2 {
+		t.Fatalf("validatingadmissionpolicy.yaml: %d documents, want the policy and its binding", len(d))
+	}
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	if err := yaml.UnmarshalStrict([]byte(d[0]), &policy); err != nil {
+		t.Fatal(err)
+	}
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	if err := yaml.UnmarshalStrict([]byte(d[1]), &binding); err != nil {
+		t.Fatal(err)
+	}
+	sa := decode[corev1.ServiceAccount](t, files, "serviceaccount.yaml")
+	spec := policy.Spec
+	if spec.FailurePolicy == nil || *spec.FailurePolicy != admissionregistrationv1.Fail {
+		t.Errorf("failurePolicy %v, want Fail", spec.FailurePolicy)
+	}
+	wantUser := "request.userInfo.username == 'system:serviceaccount:" + ReleaseNamespace + ":" + sa.Name + "'"
+	if len(spec.MatchConditions) != 1 || spec.MatchConditions[0].Expression != wantUser {
+		t.Errorf("matchConditions %+v, want only %q", spec.MatchConditions, wantUser)
+	}
+	vars := map[string]string{}
+	for _, v := range spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	for name, want := range map[string]string{
+		"taintKey": "'example.com/gpu-unfit'", "conditionType": "'GPUFit'",
+		"eventNamespace": "'default'", "leaseNamespace": "'" + ReleaseNamespace + "'",
+	} {
+		if vars[name] != want {
+			t.Errorf("variable %s = %q, want %q", name, vars[name], want)
+		}
+	}
+	if !strings.Contains(vars["nodeName"], "authentication.kubernetes.io/node-name") {
+		t.Errorf("nodeName variable %q does not read the token's node-name extra", vars["nodeName"])
+	}
+	if len(spec.Validations) == 0 || spec.Validations[0].Expression != "variables.nodeName != ''" {
+		t.Errorf("first validation %+v, want a credential without a node refused", spec.Validations)
+	}
+	if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+		t.Errorf("binding %+v, want policy %s with Deny", binding.Spec, policy.Name)
+	}
+
+	if _, ok := render(t, map[string]any{"admissionPolicy": map[string]any{"enabled": false}})["validatingadmissionpolicy.yaml"]; ok {
+		t.Error("admissionPolicy.enabled=false still renders the policy")
 	}
 }
 
@@ -226,6 +305,19 @@ func TestDaemonSet(t *testing.T) {
 				}
 				if !slices.Contains(c.Args, "--host-root=/host") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--simulate") }) {
 					t.Errorf("args %v", c.Args)
+				}
+				// A rollout at fleet size: a percentage, never one pod at a time.
+				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil ||
+					ru.MaxUnavailable.Type != intstr.String || !strings.HasSuffix(ru.MaxUnavailable.StrVal, "%") {
+					t.Errorf("updateStrategy %+v, want rollingUpdate.maxUnavailable as a percentage", ds.Spec.UpdateStrategy)
+				}
+				var podNamespace bool
+				for _, e := range c.Env {
+					podNamespace = podNamespace || (e.Name == "POD_NAMESPACE" && e.ValueFrom != nil &&
+						e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace")
+				}
+				if !podNamespace {
+					t.Errorf("env %+v: want POD_NAMESPACE from metadata.namespace (the safeguard's slot Leases)", c.Env)
 				}
 			},
 		},
@@ -310,7 +402,7 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("resources %+v: requests and a memory limit are required", c.Resources)
 			}
 			us := ds.Spec.UpdateStrategy
-			if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable.String() != "1" {
+			if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable.String() != "10%" {
 				t.Errorf("update strategy %+v", us)
 			}
 			if ds.Spec.Template.Annotations["checksum/config"] == "" {
