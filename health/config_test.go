@@ -47,10 +47,6 @@ func TestConfigDefaults(t *testing.T) {
 	if c.PollInterval != 10*time.Second || c.RecoveryPeriod != 5*time.Minute || c.DCGMMode != DCGMAuto || !slices.Equal(c.FatalXIDs, DefaultFatalXIDs()) {
 		t.Fatalf("defaults %+v", c)
 	}
-	tc := TaintConfig{}.WithDefaults()
-	if tc.Mode != TaintOn || tc.Key != "gpu-node-agent.io/unhealthy" || tc.Effect != "NoSchedule" || tc.MaxFraction != 0.2 || tc.ConditionType != "GPUHealthy" {
-		t.Fatalf("taint defaults %+v", tc)
-	}
 }
 
 // TestDefaultFatalXIDsIsACopy guards against the defaults being shared
@@ -65,38 +61,5 @@ func TestDefaultFatalXIDsIsACopy(t *testing.T) {
 	c.FatalXIDs[1] = 0
 	if b := DefaultFatalXIDs(); b[0] == 0 || b[1] == 0 {
 		t.Fatalf("DefaultFatalXIDs() = %v after callers changed their copies", b)
-	}
-}
-
-func TestTaintConfigValidate(t *testing.T) {
-	tests := []struct {
-		name string
-		cfg  TaintConfig
-		want string
-	}{
-		{"defaults", TaintConfig{}, ""},
-		{"dry-run", TaintConfig{Mode: TaintDryRun}, ""},
-		{"bad mode", TaintConfig{Mode: "maybe"}, "taint.mode"},
-		{"bad key", TaintConfig{Key: "not a key"}, "taint.key"},
-		{"bad effect", TaintConfig{Effect: "NoWay"}, "taint.effect"},
-		{"fraction over 1", TaintConfig{MaxFraction: 1.5}, "taint.maxFraction"},
-		{"bad selector", TaintConfig{NodeSelector: "a in (b"}, "taint.nodeSelector"},
-		{"bad namespace", TaintConfig{EventNamespace: "Not_OK"}, "taint.eventNamespace"},
-		{"resync too short", TaintConfig{Resync: time.Millisecond}, "taint.resync"},
-		{"two errors both named", TaintConfig{Mode: "x", Effect: "y"}, "taint.effect"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cfg.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("unexpected error: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want one containing %q", err, tc.want)
-			}
-		})
 	}
 }

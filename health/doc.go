@@ -1,8 +1,9 @@
 // Package health decides whether each device, and the node, is fit for work.
 // Checks (one per file) turn NVML events, polled readings and DCGM incidents
 // into observations; a per-device state machine with hysteresis turns those
-// into health, persisted under the state dir so a restart forgets nothing;
-// the tainter mirrors node fitness onto the Node object.
+// into health, persisted under the state dir so a restart forgets nothing.
+// It says what is fit (Monitor.Fitness); it does not call the API server:
+// package kubeapi mirrors fitness onto the Node object.
 //
 // # Faults held until a reset
 //

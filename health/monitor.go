@@ -237,9 +237,9 @@ func (m *Monitor) Run(ctx context.Context) error {
 // loop); the tainter has its own subscription.
 func (m *Monitor) Changes() <-chan struct{} { return m.changes }
 
-// subscribe returns a further coalesced change channel for an internal
-// consumer, so it never steals Changes' signals.
-func (m *Monitor) subscribe() <-chan struct{} {
+// Subscribe returns a further coalesced change channel for another
+// consumer (the tainter), so it never steals Changes' signals.
+func (m *Monitor) Subscribe() <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	m.subsMu.Lock()
 	m.subs = append(m.subs, ch)

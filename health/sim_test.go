@@ -12,10 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
@@ -280,65 +276,4 @@ func percentile(d []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	i := int(float64(len(s)-1) * p)
 	return s[i]
-}
-
-// TestSimFaultToTaintLatency measures fault injected in the simulator ->
-// taint on the Node, through Monitor and Tainter.Run against a fake
-// clientset (the real-apiserver number comes from H8's harness). Logged,
-// not asserted:
-//
-//	go test -race -run TestSimFaultToTaintLatency -v ./health/
-func TestSimFaultToTaintLatency(t *testing.T) {
-	// A fake clock ends each fault only once the taint is seen, so no
-	// fault comes and goes before the tainter reads it.
-	clk := clocktesting.NewFakeClock(time.Now())
-	node, m := simMonitor(t, 20*time.Millisecond, clk)
-	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
-	tr, err := NewTainter(c, nodeName, TaintConfig{}, discard(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := c.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = tr.Run(ctx, m) })
-	stop := func() { cancel(); wg.Wait() }
-	t.Cleanup(stop)
-	// tainted waits for the next watch event with (or without) our taint.
-	tainted := func(want bool) {
-		timeout := time.After(30 * time.Second)
-		for {
-			select {
-			case ev := <-w.ResultChan():
-				n := ev.Object.(*corev1.Node)
-				if (len(tr.ourTaints(n.Spec.Taints)) > 0) == want {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("no watch event with tainted=%v", want)
-			}
-		}
-	}
-	var lat []time.Duration
-	for i := range 24 {
-		gpu := []int{0, 2, 3, 4, 5, 6, 7}[i%7]
-		start := time.Now()
-		// 74: a fatal XID that is not held until a reset.
-		simFault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(gpu)+`,"xid":74}`)
-		tainted(true)
-		lat = append(lat, time.Since(start))
-		clk.Step(20 * time.Millisecond)
-		m.evaluate()
-		tainted(false)
-	}
-	t.Logf("fault -> taint on the Node (fake clientset) over %d injections: median %v, p99 %v, max %v",
-		len(lat), percentile(lat, 0.5), percentile(lat, 0.99), slices.Max(lat))
-	stop() // the counter is bumped after the watch event is sent
-	if got := testutil.ToFloat64(tr.writes.WithLabelValues("taint")); got != 48 {
-		t.Errorf("%v taint writes for 24 faults and recoveries, want 48", got)
-	}
 }

@@ -24,9 +24,12 @@ import (
 const AnnotationNICs = "gpu-node-agent.io/nics"
 
 // annotationKeys are the only annotation keys Annotations returns. The
-// NodeLabeler owns exactly these: it reads them back after a restart and
-// removes them when they are no longer wanted.
+// node labeler (kubeapi.Labeler) owns exactly these: it reads them back
+// after a restart and removes them when they are no longer wanted.
 var annotationKeys = []string{AnnotationNICs}
+
+// AnnotationKeys returns every key Annotations can return (a copy).
+func AnnotationKeys() []string { return slices.Clone(annotationKeys) }
 
 // pcieLevels are the known PCIe levels, nearest first.
 var pcieLevels = []PCIeLevel{PCIeSameBoard, PCIeSingleSwitch, PCIeMultiSwitch, PCIeHostBridge, PCIeSameCPU, PCIeCrossCPU}

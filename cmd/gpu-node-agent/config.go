@@ -19,6 +19,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -51,8 +52,11 @@ type Config struct {
 	MetricsAddress  string   `json:"metrics-address,omitempty"`
 	NodeName        string   `json:"node-name,omitempty"`
 	Kubeconfig      string   `json:"kubeconfig,omitempty"`
-	LogFormat       string   `json:"log-format,omitempty"`
-	LogLevel        string   `json:"log-level,omitempty"`
+	// KubeAPIQPS and KubeAPIBurst are the API client's rate limit.
+	KubeAPIQPS   float64 `json:"kube-api-qps,omitempty"`
+	KubeAPIBurst int     `json:"kube-api-burst,omitempty"`
+	LogFormat    string  `json:"log-format,omitempty"`
+	LogLevel     string  `json:"log-level,omitempty"`
 	// PrintInventory prints what is served at start and on every change
 	// (the demo uses it: there is no kubelet to ask).
 	PrintInventory bool `json:"print-inventory,omitempty"`
@@ -103,6 +107,8 @@ func defaults() Config {
 		LogFormat:          "text",
 		LogLevel:           "info",
 		NodeLabels:         true,
+		KubeAPIQPS:         kubeapi.ClientConfig{}.WithDefaults().QPS,
+		KubeAPIBurst:       kubeapi.ClientConfig{}.WithDefaults().Burst,
 		Metrics: MetricsSection{
 			Interval: Duration{metrics.DefaultInterval},
 			// Deprecated and ignored; kept so that files setting it load.
@@ -149,11 +155,14 @@ var options = []option{
 	{name: "metrics-address", usage: "address of the /metrics endpoint (empty disables)", bind: str(func(c *Config) *string { return &c.MetricsAddress })},
 	{name: "node-name", env: "NODE_NAME", usage: "this node's Kubernetes name (env NODE_NAME)", bind: str(func(c *Config) *string { return &c.NodeName })},
 	{name: "kubeconfig", usage: "kubeconfig for the API server (empty: in-cluster)", bind: str(func(c *Config) *string { return &c.Kubeconfig })},
+	{name: "kube-api-qps", usage: "sustained rate of requests to the API server (client-side limit)", bind: float(func(c *Config) *float64 { return &c.KubeAPIQPS })},
+	{name: "kube-api-burst", usage: "requests to the API server allowed at once above kube-api-qps", bind: integer(func(c *Config) *int { return &c.KubeAPIBurst })},
 	{name: "log-format", usage: "log format: text or json", bind: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "log-level", usage: "log level: debug, info, warn or error", bind: str(func(c *Config) *string { return &c.LogLevel })},
 	{name: "print-inventory", usage: "print what is served at start and on every change", bind: boolean(func(c *Config) *bool { return &c.PrintInventory })},
 	{name: "node-labels", usage: "keep topology labels (gpu count, product, MIG, NVLink) and the NIC↔GPU annotation on the Node (needs node-name)", bind: boolean(func(c *Config) *bool { return &c.NodeLabels })},
 	{name: "taint-mode", usage: "taint the Node while it is unfit: off, dry-run or on (needs node-name; config taint.mode)", bind: str(func(c *Config) *string { return &c.Taint.Mode })},
+	{name: "taint-lease-namespace", env: "POD_NAMESPACE", usage: "namespace of the fleet safeguard's slot Leases: the agent's own (env POD_NAMESPACE; config taint.leaseNamespace; default \"default\")", bind: str(func(c *Config) *string { return &c.Taint.LeaseNamespace })},
 	{name: "recovery-period", usage: "how long every cause of a device fault must stay clear before it is healthy again (config health.recoveryPeriod; default 5m)", bind: stdDuration(func(c *Config) *time.Duration { return &c.Health.RecoveryPeriod })},
 	{name: "fatal-xids", usage: "comma-separated XIDs that make a GPU unhealthy (config health.fatalXIDs; default NVIDIA's reset/reboot XIDs)", bind: uintList(func(c *Config) *[]uint64 { return &c.Health.FatalXIDs })},
 	{name: "metrics-interval", usage: "how often GPU metrics are read from NVML (config metrics.interval)", bind: duration(func(c *Config) *Duration { return &c.Metrics.Interval })},
@@ -345,13 +354,18 @@ func (c *Config) healthConfig(hostRoot string) health.Config {
 	return h
 }
 
+// kubeClient is the API client's rate limit.
+func (c *Config) kubeClient() kubeapi.ClientConfig {
+	return kubeapi.ClientConfig{QPS: c.KubeAPIQPS, Burst: c.KubeAPIBurst}
+}
+
 // taintMode is the tainter's mode after defaults (on when unset).
 func (c *Config) taintMode() string { return c.Taint.WithDefaults().Mode }
 
 // needsAPI says whether anything talks to the API server: only with a
 // node name, and only for tainting or labels.
 func (c *Config) needsAPI() bool {
-	return c.NodeName != "" && (c.taintMode() != health.TaintOff || c.NodeLabels)
+	return c.NodeName != "" && (c.taintMode() != kubeapi.TaintOff || c.NodeLabels)
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 )
 
 // HealthSection is the `health` config key: health.Config, with its
@@ -24,9 +25,9 @@ func (s *HealthSection) UnmarshalJSON(b []byte) error {
 	return unmarshalSection("health", b, &s.Config)
 }
 
-// TaintSection is the `taint` config key: health.TaintConfig, with its
+// TaintSection is the `taint` config key: kubeapi.TaintConfig, with its
 // durations written as "5m" in YAML.
-type TaintSection struct{ health.TaintConfig }
+type TaintSection struct{ kubeapi.TaintConfig }
 
 // UnmarshalJSON reads the section strictly (unknown keys are errors).
 // An unquoted `mode: on` or `mode: off` is a YAML 1.1 boolean by the time
@@ -96,7 +97,7 @@ func unmarshalSection(section string, b []byte, v any, fixups ...func(map[string
 // sections; each error names the field (e.g. health.pollInterval).
 func (c *Config) validateSections() []error {
 	var errs []error
-	for _, err := range []error{c.Health.Validate(), c.Taint.Validate(), c.RDMA.Validate()} {
+	for _, err := range []error{c.Health.Validate(), c.Taint.Validate(), c.RDMA.Validate(), c.kubeClient().Validate()} {
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -112,7 +113,7 @@ func (c *Config) validateSections() []error {
 			errs = append(errs, fmt.Errorf("metrics.webConfigFile (--web.config.file): %w", err))
 		}
 	}
-	if c.NodeName == "" && c.Taint.Mode != "" && c.Taint.Mode != health.TaintOff {
+	if c.NodeName == "" && c.Taint.Mode != "" && c.Taint.Mode != kubeapi.TaintOff {
 		// Asked for explicitly, tainting without a node name would
 		// silently do nothing.
 		errs = append(errs, fmt.Errorf("taint.mode (--taint-mode) %q: needs node-name", c.Taint.Mode))
@@ -122,6 +123,14 @@ func (c *Config) validateSections() []error {
 
 func stdDuration(f func(*Config) *time.Duration) func(*flag.FlagSet, *Config, string, string) {
 	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.DurationVar(f(c), name, *f(c), usage) }
+}
+
+func float(f func(*Config) *float64) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.Float64Var(f(c), name, *f(c), usage) }
+}
+
+func integer(f func(*Config) *int) func(*flag.FlagSet, *Config, string, string) {
+	return func(fs *flag.FlagSet, c *Config, name, usage string) { fs.IntVar(f(c), name, *f(c), usage) }
 }
 
 func uintList(f func(*Config) *[]uint64) func(*flag.FlagSet, *Config, string, string) {

@@ -152,6 +152,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "exit-after", mutate: func(c *Config) { c.ExitAfter.Duration = -time.Second }, wantErr: "exit-after: -1s is negative"},
 		{name: "metrics-address", mutate: func(c *Config) { c.MetricsAddress = "9400" }, wantErr: `metrics-address: "9400" is not host:port`},
 		{name: "node-name", mutate: func(c *Config) { c.NodeName = "Node_A" }, wantErr: `node-name: "Node_A" is not a valid node name`},
+		{name: "kube-api-qps", mutate: func(c *Config) { c.KubeAPIQPS = -1 }, wantErr: "kube-api-qps -1: must be positive"},
+		{name: "kube-api-burst", mutate: func(c *Config) { c.KubeAPIBurst = -2 }, wantErr: "kube-api-burst -2: must be at least 1"},
 		{name: "log-format", mutate: func(c *Config) { c.LogFormat = "xml" }, wantErr: `log-format: "xml" is not one of text, json`},
 		{name: "log-level", mutate: func(c *Config) { c.LogLevel = "verbose" }, wantErr: `log-level: "verbose" is not one of debug, info, warn, error`},
 		{name: "several errors reported together", mutate: func(c *Config) { c.LogFormat = "xml"; c.MIGStrategy = "foo" }, wantErr: "mig-strategy: \"foo\" is not one of none, single, mixed\nlog-format"},

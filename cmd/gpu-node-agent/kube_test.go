@@ -12,10 +12,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -33,7 +34,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	cfg.SimControlAddress = freeAddr(t)
 	cfg.RescanInterval.Duration = 0
 	cfg.NodeName = "gpu-node-1"
-	cfg.Taint.Mode = health.TaintOn
+	cfg.Taint.Mode = kubeapi.TaintOn
 	cfg.Health.RecoveryPeriod = time.Second
 	cfg.Health.DCGMMode = "off"
 	if err := cfg.Validate(); err != nil {
@@ -49,11 +50,11 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	tries := 0
 	a.node.retry = 50 * time.Millisecond
-	a.node.newClient = func() (kubernetes.Interface, error) {
+	a.node.newClient = func() (kubeapi.Clients, error) {
 		if tries++; tries == 1 {
-			return nil, os.ErrNotExist // no API access at start
+			return kubeapi.Clients{}, os.ErrNotExist // no API access at start
 		}
-		return client, nil
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	ctx, _ := startAgent(t, a)
 
@@ -76,7 +77,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	// before the reconciler records what it serves: wait for both.
 	waitFor(t, "topology labels on the node", func() bool {
 		n := getNode()
-		return n.Annotations[topology.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
+		return n.Annotations[kubeapi.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
 	})
 	want := topology.Labels(a.rec.current().node, cfg.MIGStrategy)
 	n := getNode()
@@ -157,4 +158,16 @@ func TestNoteNVML(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakeMetadata is a metadata client whose fleet is the one node: the
+// safeguard allows it the one slot.
+func fakeMetadata(t *testing.T, node string) *metadatafake.FakeMetadataClient {
+	t.Helper()
+	scheme := metadatafake.NewTestScheme()
+	if err := metav1.AddMetaToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return metadatafake.NewSimpleMetadataClient(scheme, &metav1.PartialObjectMetadata{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: node}})
 }

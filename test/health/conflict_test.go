@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -46,7 +47,7 @@ func TestTainterConflictRetry(t *testing.T) {
 		})
 	}
 	reg := prometheus.NewPedanticRegistry()
-	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, counter), name, health.TaintConfig{MaxFraction: 1}, discard(), reg)
+	tainter, err := newTainter(t, countedClients(t, c.RESTConfig, counter), name, kubeapi.TaintConfig{MaxFraction: 1}, discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
@@ -35,7 +37,9 @@ type apiCounter struct {
 	requests map[string]int
 	status   map[int]int
 	errors   int
-	before   func(*http.Request)
+	// watches counts the watch requests (?watch=true) among methods.
+	watches int
+	before  func(*http.Request)
 }
 
 func newAPICounter() *apiCounter {
@@ -60,6 +64,9 @@ func (c *apiCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 		defer c.mu.Unlock()
 		c.methods[r.Method]++
 		c.requests[r.Method+" "+r.URL.Path]++
+		if r.URL.Query().Get("watch") == "true" {
+			c.watches++
+		}
 		if err != nil {
 			c.errors++
 		} else {
@@ -77,6 +84,7 @@ func (c *apiCounter) reset() {
 	clear(c.requests)
 	clear(c.status)
 	c.errors = 0
+	c.watches = 0
 }
 
 // counts returns the writes (POST, PUT, PATCH, DELETE), the reads (GET)
@@ -89,6 +97,13 @@ func (c *apiCounter) counts() (writes, reads int, summary string) {
 	}
 	reads = c.methods[http.MethodGet]
 	return writes, reads, fmt.Sprintf("methods %v, statuses %v, transport errors %d", c.methods, c.status, c.errors)
+}
+
+// watchCount is how many watch requests have been opened.
+func (c *apiCounter) watchCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watches
 }
 
 // requestCount is how many method requests for path have completed.
@@ -265,8 +280,76 @@ func simFault(t testing.TB, n *sim.Node, method, body string) {
 	}
 }
 
+// startNodeWatch runs the informer of node name on client until the test
+// ends, as the agent does once for its tainter and labeler.
+func startNodeWatch(t testing.TB, client kubernetes.Interface, name string, resync time.Duration) *kubeapi.NodeWatch {
+	t.Helper()
+	w, err := kubeapi.NewNodeWatch(client, name, resync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+// newTainter builds the tainter of node name on client, on a node
+// informer of its own (resync cfg.Resync) running until the test ends.
+func newTainter(t testing.TB, clients kubeapi.Clients, name string, cfg kubeapi.TaintConfig, log *slog.Logger,
+	reg prometheus.Registerer) (*kubeapi.Tainter, error) {
+	t.Helper()
+	return kubeapi.NewTainter(clients, startNodeWatch(t, clients.Core, name, cfg.WithDefaults().Resync), cfg, log, reg)
+}
+
+// clientsFor are an agent's clients over cfg.
+func clientsFor(t testing.TB, cfg *rest.Config) kubeapi.Clients {
+	t.Helper()
+	c, err := kubeapi.ClientsForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// countedClients are an agent's clients whose requests counter counts.
+func countedClients(t testing.TB, cfg *rest.Config, counter *apiCounter) kubeapi.Clients {
+	t.Helper()
+	cfg = rest.CopyConfig(cfg)
+	cfg.WrapTransport = counter.wrap
+	return clientsFor(t, cfg)
+}
+
+// holdSlots has each named node take a fleet safeguard slot, as its
+// agent does before it taints.
+func holdSlots(t testing.TB, clients kubeapi.Clients, cfg kubeapi.TaintConfig, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		d, err := kubeapi.NewSlots(clients.Core, clients.Meta, n, cfg.SafeguardConfig(), discard()).Acquire(context.Background())
+		if err != nil || !d.Held {
+			t.Fatalf("node %s takes a slot: %+v, %v", n, d, err)
+		}
+	}
+}
+
+// countingHealth is a monitor whose Fitness calls are counted: the
+// tainter's Run calls it once at the start of every reconcile, so the
+// count going up by 2 means a whole reconcile began after the call.
+type countingHealth struct {
+	*health.Monitor
+	calls atomic.Int64
+}
+
+func (h *countingHealth) Fitness() health.Fitness {
+	h.calls.Add(1)
+	return h.Monitor.Fitness()
+}
+
+func (h *countingHealth) reconciles() int64 { return h.calls.Load() }
+
 // runTainter runs tainter.Run(mon) until stop is called or the test ends.
-func runTainter(t testing.TB, tainter *health.Tainter, mon *health.Monitor) (stop func()) {
+func runTainter(t testing.TB, tainter *kubeapi.Tainter, mon kubeapi.Health) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {

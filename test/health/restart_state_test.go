@@ -17,6 +17,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -52,10 +53,10 @@ func TestRunTaintSurvivesAgentRestart(t *testing.T) {
 			}
 			const gpuIndex = 3
 			simNode := newSimNode(t)
-			taintCfg := health.TaintConfig{MaxFraction: 1, Resync: 200 * time.Millisecond}
+			taintCfg := kubeapi.TaintConfig{MaxFraction: 1, Resync: 200 * time.Millisecond}
 
 			first := runSimMonitor(t, simNode, cfg)
-			tainter, err := health.NewTainter(c.Client, tc.node, taintCfg, discard(), nil)
+			tainter, err := newTainter(t, clientsFor(t, c.RESTConfig), tc.node, taintCfg, discard(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,25 +79,26 @@ func TestRunTaintSurvivesAgentRestart(t *testing.T) {
 			first.stop()
 			second := buildSimMonitor(t, simNode, cfg)
 			counter := newAPICounter()
-			tainter, err = health.NewTainter(countedClient(t, c.RESTConfig, counter), tc.node, taintCfg, discard(), nil)
+			tainter, err = newTainter(t, countedClients(t, c.RESTConfig, counter), tc.node, taintCfg, discard(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			runTainter(t, tainter, second.mon)
-			nodePath := "/api/v1/nodes/" + tc.node
-			// The second GET of the Node starts a reconcile after the first
-			// one (on the restored state alone) has finished.
+			src := &countingHealth{Monitor: second.mon}
+			runTainter(t, tainter, src)
+			// The second reconcile (the informer resyncs every 200ms)
+			// starts after the first one (on the restored state alone) has
+			// finished.
 			waitFor(t, 30*time.Second, "the new tainter's first reconcile", func() bool {
-				return counter.requestCount(http.MethodGet, nodePath) >= 2
+				return src.reconciles() >= 2
 			})
 			second.start(t)
 			// A sampling cycle applied by the new monitor (it reads the
 			// GPU's reset request again), then a whole reconcile begun
 			// after it.
 			second.awaitResetRequested(t)
-			gets := counter.requestCount(http.MethodGet, nodePath)
+			base := src.reconciles()
 			waitFor(t, 30*time.Second, "a reconcile after the new monitor's sampling cycle", func() bool {
-				return counter.requestCount(http.MethodGet, nodePath) >= gets+2
+				return src.reconciles() >= base+2
 			})
 			updates := rec.stop(t, getNode(t, c.Client, tc.node).ResourceVersion)
 			writes, _, summary := counter.counts()

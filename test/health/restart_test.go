@@ -3,12 +3,14 @@ package health
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -23,8 +25,8 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	h := startSimMonitor(t, health.Config{PollInterval: time.Second,
 		RecoveryPeriod: 300 * time.Millisecond, FlapWindow: time.Millisecond})
 	counter := newAPICounter()
-	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, counter), name,
-		health.TaintConfig{MaxFraction: 1, Resync: time.Hour}, discard(), nil)
+	tainter, err := newTainter(t, countedClients(t, c.RESTConfig, counter), name,
+		kubeapi.TaintConfig{MaxFraction: 1, Resync: time.Hour}, discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +34,13 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	waitFor(t, 30*time.Second, "GPUHealthy=True at start", func() bool { return conditionIs(getNode(t, c.Client, name), corev1.ConditionTrue) })
 
 	if err := c.StopAPIServer(); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
+		// The tainter's informer holds a watch open, which can keep
+		// kube-apiserver's graceful shutdown past the harness's 15s; it
+		// is then killed, and down all the same.
+		if !strings.Contains(err.Error(), "did not stop within") {
+			t.Fatalf("stop kube-apiserver: %v", err)
+		}
+		t.Logf("stop kube-apiserver: %v", err)
 	}
 	counter.reset()
 	// A row-remap failure lasts until cleared, however long the outage.
@@ -53,7 +61,7 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 		return tainted(n) && conditionIs(n, corev1.ConditionFalse)
 	})
 	_, _, summary := counter.counts()
-	t.Logf("apiserver restart took %s; taint landed %s after it was ready (tainter backoff 1s doubling); tainter requests since the stop: %s",
+	t.Logf("apiserver restart took %s; taint landed %s after it was ready (tainter backoff 1s doubling, jittered); tainter requests since the stop: %s",
 		ready.Sub(restart).Round(time.Millisecond), time.Since(ready).Round(time.Millisecond), summary)
 	ev := awaitEvent(t, c.Client, name, "GPUUnhealthy")
 	checkEvent(t, ev, name, corev1.EventTypeWarning, gpu)

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -28,8 +29,8 @@ func TestRunFaultAndRecovery(t *testing.T) {
 	h := startSimMonitor(t, health.Config{PollInterval: 200 * time.Millisecond,
 		RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery})
 	reg := prometheus.NewPedanticRegistry()
-	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, newAPICounter()), name,
-		health.TaintConfig{MaxFraction: 1, Resync: 5 * time.Second}, discard(), reg)
+	tainter, err := newTainter(t, countedClients(t, c.RESTConfig, newAPICounter()), name,
+		kubeapi.TaintConfig{MaxFraction: 1, Resync: 5 * time.Second}, discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,8 @@ func checkEvent(t *testing.T, ev corev1.Event, node, typ, device string) {
 
 // TestRunFaultToTaintLatency measures an XID injected into the simulator
 // -> the taint seen on a watch of the Node, through the monitor, the
-// tainter (GET node, LIST nodes for the safeguard, PATCH) and the real
+// tainter (Node from its informer's cache, LIST nodes for the safeguard,
+// PATCH) and the real
 // API server. Logged, not asserted:
 //
 //	go test -count=1 -run TestRunFaultToTaintLatency -v ./health/
@@ -130,8 +132,8 @@ func TestRunFaultToTaintLatency(t *testing.T) {
 	const recovery = 300 * time.Millisecond
 	h := startSimMonitor(t, health.Config{PollInterval: 200 * time.Millisecond,
 		RecoveryPeriod: recovery, MaxRecoveryPeriod: recovery})
-	tainter, err := health.NewTainter(countedClient(t, c.RESTConfig, newAPICounter()), name,
-		health.TaintConfig{MaxFraction: 0.2, Resync: 5 * time.Second}, discard(), nil)
+	tainter, err := newTainter(t, countedClients(t, c.RESTConfig, newAPICounter()), name,
+		kubeapi.TaintConfig{MaxFraction: 0.2, Resync: 5 * time.Second}, discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,14 +12,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
 // TestTainterFleetSafeguardLimit puts an unfit node in a fleet of 10 with
-// MaxFraction 0.2 (at most 2 tainted): with 1 other node tainted it is
-// tainted (just under the limit); with 2 it is refused, with one
-// TaintRefused event and gpu_node_agent_taint_refused 1. Each case is its
-// own fleet (label) on one API server, so NodeSelector is exercised too.
+// MaxFraction 0.2 (K = 2 slots): with 1 other node tainted (holding a
+// slot) it is tainted (just under the limit); with 2 it is refused, with
+// one TaintRefused event and gpu_node_agent_taint_refused 1. Each case is
+// its own fleet (label, and namespace for its slots) on one API server,
+// so NodeSelector is exercised too.
 func TestTainterFleetSafeguardLimit(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
 	tests := []struct {
@@ -46,12 +48,20 @@ func TestTainterFleetSafeguardLimit(t *testing.T) {
 					t.Fatalf("create node %s: %v", node.Name, err)
 				}
 			}
-			// Tainted nodes outside the fleet must not count.
+			// Nodes outside the fleet make it no larger.
 			createNode(t, c.Client, tc.fleet+"-outsider", theirs)
+			if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tc.fleet}},
+				metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			cfg := kubeapi.TaintConfig{MaxFraction: 0.2, NodeSelector: "fleet=" + tc.fleet, LeaseNamespace: tc.fleet}
+			cs := clientsFor(t, c.RESTConfig)
+			for i := range tc.preTainted {
+				holdSlots(t, cs, cfg, fmt.Sprintf("%s-%d", tc.fleet, i))
+			}
 			self := tc.fleet + "-5"
 			reg := prometheus.NewPedanticRegistry()
-			tainter, err := health.NewTainter(c.Client, self, health.TaintConfig{MaxFraction: 0.2, NodeSelector: "fleet=" + tc.fleet},
-				discard(), reg)
+			tainter, err := newTainter(t, cs, self, cfg, discard(), reg)
 			if err != nil {
 				t.Fatal(err)
 			}

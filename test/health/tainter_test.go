@@ -1,4 +1,4 @@
-// Package health runs the agent's node tainter (health.Tainter) against a
+// Package health runs the agent's node tainter (kubeapi.Tainter) against a
 // real kube-apiserver (with etcd, Node and RBAC authorization) instead of
 // client-go's fake clientset: strategic-merge and JSON patches, conflicts,
 // condition and event validation are the API server's own.
@@ -18,23 +18,21 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
 const taintKey = "gpu-node-agent.io/unhealthy"
 
-func newClient(t *testing.T) kubernetes.Interface {
+// newClients starts an API server and returns an admin's clients.
+func newClients(t *testing.T) kubeapi.Clients {
 	t.Helper()
 	kubeconfig, _ := cluster.StartAPIServer(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return clientsFor(t, cfg)
 }
 
 func createNode(t *testing.T, c kubernetes.Interface, name string, taints ...corev1.Taint) {
@@ -76,12 +74,13 @@ func condition(n *corev1.Node, typ string) *corev1.NodeCondition {
 // TestTainterAgainstAPIServer walks one node through unfit -> unfit again
 // (no write) -> fit, with a foreign taint that must survive.
 func TestTainterAgainstAPIServer(t *testing.T) {
-	c := newClient(t)
+	cs := newClients(t)
+	c := cs.Core
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	foreign := corev1.Taint{Key: "example.com/maintenance", Value: "true", Effect: corev1.TaintEffectNoSchedule}
 	createNode(t, c, "gpu-1", foreign)
-	tainter, err := health.NewTainter(c, "gpu-1", health.TaintConfig{MaxFraction: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	tainter, err := newTainter(t, cs, "gpu-1", kubeapi.TaintConfig{MaxFraction: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +130,16 @@ func TestTainterAgainstAPIServer(t *testing.T) {
 	}
 }
 
-// TestTainterFleetSafeguard: with 2 of 10 nodes already tainted and
-// MaxFraction 0.2, an unfit node is not tainted (the condition still says
-// why).
+// TestTainterFleetSafeguard: with 2 of 10 nodes already tainted (each
+// holding one of the K = 2 slots) and MaxFraction 0.2, an unfit node is
+// not tainted (the condition still says why).
 func TestTainterFleetSafeguard(t *testing.T) {
-	c := newClient(t)
+	cs := newClients(t)
+	c := cs.Core
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ours := corev1.Taint{Key: taintKey, Value: "xid", Effect: corev1.TaintEffectNoSchedule}
+	cfg := kubeapi.TaintConfig{MaxFraction: 0.2}
 	for i, name := range []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9"} {
 		if i < 2 {
 			createNode(t, c, name, ours)
@@ -146,7 +147,8 @@ func TestTainterFleetSafeguard(t *testing.T) {
 			createNode(t, c, name)
 		}
 	}
-	tainter, err := health.NewTainter(c, "n5", health.TaintConfig{MaxFraction: 0.2}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	holdSlots(t, cs, cfg, "n0", "n1")
+	tainter, err := newTainter(t, cs, "n5", cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,57 +1,59 @@
-package health
+package kubeapi
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
 )
-
-// ClearFaultsAnnotation is the Node annotation an operator sets to clear
-// held faults after fixing a GPU: a GPU or MIG UUID, or "all". The tainter
-// acts on it once (Monitor.ClearFaults), removes it and posts an Event.
-const ClearFaultsAnnotation = "gpu-node-agent.io/clear-faults"
-
-// FaultClearer clears held faults on an operator's request (Monitor).
-type FaultClearer interface {
-	ClearFaults(target string) (cleared []string, err error)
-}
 
 // maxMessage bounds condition and event messages (the API server rejects
 // event messages over 1 KiB).
 const maxMessage = 1024
 
+// Health is what the Tainter mirrors onto the Node: *health.Monitor.
+type Health interface {
+	// Fitness is the node's fitness now.
+	Fitness() health.Fitness
+	// Subscribe returns a coalesced signal of every fitness change.
+	Subscribe() <-chan struct{}
+}
+
 // Tainter mirrors the node's fitness onto its Node object: while unfit, a
 // taint (key=reason:effect), condition GPUHealthy=False listing the
 // devices, and an Event per transition; when fit again, the taint removed
-// and the condition True. It writes only what differs from the Node it
-// has just read (zero writes at steady state), never touches other
-// taints, and refuses to add its taint when too much of the fleet already
-// carries it. Use it from one goroutine: Run, or Reconcile calls in turn.
+// and the condition True. It compares with the Node in the NodeWatch's
+// cache and writes only what differs (no request at all at steady state),
+// never touches other taints, and asks the fleet Safeguard before adding
+// its taint. Use it from one goroutine: Run, or Reconcile calls in turn.
 type Tainter struct {
-	client kubernetes.Interface
-	node   string
-	cfg    TaintConfig
-	log    *slog.Logger
+	client    kubernetes.Interface
+	watch     *NodeWatch
+	reader    *nodeReader
+	node      string
+	cfg       TaintConfig
+	log       *slog.Logger
+	safeguard Safeguard
 
 	refusedGauge prometheus.Gauge
 	writes       *prometheus.CounterVec
 
-	// minBackoff and maxBackoff bound the retry delay while the API
-	// server fails.
-	minBackoff, maxBackoff time.Duration
+	// backoff spaces Run's retries while the API server fails.
+	backoff wait.Backoff
 
 	// clearer acts on ClearFaultsAnnotation; Run sets the monitor.
 	clearer FaultClearer
@@ -59,14 +61,25 @@ type Tainter struct {
 	// State of the last reconcile, to log dry-run and refusal once.
 	refused    bool
 	lastDryRun string
+	// mayHold says the safeguard may count this node as tainted: after
+	// it allowed the taint, and at start (a previous run's taint).
+	mayHold bool
 }
 
-// NewTainter builds the tainter of node nodeName. cfg is used with its
-// defaults applied; validate it first (TaintConfig.Validate). reg may be
-// nil; registering its metrics on reg twice is an error, not a panic.
-func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, log *slog.Logger, reg prometheus.Registerer) (*Tainter, error) {
+// NewTainter builds the tainter of the node watch follows, with the
+// slot safeguard (Slots, in cfg.LeaseNamespace; SetSafeguard replaces
+// it). cfg is used with its defaults applied; validate it first
+// (TaintConfig.Validate). reg may be nil; registering its metrics on reg
+// twice is an error, not a panic.
+func NewTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, reg prometheus.Registerer) (*Tainter, error) {
+	cfg = cfg.WithDefaults()
+	if c.Core == nil || c.Meta == nil {
+		return nil, fmt.Errorf("tainter of node %s: needs both the typed and the metadata client", watch.Name())
+	}
+	client := c.Core
 	t := &Tainter{
-		client: client, node: nodeName, cfg: cfg.WithDefaults(), log: log,
+		client: client, watch: watch, reader: newNodeReader(watch, client, log), node: watch.Name(), cfg: cfg, log: log,
+		safeguard: NewSlots(client, c.Meta, watch.Name(), cfg.SafeguardConfig(), log),
 		refusedGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpu_node_agent_taint_refused",
 			Help: "1 while the fleet safeguard refuses to taint this unfit node because too many nodes already carry the taint.",
@@ -75,8 +88,8 @@ func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, l
 			Name: "gpu_node_agent_kube_api_writes_total",
 			Help: "Writes the tainter made to the Kubernetes API, by kind (taint, condition, event, annotation).",
 		}, []string{"kind"}),
-		minBackoff: time.Second,
-		maxBackoff: 2 * time.Minute,
+		backoff: RetryBackoff(),
+		mayHold: true,
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{t.refusedGauge, t.writes} {
@@ -88,83 +101,147 @@ func NewTainter(client kubernetes.Interface, nodeName string, cfg TaintConfig, l
 	return t, nil
 }
 
-// Run reconciles the Node with mon's fitness until ctx ends: at start, on
-// every change of health, every Resync (a read; writes only on drift), and
-// with exponential backoff while the API server fails. With mode off it
-// returns at once.
-func (t *Tainter) Run(ctx context.Context, mon *Monitor) error {
+// SetSafeguard replaces the fleet safeguard (before Run).
+func (t *Tainter) SetSafeguard(s Safeguard) { t.safeguard = s }
+
+// SetFaultClearer sets what acts on the clear-faults annotation (Run uses
+// its health source when that is a FaultClearer and none is set).
+func (t *Tainter) SetFaultClearer(c FaultClearer) { t.clearer = c }
+
+// Run reconciles the Node with src's fitness until ctx ends: at start, on
+// every change of health, on every event of the node informer (a change
+// of the Node, such as our taint removed by someone, or the informer's
+// resync: a cache read, no request), and with jittered exponential
+// backoff while the API server fails. With mode off it returns at once.
+func (t *Tainter) Run(ctx context.Context, src Health) error {
 	if t.cfg.Mode == TaintOff {
 		t.log.Info("node tainting is off")
 		return nil
 	}
-	if t.clearer == nil {
-		t.clearer = mon
+	if c, ok := src.(FaultClearer); ok && t.clearer == nil {
+		t.clearer = c
 	}
-	changes := mon.subscribe()
-	resync := time.NewTicker(t.cfg.Resync)
-	defer resync.Stop()
-	backoff := t.minBackoff
+	changes := src.Subscribe()
+	nodeChanged := t.watch.Subscribe()
+	backoff := t.backoff
 	for {
-		var retryC <-chan time.Time
-		if err := t.Reconcile(ctx, mon.Fitness()); err != nil && ctx.Err() == nil {
-			t.log.Warn("updating node taint/condition failed; retrying", "node", t.node, "err", err, "retry", backoff)
-			retryC = time.After(backoff)
-			backoff = min(2*backoff, t.maxBackoff)
-		} else {
-			backoff = t.minBackoff
+		err := t.Reconcile(ctx, src.Fitness())
+		if ctx.Err() != nil {
+			return nil
 		}
+		if err != nil {
+			// While backing off, health and Node changes wait: the retry
+			// reads the latest of both.
+			d := backoff.Step()
+			t.log.Warn("updating node taint/condition failed; retrying", "node", t.node, "err", err, "retry", d)
+			timer := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-timer.C:
+			}
+			continue
+		}
+		backoff = t.backoff
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changes:
-		case <-resync.C:
-		case <-retryC:
+		case <-nodeChanged:
 		}
 	}
 }
 
-// SetFaultClearer sets what acts on the clear-faults annotation (Run uses
-// its monitor when none is set).
-func (t *Tainter) SetFaultClearer(c FaultClearer) { t.clearer = c }
-
 // Reconcile makes the Node reflect f once: taint, condition, events. A
 // clear-faults annotation on the Node is acted on first; the fitness it
-// changes arrives with the monitor's next change signal.
-func (t *Tainter) Reconcile(ctx context.Context, f Fitness) error {
+// changes arrives with the monitor's next change signal. The Node is read
+// from the informer's cache; a write refused with Conflict waits for the
+// informer to deliver the newer Node (or reads it once) and is retried.
+// Before returning, Reconcile waits (briefly) for the informer to deliver
+// its writes, so that the next reconcile compares with them.
+func (t *Tainter) Reconcile(ctx context.Context, f health.Fitness) error {
 	if t.cfg.Mode == TaintOff {
 		return nil
 	}
-	var node *corev1.Node
-	var refused bool
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		var err error
-		node, err = t.client.CoreV1().Nodes().Get(ctx, t.node, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("get node %s: %w", t.node, err)
+	var (
+		node    *corev1.Node
+		refused bool
+		asked   bool // the safeguard, at most once per reconcile
+		allowed bool
+		written *corev1.Node // the API server's answer to our last write
+	)
+	defer func() {
+		if written != nil {
+			t.reader.wrote(ctx, written)
 		}
-		if err := t.clearFaults(ctx, node); err != nil {
+	}()
+	err := retry.OnError(conflictBackoff(), apierrors.IsConflict, func() error {
+		var err error
+		if node, err = t.reader.read(ctx); err != nil {
 			return err
 		}
-		ours := t.ourTaints(node.Spec.Taints)
+		patched, err := t.clearFaults(ctx, node)
+		if err != nil {
+			return err
+		}
+		if patched != nil {
+			node, written = patched, patched
+		}
 		refused = false
-		if !f.Fit && len(ours) == 0 {
-			ok, err := t.fleetAllows(ctx)
-			if err != nil {
-				return err
+		if !f.Fit && !hasTaint(node.Spec.Taints, t.cfg.Key) {
+			if !asked && t.cfg.Mode == TaintDryRun {
+				// A dry run takes no slot: it logs the taint it would add.
+				allowed, asked = true, true
 			}
-			refused = !ok
+			if !asked {
+				if allowed, err = t.safeguard.Allow(ctx); err != nil {
+					return fmt.Errorf("fleet safeguard: %w", err)
+				}
+				asked = true
+				t.mayHold = t.mayHold || allowed
+			}
+			refused = !allowed
 		}
 		want := t.desiredTaints(node.Spec.Taints, f, refused)
 		if sameTaints(node.Spec.Taints, want) {
 			return nil
 		}
-		return t.patchTaints(ctx, node, want)
+		patched, err = t.patchTaints(ctx, node, want)
+		if apierrors.IsConflict(err) {
+			t.reader.conflicted(ctx, node.ResourceVersion)
+		}
+		if err != nil {
+			return err
+		}
+		if patched != nil {
+			node, written = patched, patched
+		}
+		return nil
 	})
 	if err != nil {
 		return err
 	}
 	t.noteRefusal(ctx, node, f, refused)
-	return t.reconcileCondition(ctx, node, f)
+	patched, err := t.reconcileCondition(ctx, node, f)
+	if err != nil {
+		return err
+	}
+	if patched != nil {
+		written = patched
+	}
+	if f.Fit && t.mayHold && t.cfg.Mode != TaintDryRun && !hasTaint(node.Spec.Taints, t.cfg.Key) {
+		if err := t.safeguard.Release(ctx); err != nil {
+			return fmt.Errorf("fleet safeguard release: %w", err)
+		}
+		t.mayHold = false
+	}
+	return nil
+}
+
+// hasTaint says whether taints hold one with key.
+func hasTaint(taints []corev1.Taint, key string) bool {
+	return slices.ContainsFunc(taints, func(x corev1.Taint) bool { return x.Key == key })
 }
 
 // ourTaints are the taints with our key.
@@ -179,7 +256,7 @@ func (t *Tainter) ourTaints(taints []corev1.Taint) []corev1.Taint {
 }
 
 // desiredTaints is existing with our taints replaced by those f calls for.
-func (t *Tainter) desiredTaints(existing []corev1.Taint, f Fitness, refused bool) []corev1.Taint {
+func (t *Tainter) desiredTaints(existing []corev1.Taint, f health.Fitness, refused bool) []corev1.Taint {
 	var out []corev1.Taint
 	for _, x := range existing {
 		if x.Key != t.cfg.Key {
@@ -230,10 +307,11 @@ func sameTaints(a, b []corev1.Taint) bool {
 	return true
 }
 
-// patchTaints replaces the taint list, guarded by the resourceVersion just
-// read: a concurrent writer makes it fail with Conflict, and Reconcile
-// reads again, so taints others added meanwhile are never lost.
-func (t *Tainter) patchTaints(ctx context.Context, node *corev1.Node, want []corev1.Taint) error {
+// patchTaints replaces the taint list, guarded by the resourceVersion of
+// the Node compared with: a concurrent writer makes it fail with Conflict,
+// so taints others added meanwhile are never lost. It returns the patched
+// Node (nil in dry-run mode).
+func (t *Tainter) patchTaints(ctx context.Context, node *corev1.Node, want []corev1.Taint) (*corev1.Node, error) {
 	if want == nil {
 		want = []corev1.Taint{}
 	}
@@ -242,56 +320,24 @@ func (t *Tainter) patchTaints(ctx context.Context, node *corev1.Node, want []cor
 		"spec":     map[string]any{"taints": want},
 	}
 	if t.dryRun("taints", want) {
-		return nil
+		return nil, nil
 	}
 	body, err := json.Marshal(patch)
 	if err != nil {
-		return fmt.Errorf("encode taint patch: %w", err)
+		return nil, fmt.Errorf("encode taint patch: %w", err)
 	}
-	if _, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("patch taints of node %s: %w", t.node, err)
+	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, body, metav1.PatchOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("patch taints of node %s: %w", t.node, err)
 	}
 	t.writes.WithLabelValues("taint").Inc()
 	t.log.Info("node taints updated", "node", t.node, "taints", len(want), "ours", len(t.ourTaints(want)))
-	return nil
-}
-
-// fleetAllows counts the selected nodes already carrying our taint and
-// says whether this node may add it. One node may always be tainted, so a
-// lone or small cluster still protects itself.
-func (t *Tainter) fleetAllows(ctx context.Context) (bool, error) {
-	list, err := t.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: t.cfg.NodeSelector, ResourceVersion: "0"})
-	if err != nil {
-		return false, fmt.Errorf("list nodes %q for the fleet safeguard: %w", t.cfg.NodeSelector, err)
-	}
-	total, tainted := len(list.Items), 0
-	self := false
-	for _, n := range list.Items {
-		if n.Name == t.node {
-			self = true
-			continue
-		}
-		if len(t.ourTaints(n.Spec.Taints)) > 0 {
-			tainted++
-		}
-	}
-	if !self {
-		total++
-	}
-	allowed := max(1, int(math.Floor(t.cfg.MaxFraction*float64(total)+1e-9)))
-	if tainted+1 > allowed {
-		if !t.refused {
-			t.log.Warn("fleet safeguard: not tainting this node", "node", t.node, "tainted", tainted, "nodes", total,
-				"maxFraction", t.cfg.MaxFraction, "selector", t.cfg.NodeSelector)
-		}
-		return false, nil
-	}
-	return true, nil
+	return patched, nil
 }
 
 // noteRefusal updates the refusal gauge and posts one event when a
 // refusal starts.
-func (t *Tainter) noteRefusal(ctx context.Context, node *corev1.Node, f Fitness, refused bool) {
+func (t *Tainter) noteRefusal(ctx context.Context, node *corev1.Node, f health.Fitness, refused bool) {
 	t.refusedGauge.Set(boolGauge(refused))
 	if refused && !t.refused {
 		t.event(ctx, node, corev1.EventTypeWarning, "TaintRefused",
@@ -301,8 +347,9 @@ func (t *Tainter) noteRefusal(ctx context.Context, node *corev1.Node, f Fitness,
 }
 
 // reconcileCondition sets the condition if its status, reason or message
-// differ, and posts an event for the change.
-func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f Fitness) error {
+// differ, and posts an event for the change. It returns the patched Node,
+// nil when nothing was written.
+func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f health.Fitness) (*corev1.Node, error) {
 	status, reason, msg := corev1.ConditionTrue, "AllDevicesHealthy", "all GPUs and devices are healthy"
 	evType, evReason := corev1.EventTypeNormal, "GPUHealthy"
 	if !f.Fit {
@@ -320,10 +367,10 @@ func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f F
 		}
 	}
 	if old != nil && old.Status == status && old.Reason == reason && old.Message == msg {
-		return nil
+		return nil, nil
 	}
 	if old == nil && f.Fit && t.cfg.Mode == TaintDryRun {
-		return nil
+		return nil, nil
 	}
 	now := metav1.Now()
 	transition := now
@@ -333,22 +380,23 @@ func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f F
 	cond := corev1.NodeCondition{Type: ctype, Status: status, Reason: reason, Message: msg,
 		LastHeartbeatTime: now, LastTransitionTime: transition}
 	if t.dryRun("condition", cond) {
-		return nil
+		return nil, nil
 	}
 	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
 	if err != nil {
-		return fmt.Errorf("encode condition patch: %w", err)
+		return nil, fmt.Errorf("encode condition patch: %w", err)
 	}
-	if _, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status"); err != nil {
-		return fmt.Errorf("patch condition %s of node %s: %w", ctype, t.node, err)
+	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+	if err != nil {
+		return nil, fmt.Errorf("patch condition %s of node %s: %w", ctype, t.node, err)
 	}
 	t.writes.WithLabelValues("condition").Inc()
 	t.log.Info("node condition updated", "node", t.node, "condition", ctype, "status", status, "reason", reason, "message", msg)
 	if old == nil && f.Fit {
-		return nil // first report of a healthy node is not a transition
+		return patched, nil // first report of a healthy node is not a transition
 	}
 	t.event(ctx, node, evType, evReason, msg)
-	return nil
+	return patched, nil
 }
 
 // event posts a Node event where the kubelet posts its own. Failing to
@@ -397,49 +445,9 @@ func truncate(s string) string {
 	return s[:maxMessage-3] + "..."
 }
 
-// clearFaults acts on the clear-faults annotation of node, if any: the
-// faults are cleared once, then the annotation is removed with a JSON
-// patch that first tests it still holds the value acted on, so a newer
-// request written meanwhile is neither lost nor removed unseen (the patch
-// fails, Reconcile reads again and acts on the new value). The result is
-// posted as an Event. In dry-run mode nothing is cleared or written.
-func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) error {
-	target, ok := node.Annotations[ClearFaultsAnnotation]
-	if !ok || t.clearer == nil {
-		return nil
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
 	}
-	if t.dryRun("clear-faults", target) {
-		return nil
-	}
-	cleared, cerr := t.clearer.ClearFaults(target)
-	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(ClearFaultsAnnotation)
-	body, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": path, "value": target},
-		{"op": "remove", "path": path},
-	})
-	if err != nil {
-		return fmt.Errorf("encode clear-faults annotation patch: %w", err)
-	}
-	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.JSONPatchType, body, metav1.PatchOptions{})
-	if err != nil {
-		// Cleared already; clearing again when the patch is retried is
-		// harmless (ClearFaults is idempotent).
-		return fmt.Errorf("remove annotation %s from node %s: %w", ClearFaultsAnnotation, t.node, err)
-	}
-	t.writes.WithLabelValues("annotation").Inc()
-	*node = *patched
-	if cerr != nil {
-		t.log.Warn("clear-faults request rejected", "node", t.node, "target", target, "err", cerr)
-		t.event(ctx, node, corev1.EventTypeWarning, "ClearFaultsRejected", cerr.Error())
-		return nil
-	}
-	msg := "operator cleared faults of " + target + ": "
-	if len(cleared) == 0 {
-		msg += "no held or recovering fault to clear"
-	} else {
-		msg += strings.Join(cleared, ", ")
-	}
-	t.log.Info("clear-faults request done", "node", t.node, "target", target, "cleared", cleared)
-	t.event(ctx, node, corev1.EventTypeNormal, "FaultsCleared", msg)
-	return nil
+	return 0
 }

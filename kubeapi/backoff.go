@@ -1,0 +1,23 @@
+package kubeapi
+
+import (
+	"math"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// RetryBackoff is the delay between failed reconciles of the tainter and
+// the labeler: 1s doubling up to 1m, each delay stretched at random by up
+// to 100% (so at most 2m), so that agents refused or throttled together
+// spread their retries out instead of returning in waves. Step it on a
+// copy; start again from a fresh copy after a success.
+func RetryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 1, Cap: time.Minute, Steps: math.MaxInt32}
+}
+
+// conflictBackoff spaces the retries of one write refused with Conflict
+// (each retry also waits for the informer to deliver the newer Node).
+func conflictBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 1, Steps: 5}
+}

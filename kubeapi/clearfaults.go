@@ -1,0 +1,73 @@
+package kubeapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ClearFaultsAnnotation is the Node annotation an operator sets to clear
+// held faults after fixing a GPU: a GPU or MIG UUID, or "all". The tainter
+// sees it through the node informer (an update of the Node wakes it), acts
+// on it once (health.Monitor.ClearFaults), removes it and posts an Event.
+const ClearFaultsAnnotation = "gpu-node-agent.io/clear-faults"
+
+// FaultClearer clears held faults on an operator's request
+// (*health.Monitor).
+type FaultClearer interface {
+	ClearFaults(target string) (cleared []string, err error)
+}
+
+// clearFaults acts on the clear-faults annotation of node, if any: the
+// faults are cleared once, then the annotation is removed with a JSON
+// patch that first tests it still holds the value acted on, so a newer
+// request written meanwhile is neither lost nor removed unseen (the patch
+// fails, and the next reconcile acts on the new value). The result is
+// posted as an Event. It returns the patched Node, nil when nothing was
+// written. In dry-run mode nothing is cleared or written.
+func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) (*corev1.Node, error) {
+	target, ok := node.Annotations[ClearFaultsAnnotation]
+	if !ok || t.clearer == nil {
+		return nil, nil
+	}
+	if t.dryRun("clear-faults", target) {
+		return nil, nil
+	}
+	cleared, cerr := t.clearer.ClearFaults(target)
+	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(ClearFaultsAnnotation)
+	body, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": path, "value": target},
+		{"op": "remove", "path": path},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode clear-faults annotation patch: %w", err)
+	}
+	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.JSONPatchType, body, metav1.PatchOptions{})
+	if err != nil {
+		// The cache may be behind the Node: read it afresh next time.
+		// Cleared already; clearing again on the retry is harmless
+		// (ClearFaults is idempotent).
+		t.reader.conflicted(ctx, node.ResourceVersion)
+		return nil, fmt.Errorf("remove annotation %s from node %s: %w", ClearFaultsAnnotation, t.node, err)
+	}
+	t.writes.WithLabelValues("annotation").Inc()
+	if cerr != nil {
+		t.log.Warn("clear-faults request rejected", "node", t.node, "target", target, "err", cerr)
+		t.event(ctx, patched, corev1.EventTypeWarning, "ClearFaultsRejected", cerr.Error())
+		return patched, nil
+	}
+	msg := "operator cleared faults of " + target + ": "
+	if len(cleared) == 0 {
+		msg += "no held or recovering fault to clear"
+	} else {
+		msg += strings.Join(cleared, ", ")
+	}
+	t.log.Info("clear-faults request done", "node", t.node, "target", target, "cleared", cleared)
+	t.event(ctx, patched, corev1.EventTypeNormal, "FaultsCleared", msg)
+	return patched, nil
+}

@@ -1,0 +1,11 @@
+// Package kubeapi owns all of the agent's kube-apiserver traffic: one
+// informer on the node's own Node object (NodeWatch) that the tainter and
+// the labeler read instead of polling, the taint, condition and Events
+// that mirror health.Fitness (Tainter), the operator's clear-faults
+// annotation, the topology labels and annotations (Labeler), the fleet
+// safeguard behind the Safeguard seam, and jittered retries.
+//
+// At steady state it makes no requests at all besides the informer's one
+// watch: periodic resyncs re-check the cached object, and every write is
+// made only when the cached Node differs from what the agent wants.
+package kubeapi

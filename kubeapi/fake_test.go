@@ -1,0 +1,269 @@
+package kubeapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+)
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// versionedTracker makes the fake clientset behave as the API server does
+// with resourceVersions (the plain fake leaves them as given): every
+// stored object gets a new one, and an update or patch carrying a
+// resourceVersion other than the stored one fails with Conflict.
+type versionedTracker struct {
+	k8stesting.ObjectTracker
+	mu   sync.Mutex
+	next int
+}
+
+func (v *versionedTracker) stamp(obj runtime.Object) error {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	v.next++
+	m.SetResourceVersion(strconv.Itoa(v.next))
+	return nil
+}
+
+// guard checks obj's resourceVersion (set by the patch or update, else the
+// stored one) against the stored object, then stamps a new one.
+func (v *versionedTracker) guard(gvr schema.GroupVersionResource, obj runtime.Object, ns string) error {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	cur, err := v.ObjectTracker.Get(gvr, ns, m.GetName())
+	if err != nil {
+		return err
+	}
+	cm, err := meta.Accessor(cur)
+	if err != nil {
+		return err
+	}
+	if rv := m.GetResourceVersion(); rv != "" && rv != cm.GetResourceVersion() {
+		return apierrors.NewConflict(gvr.GroupResource(), m.GetName(), errors.New("the object has been modified"))
+	}
+	return v.stamp(obj)
+}
+
+func (v *versionedTracker) Add(obj runtime.Object) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.stamp(obj); err != nil {
+		return err
+	}
+	return v.ObjectTracker.Add(obj)
+}
+
+func (v *versionedTracker) Create(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.CreateOptions) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.stamp(obj); err != nil {
+		return err
+	}
+	return v.ObjectTracker.Create(gvr, obj, ns, opts...)
+}
+
+func (v *versionedTracker) Update(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.UpdateOptions) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.guard(gvr, obj, ns); err != nil {
+		return err
+	}
+	return v.ObjectTracker.Update(gvr, obj, ns, opts...)
+}
+
+func (v *versionedTracker) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.PatchOptions) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.guard(gvr, obj, ns); err != nil {
+		return err
+	}
+	return v.ObjectTracker.Patch(gvr, obj, ns, opts...)
+}
+
+// newFake is a fake clientset holding objs whose writes version objects
+// as the API server does (see versionedTracker).
+func newFake(t testing.TB, objs ...runtime.Object) *fake.Clientset {
+	t.Helper()
+	c := fake.NewClientset()
+	vt := &versionedTracker{ObjectTracker: c.Tracker()}
+	for _, o := range objs {
+		if err := vt.Add(o.DeepCopyObject()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.PrependReactor("*", "*", k8stesting.ObjectReaction(vt))
+	trackers.Store(c, vt)
+	return c
+}
+
+// fakeClients pairs c with a metadata client listing c's Nodes as they
+// are now (the safeguard's fleet count).
+func fakeClients(t testing.TB, c *fake.Clientset) Clients {
+	t.Helper()
+	l, err := c.Tracker().List(schema.GroupVersionResource{Version: "v1", Resource: "nodes"},
+		schema.GroupVersionKind{Version: "v1", Kind: "Node"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metas []runtime.Object
+	for _, n := range l.(*corev1.NodeList).Items {
+		metas = append(metas, &metav1.PartialObjectMetadata{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: n.ObjectMeta})
+	}
+	scheme := metadatafake.NewTestScheme()
+	if err := metav1.AddMetaToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return Clients{Core: c, Meta: metadatafake.NewSimpleMetadataClient(scheme, metas...)}
+}
+
+// trackers maps each newFake clientset to its versionedTracker.
+var trackers sync.Map
+
+// modifyNode changes the Node as another client would (read, change,
+// update guarded by resourceVersion), retrying on Conflict.
+func modifyNode(t testing.TB, c *fake.Clientset, change func(*corev1.Node)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		n, err := c.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(n)
+		_, err = c.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// updateNode writes n as another client would, through c's tracker: safe
+// inside a reactor, where calling the clientset would deadlock.
+func updateNode(t testing.TB, c *fake.Clientset, n *corev1.Node) {
+	t.Helper()
+	vt, _ := trackers.Load(c)
+	if err := vt.(*versionedTracker).Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+		t.Error(err)
+	}
+}
+
+// startWatch runs a NodeWatch of nodeName on c until the test ends and
+// waits for its cache to sync.
+func startWatch(t testing.TB, c kubernetes.Interface, resync time.Duration) *NodeWatch {
+	t.Helper()
+	w, err := NewNodeWatch(c, nodeName, resync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	if err := w.WaitSynced(sctx); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// requests are the actions other than the informer's list and watch
+// (those of nodes with a field selector).
+func requests(c *fake.Clientset) []k8stesting.Action {
+	var out []k8stesting.Action
+	for _, a := range c.Actions() {
+		if !informerAction(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func informerAction(a k8stesting.Action) bool {
+	if a.GetResource().Resource != "nodes" {
+		return false
+	}
+	switch a := a.(type) {
+	case k8stesting.ListAction:
+		return !a.GetListRestrictions().Fields.Empty()
+	case k8stesting.WatchAction:
+		return !a.GetWatchRestrictions().Fields.Empty()
+	}
+	return false
+}
+
+func countVerb(c *fake.Clientset, verb string) int {
+	n := 0
+	for _, a := range c.Actions() {
+		if a.GetVerb() == verb {
+			n++
+		}
+	}
+	return n
+}
+
+// fakeHealth is a Health whose fitness the test sets.
+type fakeHealth struct {
+	mu sync.Mutex
+	f  health.Fitness
+	ch chan struct{}
+}
+
+func newFakeHealth(f health.Fitness) *fakeHealth {
+	return &fakeHealth{f: f, ch: make(chan struct{}, 1)}
+}
+
+func (h *fakeHealth) Fitness() health.Fitness {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.f
+}
+
+func (h *fakeHealth) Subscribe() <-chan struct{} { return h.ch }
+
+func (h *fakeHealth) set(f health.Fitness) {
+	h.mu.Lock()
+	h.f = f
+	h.mu.Unlock()
+	select {
+	case h.ch <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor polls cond every millisecond until it holds, failing after 10s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

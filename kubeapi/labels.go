@@ -1,0 +1,223 @@
+package kubeapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// OwnedLabelsAnnotation lists, comma-separated, the label keys the agent
+// set on the node. It lets a restarted agent remove labels that its
+// previous run set and that no longer apply, without touching labels other
+// controllers own.
+const OwnedLabelsAnnotation = "gpu-node-agent.io/owned-labels"
+
+// Labeler keeps the agent's topology labels and annotations
+// (topology.Labels, topology.Annotations) on one Node object. It compares
+// with the Node in the NodeWatch's cache, writes only when what it owns
+// differs, removes what it owns and no longer wants, and never touches
+// any other label or annotation.
+type Labeler struct {
+	client kubernetes.Interface
+	watch  *NodeWatch
+	log    *slog.Logger
+	// backoff spaces the retries of one patch.
+	backoff wait.Backoff
+	// retryBackoff spaces Run's retries of failed Applies.
+	retryBackoff wait.Backoff
+
+	mu     sync.Mutex
+	reader *nodeReader
+}
+
+// NewLabeler returns the labeler of the node watch follows.
+func NewLabeler(client kubernetes.Interface, watch *NodeWatch, log *slog.Logger) *Labeler {
+	return &Labeler{
+		client: client, watch: watch, log: log, reader: newNodeReader(watch, client, log),
+		backoff:      wait.Backoff{Steps: 5, Duration: 200 * time.Millisecond, Factor: 2, Jitter: 1},
+		retryBackoff: RetryBackoff(),
+	}
+}
+
+// Run applies want() at start, on every signal of changed (new topology),
+// on every event of the node informer (a change of the Node, or its
+// resync: a cache read, no request) and, after a failure, with jittered
+// exponential backoff, until ctx ends. want returns ok false while there
+// is nothing to apply yet.
+func (l *Labeler) Run(ctx context.Context, changed <-chan struct{}, want func() (labels, annotations map[string]string, ok bool)) {
+	nodeChanged := l.watch.Subscribe()
+	backoff := l.retryBackoff
+	for {
+		var err error
+		if labels, annotations, ok := want(); ok {
+			err = l.Apply(ctx, labels, annotations)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			d := backoff.Step()
+			l.log.Warn("node labels and annotations not updated; retrying", "node", l.watch.Name(), "err", err, "retry", d)
+			timer := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+			continue
+		}
+		backoff = l.retryBackoff
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-nodeChanged:
+		}
+	}
+}
+
+// Apply makes the labels and annotations the agent owns on the node equal
+// to labels and annotations: it adds and updates those, and removes the
+// ones it set before that are no longer wanted. Owned labels are the ones
+// listed in OwnedLabelsAnnotation; owned annotations are the fixed keys
+// topology.Annotations can return (any other key in annotations is
+// refused), so restarts need no bookkeeping for them. Nothing is sent when
+// the cached Node is already as wanted; otherwise one JSON merge patch
+// carries every change (no read-modify-write race with other writers),
+// retried with jittered backoff on conflicts and transient API errors.
+func (l *Labeler) Apply(ctx context.Context, labels, annotations map[string]string) error {
+	keys := topology.AnnotationKeys()
+	for k := range annotations {
+		if !slices.Contains(keys, k) {
+			return fmt.Errorf("node %s: annotation %s is not one the agent owns", l.watch.Name(), k)
+		}
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	node, err := l.reader.read(ctx)
+	if err != nil {
+		return err
+	}
+	haveLabels, haveAnnotations := owned(node, keys)
+	if maps.Equal(haveLabels, labels) && maps.Equal(haveAnnotations, annotations) {
+		return nil
+	}
+
+	patchLabels, removedLabels := mergePatch(haveLabels, labels)
+	patchAnnotations, removedAnnotations := mergePatch(haveAnnotations, annotations)
+	var setAnnotations []string
+	for k, v := range patchAnnotations {
+		if v != nil {
+			setAnnotations = append(setAnnotations, k)
+		}
+	}
+	slices.Sort(setAnnotations)
+	if len(patchLabels) > 0 {
+		patchAnnotations[OwnedLabelsAnnotation] = strings.Join(slices.Sorted(maps.Keys(labels)), ",")
+	}
+	meta := map[string]any{}
+	if len(patchLabels) > 0 {
+		meta["labels"] = patchLabels
+	}
+	if len(patchAnnotations) > 0 {
+		meta["annotations"] = patchAnnotations
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return fmt.Errorf("node %s patch: %w", l.watch.Name(), err)
+	}
+	var patched *corev1.Node
+	err = retry.OnError(l.backoff, retriable, func() error {
+		var err error
+		patched, err = l.client.CoreV1().Nodes().Patch(ctx, l.watch.Name(), types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("patch node %s labels and annotations: %w", l.watch.Name(), err)
+	}
+	l.log.Info("node labels and annotations updated", "node", l.watch.Name(),
+		"labelsSet", len(patchLabels)-len(removedLabels), "labelsRemoved", removedLabels,
+		"annotationsSet", setAnnotations, "annotationsRemoved", removedAnnotations)
+	l.reader.wrote(ctx, patched)
+	return nil
+}
+
+// owned is what the agent owns on node: the labels listed in
+// OwnedLabelsAnnotation (an owned label someone removed reads as "\x00",
+// which no wanted value equals) and the annotations with keys.
+func owned(node *corev1.Node, keys []string) (labels, annotations map[string]string) {
+	labels = map[string]string{}
+	for _, k := range splitOwned(node.Annotations[OwnedLabelsAnnotation]) {
+		if v, ok := node.Labels[k]; ok {
+			labels[k] = v
+		} else {
+			labels[k] = "\x00" // owned but absent: still in the annotation
+		}
+	}
+	annotations = map[string]string{}
+	for _, k := range keys {
+		if v, ok := node.Annotations[k]; ok {
+			annotations[k] = v
+		}
+	}
+	return labels, annotations
+}
+
+// mergePatch returns the merge-patch entries that turn have into want
+// (null for a key to remove) and the removed keys, sorted.
+func mergePatch(have, want map[string]string) (map[string]any, []string) {
+	patch := map[string]any{}
+	for k, v := range want {
+		if old, ok := have[k]; !ok || old != v {
+			patch[k] = v
+		}
+	}
+	var removed []string
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			patch[k] = nil
+			removed = append(removed, k)
+		}
+	}
+	slices.Sort(removed)
+	return patch, removed
+}
+
+// retriable says whether an API error is worth another try.
+func retriable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	return apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+		apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
+}
+
+func splitOwned(s string) []string {
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			out = append(out, k)
+		}
+	}
+	return out
+}

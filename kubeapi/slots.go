@@ -1,0 +1,646 @@
+package kubeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+)
+
+// SlotLabel is the label every slot Lease carries, its value the slot
+// prefix, so that one LIST with a label selector reads all slots.
+const SlotLabel = "gpu-node-agent.io/taint-slot"
+
+// Defaults of SlotConfig.
+const (
+	DefaultSlotPrefix        = "gpu-node-agent-taint-slot"
+	DefaultSlotLeaseDuration = 15 * time.Minute
+	DefaultFleetSizeTTL      = 10 * time.Minute
+)
+
+// fleetPageSize is the page size of the metadata-only Node LIST.
+const fleetPageSize = 500
+
+// maxSlotWrites bounds the Create/Update attempts per listing of the
+// slots; Acquire lists at most twice.
+const maxSlotWrites = 2
+
+// ErrNotHeld is returned by Renew when this node holds no slot (it never
+// acquired one, released it, or lost it to a takeover): the caller must
+// not write its taint.
+var ErrNotHeld = errors.New("taint slot not held")
+
+// SlotConfig configures the taint slots.
+type SlotConfig struct {
+	// Namespace holds the slot Leases (required).
+	Namespace string
+	// Prefix names the slots: Leases <Prefix>-0 .. <Prefix>-(K-1).
+	// Default DefaultSlotPrefix.
+	Prefix string
+	// MaxFraction is the fraction of the fleet that may be tainted; see
+	// SlotLimit for the rounding. 1 or more disables the safeguard.
+	MaxFraction float64
+	// NodeSelector is the label selector of the fleet ("" = all Nodes).
+	NodeSelector string
+	// LeaseDuration is how long a slot stays claimed without a renew.
+	// Default DefaultSlotLeaseDuration; whole seconds (rounded up).
+	LeaseDuration time.Duration
+	// TaintKey is the taint whose presence on a holder's Node keeps its
+	// slot occupied after its Lease expired (required).
+	TaintKey string
+	// FleetSizeTTL is how long a measured fleet size is reused.
+	// Default DefaultFleetSizeTTL.
+	FleetSizeTTL time.Duration
+}
+
+// WithDefaults returns c with unset fields defaulted.
+func (c SlotConfig) WithDefaults() SlotConfig {
+	if c.Prefix == "" {
+		c.Prefix = DefaultSlotPrefix
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultSlotLeaseDuration
+	}
+	if c.FleetSizeTTL == 0 {
+		c.FleetSizeTTL = DefaultFleetSizeTTL
+	}
+	return c
+}
+
+// Validate checks c (after WithDefaults) and returns every problem.
+func (c SlotConfig) Validate() error {
+	var errs []error
+	for _, msg := range validation.IsDNS1123Label(c.Namespace) {
+		errs = append(errs, fmt.Errorf("slots namespace %q: %s", c.Namespace, msg))
+	}
+	// The longest name is <prefix>-<index>; leave room for 6 digits.
+	for _, msg := range validation.IsDNS1123Subdomain(c.Prefix + "-999999") {
+		errs = append(errs, fmt.Errorf("slots prefix %q: %s", c.Prefix, msg))
+	}
+	for _, msg := range validation.IsValidLabelValue(c.Prefix) {
+		errs = append(errs, fmt.Errorf("slots prefix %q as a label value: %s", c.Prefix, msg))
+	}
+	if math.IsNaN(c.MaxFraction) || c.MaxFraction <= 0 {
+		errs = append(errs, fmt.Errorf("slots maxFraction %g: must be > 0", c.MaxFraction))
+	}
+	if _, err := labels.Parse(c.NodeSelector); err != nil {
+		errs = append(errs, fmt.Errorf("slots nodeSelector %q: %w", c.NodeSelector, err))
+	}
+	if c.LeaseDuration < time.Second || c.LeaseDuration > math.MaxInt32*time.Second {
+		errs = append(errs, fmt.Errorf("slots leaseDuration %s: must be at least 1s", c.LeaseDuration))
+	}
+	for _, msg := range validation.IsQualifiedName(c.TaintKey) {
+		errs = append(errs, fmt.Errorf("slots taintKey %q: %s", c.TaintKey, msg))
+	}
+	if c.FleetSizeTTL <= 0 {
+		errs = append(errs, fmt.Errorf("slots fleetSizeTTL %s: must be > 0", c.FleetSizeTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// Disabled says whether MaxFraction lets the whole fleet be tainted, in
+// which case Slots makes no requests.
+func (c SlotConfig) Disabled() bool { return c.MaxFraction >= 1 }
+
+// SlotLimit is K, the number of slots for a fleet of n nodes:
+// max(1, floor(maxFraction*n + 1e-9)). It rounds down, so the fraction is
+// never exceeded (n=7, f=0.3: 2.1 -> 2), except that one node may always
+// be tainted so a small fleet still protects itself (n=4, f=0.2: 0.8 ->
+// 1). The 1e-9 absorbs binary floating point error where the product is
+// a whole number (n=40, f=0.2: 8.000000000000002 or 7.999999999999999 ->
+// 8).
+func SlotLimit(n int, maxFraction float64) int {
+	return max(1, int(math.Floor(maxFraction*float64(n)+1e-9)))
+}
+
+// Decision is the outcome of Acquire.
+type Decision struct {
+	// Held says this node holds a slot and may write its taint.
+	Held bool
+	// Slot is the index held, -1 when none (or the safeguard is off).
+	Slot int
+	// Limit is K and Fleet the fleet size N it was computed from; both
+	// are 0 when Acquire did not need them (this node already held a
+	// slot, or the safeguard is off).
+	Limit, Fleet int
+	// Occupied is how many slots under Limit were occupied by other
+	// nodes when this node was refused or took its slot.
+	Occupied int
+}
+
+// Slots is the fleet safeguard that cannot fail open: one node's view of
+// the taint slots.
+//
+// At most K nodes of a fleet may carry the agent's taint, so that a fault
+// common to many nodes (a bad driver rollout, a fabric outage) cannot
+// cordon the whole fleet. A check-then-act count ("list the nodes, count
+// the tainted ones, then taint") does not hold the limit: nodes faulting
+// together all read the same count and all taint. Slots make the limit a
+// property of the API server's own atomic operations instead.
+//
+// A node may carry the taint only while it holds one of K slots. Slot i is
+// the coordination.k8s.io/v1 Lease <prefix>-<i> in one namespace, i in
+// [0,K), with spec.holderIdentity the node's name and renewTime plus
+// leaseDurationSeconds saying how long the claim lasts. Every slot Lease
+// carries the label SlotLabel=<prefix>, so one LIST reads them all.
+//
+// A slot is occupied while its Lease is unexpired (renewTime +
+// leaseDurationSeconds is in the future), or while the Node named by its
+// holder still carries the taint key. It is free when the Lease is absent,
+// or when the Lease has expired and its holder's Node has no taint with
+// the key (or no longer exists). A free slot is taken atomically: an
+// absent one by Create (create-if-absent: AlreadyExists means another node
+// won it), a present one by Update with the resourceVersion just read (a
+// Conflict means another node won it, or the holder renewed).
+//
+// Why this cannot fail open:
+//   - Two nodes can never both take the same slot: Create and
+//     resourceVersion-guarded Update are compare-and-swap operations in
+//     etcd, so of any number of racing writers exactly one wins.
+//   - A holder writes its taint only right after a successful renew (or
+//     the Create/Update that took the slot). From then on the slot is
+//     occupied twice over: by the unexpired Lease until the taint is on
+//     the Node, and by the taint itself afterwards. So an agent that dies
+//     while its node is tainted keeps its slot: its Lease expires but its
+//     Node stays tainted, and the slot stays occupied until someone
+//     removes the taint.
+//   - A takeover races a holder's renew safely: the taker read the Lease
+//     at resourceVersion r and saw it expired and the holder untainted; a
+//     holder about to taint first renews, moving the Lease past r, so the
+//     taker's Update conflicts. If the taker's Update lands first, the
+//     holder's renew conflicts and it does not taint.
+//
+// Assumptions: node clocks agree to well within the Lease duration, and a
+// taint write follows its renew by well under the Lease duration. A node
+// tainted by something other than a slot holder does not count. When the
+// fleet shrinks, K shrinks but holders keep their slots (even at an index
+// at or above the new K): the limit governs new taints, it never untaints.
+//
+// Request economy (at 7,500 nodes, 1,500 may fault at once): Acquire makes
+// one LIST of the slot Leases; a holder then renews with one PUT. A node
+// refused because all K slots are occupied makes no write, and its only
+// other reads are a GET of the holder's Node for each expired Lease under
+// K and, at most once per FleetSizeTTL, the fleet size: a paged,
+// metadata-only LIST of the selected Nodes. Nothing watches all Nodes.
+//
+// Its methods are safe for concurrent use but meant for one caller (the
+// tainter): Acquire (or Allow) before adding the taint, Renew right before
+// any later taint write, Release once the taint is removed.
+type Slots struct {
+	client kubernetes.Interface
+	meta   metadata.Interface
+	node   string
+	cfg    SlotConfig
+	log    *slog.Logger
+
+	// now and randIntN are the clock and random source (tests replace
+	// them).
+	now      func() time.Time
+	randIntN func(n int) int
+
+	mu sync.Mutex
+	// held is our slot's Lease as last written or read, nil when none.
+	held *coordinationv1.Lease
+	// known says held is authoritative; until the first Acquire or
+	// Release (after a restart) a Lease of ours may exist unseen.
+	known bool
+	// fleet is the last measured fleet size and fleetAt when.
+	fleet   int
+	fleetAt time.Time
+}
+
+// NewSlots returns the slots of node. cfg is used with its defaults
+// applied; validate it first (SlotConfig.Validate). meta reads the fleet
+// size (metadata only); it may be nil when the safeguard is off.
+func NewSlots(client kubernetes.Interface, meta metadata.Interface, node string, cfg SlotConfig, log *slog.Logger) *Slots {
+	return &Slots{
+		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
+		now: time.Now, randIntN: rand.IntN,
+	}
+}
+
+// slotState is what one listing says of one slot.
+type slotState struct {
+	index int
+	lease *coordinationv1.Lease // nil when absent
+}
+
+// Acquire makes sure this node holds a slot: if it already holds one (at
+// any index, even at or above K after the fleet shrank) it renews it;
+// otherwise it takes a free slot under K, starting at a random one, or
+// refuses when none is free. A refusal, including losing every race for
+// a slot, is a Decision with Held false and a nil error; an error means
+// the API server could not be asked. Held means the Lease was written
+// just now, so the taint may follow without a separate Renew.
+func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
+	if s.cfg.Disabled() {
+		return Decision{Held: true, Slot: -1}, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := Decision{Slot: -1}
+	for round := range 2 {
+		slots, err := s.list(ctx)
+		if err != nil {
+			return Decision{Slot: -1}, err
+		}
+		if mine := s.mine(ctx, slots); mine != nil {
+			if err := s.renewLocked(ctx, mine); err == nil {
+				return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, mine.Name)}, nil
+			} else if !errors.Is(err, ErrNotHeld) {
+				return Decision{Slot: -1}, err
+			}
+			// Taken over between our LIST and renew: list again.
+			continue
+		}
+		var free []slotState
+		d, free, err = s.free(ctx, slots)
+		if err != nil {
+			return Decision{Slot: -1}, err
+		}
+		if len(free) == 0 {
+			return d, nil
+		}
+		start := s.randIntN(len(free))
+		for i := range min(maxSlotWrites, len(free)) {
+			c := free[(start+i)%len(free)]
+			won, err := s.take(ctx, c)
+			if err != nil {
+				return Decision{Slot: -1}, err
+			}
+			if won {
+				d.Held, d.Slot = true, c.index
+				s.log.Info("took taint slot", "node", s.node, "slot", c.index, "limit", d.Limit, "fleet", d.Fleet, "occupied", d.Occupied)
+				return d, nil
+			}
+		}
+		s.log.Debug("lost the race for taint slots", "node", s.node, "round", round)
+	}
+	return d, nil
+}
+
+// Renew extends this node's claim on its slot; call it right before each
+// taint write and write the taint only if it returns nil. ErrNotHeld
+// (wrapped) means the node holds no slot: do not write the taint.
+func (s *Slots) Renew(ctx context.Context) error {
+	if s.cfg.Disabled() {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil {
+		return fmt.Errorf("renew taint slot of node %s: %w", s.node, ErrNotHeld)
+	}
+	return s.renewLocked(ctx, s.held)
+}
+
+// Allow is Acquire for the Safeguard seam: true when this node holds a
+// slot (its Lease just written), so the taint may be added now.
+func (s *Slots) Allow(ctx context.Context) (bool, error) {
+	d, err := s.Acquire(ctx)
+	return d.Held, err
+}
+
+// Release gives this node's slot back; call it after the taint was
+// removed. It deletes our Lease only if it is still ours (preconditions
+// on its UID and resourceVersion); a slot already gone or taken over is
+// success. After a restart it first lists the slots once to find a Lease
+// of ours; once nothing is held it makes no requests.
+func (s *Slots) Release(ctx context.Context) error {
+	if s.cfg.Disabled() {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var mine []*coordinationv1.Lease
+	switch {
+	case s.held != nil:
+		mine = append(mine, s.held)
+	case !s.known:
+		slots, err := s.list(ctx)
+		if err != nil {
+			return err
+		}
+		for _, sl := range slots {
+			if sl.lease != nil && leaseHolder(sl.lease) == s.node {
+				mine = append(mine, sl.lease)
+			}
+		}
+	}
+	for _, l := range mine {
+		if err := s.deleteOurs(ctx, l); err != nil {
+			return err
+		}
+		s.log.Info("released taint slot", "node", s.node, "slot", slotIndex(s.cfg.Prefix, l.Name))
+	}
+	s.held, s.known = nil, true
+	return nil
+}
+
+// list reads every slot Lease (one LIST), sorted by index.
+func (s *Slots) list(ctx context.Context) ([]slotState, error) {
+	sel := labels.Set{SlotLabel: s.cfg.Prefix}.String()
+	list, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list taint slot leases %s in %s: %w", sel, s.cfg.Namespace, err)
+	}
+	var out []slotState
+	for i := range list.Items {
+		l := &list.Items[i]
+		if idx := slotIndex(s.cfg.Prefix, l.Name); idx >= 0 {
+			out = append(out, slotState{index: idx, lease: l})
+		}
+	}
+	slices.SortFunc(out, func(a, b slotState) int { return a.index - b.index })
+	return out, nil
+}
+
+// mine returns the lowest-index Lease this node holds, or nil. Holding
+// more than one can only follow a lost response to a write; the extras
+// are released (best effort) since one slot covers the node's taint.
+func (s *Slots) mine(ctx context.Context, slots []slotState) *coordinationv1.Lease {
+	s.known = true
+	var keep *coordinationv1.Lease
+	for _, sl := range slots {
+		if leaseHolder(sl.lease) != s.node {
+			continue
+		}
+		if keep == nil {
+			keep = sl.lease
+			continue
+		}
+		if err := s.deleteOurs(ctx, sl.lease); err != nil {
+			s.log.Warn("releasing an extra taint slot failed", "node", s.node, "lease", sl.lease.Name, "err", err)
+		}
+	}
+	s.held = keep
+	return keep
+}
+
+// free computes K and returns the slots under K that may be taken, with
+// the Decision for a refusal. It reads the fleet size (cached) and, for
+// each expired Lease under K, its holder's Node.
+func (s *Slots) free(ctx context.Context, slots []slotState) (Decision, []slotState, error) {
+	n, err := s.fleetSize(ctx)
+	if err != nil {
+		return Decision{Slot: -1}, nil, err
+	}
+	k := SlotLimit(n, s.cfg.MaxFraction)
+	d := Decision{Slot: -1, Limit: k, Fleet: n}
+	byIndex := map[int]*coordinationv1.Lease{}
+	for _, sl := range slots {
+		byIndex[sl.index] = sl.lease
+	}
+	var free []slotState
+	for i := range k {
+		l := byIndex[i]
+		if l == nil {
+			free = append(free, slotState{index: i})
+			continue
+		}
+		busy, err := s.occupied(ctx, l)
+		if err != nil {
+			return d, nil, err
+		}
+		if busy {
+			d.Occupied++
+		} else {
+			free = append(free, slotState{index: i, lease: l})
+		}
+	}
+	return d, free, nil
+}
+
+// occupied says whether Lease l's slot is occupied: unexpired, or its
+// holder's Node still carries the taint (one GET, only when expired).
+func (s *Slots) occupied(ctx context.Context, l *coordinationv1.Lease) (bool, error) {
+	if !s.expired(l) {
+		return true, nil
+	}
+	h := leaseHolder(l)
+	if h == "" {
+		return false, nil
+	}
+	node, err := s.client.CoreV1().Nodes().Get(ctx, h, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get node %s holding expired taint slot %s: %w", h, l.Name, err)
+	}
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == s.cfg.TaintKey }), nil
+}
+
+// expired says whether l's claim has run out by now.
+func (s *Slots) expired(l *coordinationv1.Lease) bool {
+	at := l.Spec.RenewTime
+	if at == nil {
+		at = l.Spec.AcquireTime
+	}
+	if at == nil {
+		return true
+	}
+	d := s.cfg.LeaseDuration
+	if l.Spec.LeaseDurationSeconds != nil {
+		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	return !at.Add(d).After(s.now())
+}
+
+// take tries to take the free slot c: Create when absent, Update with
+// the resourceVersion read when present. It reports false when another
+// node won the race.
+func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
+	now := metav1.NewMicroTime(s.now())
+	var (
+		got *coordinationv1.Lease
+		err error
+	)
+	if c.lease == nil {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: slotName(s.cfg.Prefix, c.index), Namespace: s.cfg.Namespace,
+				Labels: map[string]string{SlotLabel: s.cfg.Prefix},
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity: &s.node, LeaseDurationSeconds: s.durationSeconds(),
+				AcquireTime: &now, RenewTime: &now, LeaseTransitions: new(int32(0)),
+			},
+		}
+		got, err = leases.Create(ctx, l, metav1.CreateOptions{})
+	} else {
+		l := c.lease.DeepCopy()
+		transitions := int32(0)
+		if l.Spec.LeaseTransitions != nil {
+			transitions = *l.Spec.LeaseTransitions + 1
+		}
+		if l.Labels == nil {
+			l.Labels = map[string]string{}
+		}
+		l.Labels[SlotLabel] = s.cfg.Prefix
+		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &s.node, s.durationSeconds()
+		l.Spec.AcquireTime, l.Spec.RenewTime, l.Spec.LeaseTransitions = &now, &now, &transitions
+		got, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("take taint slot %s: %w", slotName(s.cfg.Prefix, c.index), err)
+	}
+	s.held, s.known = got, true
+	return true, nil
+}
+
+// renewLocked renews our Lease l with its resourceVersion. On a Conflict
+// it re-reads the Lease: still ours, it retries once with the new
+// version; taken over or gone, ErrNotHeld.
+func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error {
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
+	for attempt := 0; ; attempt++ {
+		u := l.DeepCopy()
+		now := metav1.NewMicroTime(s.now())
+		u.Spec.RenewTime, u.Spec.LeaseDurationSeconds = &now, s.durationSeconds()
+		got, err := leases.Update(ctx, u, metav1.UpdateOptions{})
+		if err == nil {
+			s.held, s.known = got, true
+			return nil
+		}
+		if apierrors.IsNotFound(err) {
+			s.held = nil
+			return fmt.Errorf("renew taint slot %s: deleted: %w", l.Name, ErrNotHeld)
+		}
+		if !apierrors.IsConflict(err) || attempt > 0 {
+			return fmt.Errorf("renew taint slot %s: %w", l.Name, err)
+		}
+		cur, err := leases.Get(ctx, l.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			s.held = nil
+			return fmt.Errorf("renew taint slot %s: deleted: %w", l.Name, ErrNotHeld)
+		}
+		if err != nil {
+			return fmt.Errorf("re-read taint slot %s after a conflict: %w", l.Name, err)
+		}
+		if leaseHolder(cur) != s.node {
+			s.held = nil
+			s.log.Warn("taint slot taken over", "node", s.node, "lease", l.Name, "holder", leaseHolder(cur))
+			return fmt.Errorf("renew taint slot %s: taken over by %q: %w", l.Name, leaseHolder(cur), ErrNotHeld)
+		}
+		l = cur
+	}
+}
+
+// deleteOurs deletes Lease l if it is unchanged since we read or wrote
+// it; gone is success, and on a Conflict it re-reads it and deletes it
+// only if it is still ours.
+func (s *Slots) deleteOurs(ctx context.Context, l *coordinationv1.Lease) error {
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
+	for attempt := 0; ; attempt++ {
+		pre := metav1.Preconditions{}
+		if l.UID != "" {
+			pre.UID = new(types.UID(l.UID))
+		}
+		if l.ResourceVersion != "" {
+			pre.ResourceVersion = new(l.ResourceVersion)
+		}
+		err := leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &pre})
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt > 0 {
+			return fmt.Errorf("delete taint slot %s: %w", l.Name, err)
+		}
+		cur, err := leases.Get(ctx, l.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("re-read taint slot %s after a conflict: %w", l.Name, err)
+		}
+		if leaseHolder(cur) != s.node {
+			return nil
+		}
+		l = cur
+	}
+}
+
+// nodesResource is the Nodes resource for the metadata client.
+var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// fleetSize is N: the Nodes matching the selector, this node counted if
+// it is not among them. It is measured with a paged, metadata-only LIST
+// and reused for FleetSizeTTL.
+func (s *Slots) fleetSize(ctx context.Context) (int, error) {
+	if !s.fleetAt.IsZero() && s.now().Sub(s.fleetAt) < s.cfg.FleetSizeTTL {
+		return s.fleet, nil
+	}
+	if s.meta == nil {
+		return 0, errors.New("measure fleet size: no metadata client")
+	}
+	n, self, cont := 0, false, ""
+	for {
+		list, err := s.meta.Resource(nodesResource).List(ctx, metav1.ListOptions{
+			LabelSelector: s.cfg.NodeSelector, Limit: fleetPageSize, Continue: cont,
+		})
+		if err != nil {
+			return 0, fmt.Errorf("list nodes %q (metadata) for the fleet size: %w", s.cfg.NodeSelector, err)
+		}
+		for _, item := range list.Items {
+			n++
+			self = self || item.Name == s.node
+		}
+		if cont = list.Continue; cont == "" {
+			break
+		}
+	}
+	if !self {
+		n++
+	}
+	s.fleet, s.fleetAt = n, s.now()
+	return n, nil
+}
+
+func (s *Slots) durationSeconds() *int32 {
+	return new(int32((s.cfg.LeaseDuration + time.Second - 1) / time.Second))
+}
+
+func leaseHolder(l *coordinationv1.Lease) string {
+	if l == nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+func slotName(prefix string, i int) string { return prefix + "-" + strconv.Itoa(i) }
+
+// slotIndex is i of a Lease named <prefix>-<i>, -1 for any other name.
+func slotIndex(prefix, name string) int {
+	rest, ok := strings.CutPrefix(name, prefix+"-")
+	if !ok {
+		return -1
+	}
+	i, err := strconv.Atoi(rest)
+	if err != nil || i < 0 || strconv.Itoa(i) != rest {
+		return -1
+	}
+	return i
+}

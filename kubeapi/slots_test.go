@@ -1,0 +1,521 @@
+package kubeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/metadata"
+	metadatafake "k8s.io/client-go/metadata/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+const (
+	slotNS    = "gpu-node-agent"
+	slotTaint = "gpu-node-agent.io/unhealthy"
+	slotSelf  = "self"
+)
+
+var slotT0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func slotTestLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// slotLease is slot i held by holder, last renewed ago before slotT0, for 15m.
+type slotLease struct {
+	index  int
+	holder string
+	ago    time.Duration
+}
+
+// slotFixture is a fake API server with a fleet of nodes and slot leases.
+type slotFixture struct {
+	client *fake.Clientset
+	meta   *metadatafake.FakeMetadataClient
+	slots  *Slots
+	now    time.Time
+}
+
+// newSlotFixture builds nodes fleet-0..fleet-(n-1) (labelled fleet=a, plus
+// slotSelf when inFleet), taints the named ones, and creates leases.
+func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, leases []slotLease, cfg SlotConfig) *slotFixture {
+	t.Helper()
+	var objs []runtime.Object
+	var metas []runtime.Object
+	addNode := func(name string) {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"fleet": "a"}}}
+		for _, tn := range tainted {
+			if tn == name {
+				node.Spec.Taints = []corev1.Taint{{Key: slotTaint, Value: "xid", Effect: corev1.TaintEffectNoSchedule}}
+			}
+		}
+		objs = append(objs, node)
+		metas = append(metas, &metav1.PartialObjectMetadata{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
+			ObjectMeta: node.ObjectMeta,
+		})
+	}
+	for i := range n {
+		addNode(fmt.Sprintf("fleet-%d", i))
+	}
+	if selfInFleet {
+		addNode(slotSelf)
+	}
+	// A node outside the fleet must not count.
+	objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "outsider"}})
+	metas = append(metas, &metav1.PartialObjectMetadata{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: "outsider"},
+	})
+	cfg.Namespace, cfg.TaintKey, cfg.NodeSelector = slotNS, slotTaint, "fleet=a"
+	cfg = cfg.WithDefaults()
+	for _, l := range leases {
+		renew := metav1.NewMicroTime(slotT0.Add(-l.ago))
+		objs = append(objs, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: slotName(cfg.Prefix, l.index), Namespace: slotNS,
+				Labels: map[string]string{SlotLabel: cfg.Prefix}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: new(l.holder), LeaseDurationSeconds: new(int32(900)),
+				AcquireTime: &renew, RenewTime: &renew, LeaseTransitions: new(int32(3))},
+		})
+	}
+	scheme := metadatafake.NewTestScheme()
+	if err := metav1.AddMetaToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	f := &slotFixture{client: fake.NewClientset(objs...), meta: metadatafake.NewSimpleMetadataClient(scheme, metas...), now: slotT0}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f.slots = NewSlots(f.client, f.meta, slotSelf, cfg, slotTestLog())
+	f.slots.now = func() time.Time { return f.now }
+	f.slots.randIntN = func(int) int { return 0 }
+	return f
+}
+
+// requests counts the fake clients' actions as "verb resource".
+func (f *slotFixture) requests() map[string]int {
+	out := map[string]int{}
+	for _, a := range f.client.Actions() {
+		out[a.GetVerb()+" "+a.GetResource().Resource]++
+	}
+	for _, a := range f.meta.Actions() {
+		out["metadata "+a.GetVerb()+" "+a.GetResource().Resource]++
+	}
+	return out
+}
+
+func (f *slotFixture) clearRequests() {
+	f.client.ClearActions()
+	f.meta.ClearActions()
+}
+
+func (f *slotFixture) lease(t *testing.T, i int) *coordinationv1.Lease {
+	t.Helper()
+	l, err := f.client.CoordinationV1().Leases(slotNS).Get(context.Background(), slotName(DefaultSlotPrefix, i), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get lease %d: %v", i, err)
+	}
+	return l
+}
+
+func TestSlotLimit(t *testing.T) {
+	tests := []struct {
+		name string
+		n    int
+		f    float64
+		want int
+	}{
+		{"N=40 f=0.2: exactly 8 despite float error", 40, 0.2, 8},
+		{"N=4 f=0.2: 0.8 rounds to the minimum 1", 4, 0.2, 1},
+		{"N=7 f=0.3: 2.1 rounds down to 2", 7, 0.3, 2},
+		{"N=100 f=0.07: 7.000000000000001 is 7", 100, 0.07, 7},
+		{"N=10 f=0.3: 2.9999999999999996 is 3", 10, 0.3, 3},
+		{"N=0: one node may always be tainted", 0, 0.2, 1},
+		{"N=7500 f=0.2: 1500", 7500, 0.2, 1500},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SlotLimit(tc.n, tc.f); got != tc.want {
+				t.Errorf("SlotLimit(%d, %g) = %d, want %d", tc.n, tc.f, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSlotsAcquire(t *testing.T) {
+	expired := 16 * time.Minute
+	tests := []struct {
+		name        string
+		fleet       int
+		selfInFleet bool
+		maxFraction float64
+		tainted     []string
+		leases      []slotLease
+		want        Decision
+		// wantRequests counts requests as "verb resource".
+		wantRequests map[string]int
+	}{
+		{
+			name: "free slot taken", fleet: 9, selfInFleet: true, maxFraction: 0.2,
+			want:         Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+		},
+		{
+			name: "first slot taken, the next free one is tried", fleet: 9, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}},
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+		},
+		{
+			name: "all slots held: refused, no write, no node read", fleet: 9, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", 14 * time.Minute}},
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1},
+		},
+		{
+			name: "already the holder: renews, no fleet read", fleet: 9, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, slotSelf, time.Minute}},
+			want:         Decision{Held: true, Slot: 1},
+			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+		},
+		{
+			name: "already the holder of an expired slot: renews", fleet: 9, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{1, slotSelf, expired}},
+			want:         Decision{Held: true, Slot: 1},
+			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+		},
+		{
+			name: "expired lease, untainted holder: taken over", fleet: 3, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", expired}},
+			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
+		},
+		{
+			name: "expired lease, tainted holder: stays occupied", fleet: 3, selfInFleet: true, maxFraction: 0.2,
+			tainted:      []string{"fleet-1"},
+			leases:       []slotLease{{0, "fleet-1", expired}},
+			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1},
+		},
+		{
+			name: "unexpired lease, untainted holder: occupied without a node read", fleet: 3, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", 14 * time.Minute}},
+			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1},
+		},
+		{
+			name: "expired lease, holder node gone: free", fleet: 3, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "deleted-node", expired}},
+			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
+		},
+		{
+			name: "fleet shrank: the holder keeps its slot at index >= K", fleet: 3, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {5, slotSelf, time.Minute}},
+			want:         Decision{Held: true, Slot: 5},
+			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+		},
+		{
+			name: "slots at or above K do not count against it", fleet: 9, selfInFleet: true, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {2, "fleet-2", time.Minute}, {3, "fleet-3", time.Minute}},
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+		},
+		{
+			name: "slotSelf counted when not in the fleet list", fleet: 4, maxFraction: 0.4,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}},
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 5, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+		},
+		{
+			name: "MaxFraction 1: always held, no requests", fleet: 3, selfInFleet: true, maxFraction: 1,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}},
+			want:         Decision{Held: true, Slot: -1},
+			wantRequests: map[string]int{},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newSlotFixture(t, tc.fleet, tc.selfInFleet, tc.tainted, tc.leases, SlotConfig{MaxFraction: tc.maxFraction})
+			got, err := f.slots.Acquire(context.Background())
+			if err != nil {
+				t.Fatalf("acquire: %v", err)
+			}
+			if got != tc.want {
+				t.Errorf("decision %+v, want %+v", got, tc.want)
+			}
+			if reqs := f.requests(); !sameCounts(reqs, tc.wantRequests) {
+				t.Errorf("requests %v, want %v", reqs, tc.wantRequests)
+			}
+			if got.Held && got.Slot >= 0 {
+				l := f.lease(t, got.Slot)
+				if leaseHolder(l) != slotSelf || l.Spec.RenewTime == nil || !l.Spec.RenewTime.Time.Equal(slotT0) ||
+					l.Labels[SlotLabel] != DefaultSlotPrefix || *l.Spec.LeaseDurationSeconds != 900 {
+					t.Errorf("held lease %s: holder %q renewTime %v labels %v duration %d, want %q, %v, the slot label, 900",
+						l.Name, leaseHolder(l), l.Spec.RenewTime, l.Labels, *l.Spec.LeaseDurationSeconds, slotSelf, slotT0)
+				}
+			}
+		})
+	}
+}
+
+func sameCounts(got, want map[string]int) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestSlotsTakeoverBumpsTransitions: a takeover is a new holder, so
+// leaseTransitions counts it (as client-go's leader election does).
+func TestSlotsTakeoverBumpsTransitions(t *testing.T) {
+	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Hour}}, SlotConfig{MaxFraction: 0.2})
+	if d, err := f.slots.Acquire(context.Background()); err != nil || !d.Held {
+		t.Fatalf("acquire = %+v, %v; want held", d, err)
+	}
+	l := f.lease(t, 0)
+	if *l.Spec.LeaseTransitions != 4 || !l.Spec.AcquireTime.Time.Equal(slotT0) {
+		t.Errorf("leaseTransitions %d acquireTime %v, want 4 and %v", *l.Spec.LeaseTransitions, l.Spec.AcquireTime, slotT0)
+	}
+}
+
+// TestSlotsLostRaceRelistsOnce: when another node creates the slot first,
+// Acquire lists once more, sees it occupied and refuses.
+func TestSlotsLostRaceRelistsOnce(t *testing.T) {
+	f := newSlotFixture(t, 3, true, nil, nil, SlotConfig{MaxFraction: 0.2})
+	f.client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		l.Spec.HolderIdentity = new("fleet-2")
+		if err := f.client.Tracker().Create(a.GetResource(), l, slotNS); err != nil {
+			return true, nil, err
+		}
+		return true, nil, apierrors.NewAlreadyExists(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, l.Name)
+	})
+	d, err := f.slots.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1}
+	if d != want {
+		t.Errorf("decision %+v, want %+v", d, want)
+	}
+	wantReqs := map[string]int{"list leases": 2, "metadata list nodes": 1, "create leases": 1}
+	if reqs := f.requests(); !sameCounts(reqs, wantReqs) {
+		t.Errorf("requests %v, want %v (the fleet size is reused)", reqs, wantReqs)
+	}
+}
+
+// TestSlotsRenewRelease walks the life of a slot: acquired, renewed
+// before a taint write, released after the taint is removed; then Renew
+// refuses and Release makes no request.
+func TestSlotsRenewRelease(t *testing.T) {
+	f := newSlotFixture(t, 3, true, nil, nil, SlotConfig{MaxFraction: 0.2})
+	ctx := context.Background()
+	if err := f.slots.Renew(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("renew before acquire: %v, want ErrNotHeld", err)
+	}
+	if d, err := f.slots.Acquire(ctx); err != nil || !d.Held {
+		t.Fatalf("acquire = %+v, %v; want held", d, err)
+	}
+	f.now = slotT0.Add(time.Minute)
+	f.clearRequests()
+	if err := f.slots.Renew(ctx); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if reqs, want := f.requests(), map[string]int{"update leases": 1}; !sameCounts(reqs, want) {
+		t.Errorf("renew requests %v, want %v", reqs, want)
+	}
+	if l := f.lease(t, 0); !l.Spec.RenewTime.Time.Equal(f.now) {
+		t.Errorf("renewTime %v after renew, want %v", l.Spec.RenewTime, f.now)
+	}
+	f.clearRequests()
+	if err := f.slots.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if reqs, want := f.requests(), map[string]int{"delete leases": 1}; !sameCounts(reqs, want) {
+		t.Errorf("release requests %v, want %v", reqs, want)
+	}
+	if _, err := f.client.CoordinationV1().Leases(slotNS).Get(ctx, slotName(DefaultSlotPrefix, 0), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("lease after release: %v, want NotFound", err)
+	}
+	f.clearRequests()
+	if err := f.slots.Renew(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("renew after release: %v, want ErrNotHeld", err)
+	}
+	if err := f.slots.Release(ctx); err != nil {
+		t.Errorf("second release: %v", err)
+	}
+	if reqs := f.requests(); len(reqs) != 0 {
+		t.Errorf("renew+release with nothing held made requests %v", reqs)
+	}
+}
+
+// TestSlotsRenewTakenOver: when the renew conflicts because another node
+// took the slot over, Renew says ErrNotHeld (do not taint).
+func TestSlotsRenewTakenOver(t *testing.T) {
+	f := newSlotFixture(t, 3, true, nil, nil, SlotConfig{MaxFraction: 0.2})
+	ctx := context.Background()
+	if d, err := f.slots.Acquire(ctx); err != nil || !d.Held {
+		t.Fatalf("acquire = %+v, %v; want held", d, err)
+	}
+	// Another node takes the slot over (the fake does not check
+	// resourceVersions, so the conflict is injected).
+	taken := f.lease(t, 0)
+	taken.Spec.HolderIdentity = new("fleet-1")
+	if _, err := f.client.CoordinationV1().Leases(slotNS).Update(ctx, taken, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.client.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, taken.Name, errors.New("modified"))
+	})
+	err := f.slots.Renew(ctx)
+	if !errors.Is(err, ErrNotHeld) || !strings.Contains(err.Error(), "fleet-1") {
+		t.Errorf("renew of a slot taken over: %v, want ErrNotHeld naming fleet-1", err)
+	}
+	if err := f.slots.Renew(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("second renew: %v, want ErrNotHeld", err)
+	}
+}
+
+// TestSlotsReleaseAfterRestart: a fresh Slots finds the Lease a previous
+// run held with one LIST and deletes it; Releases after that make no
+// requests.
+func TestSlotsReleaseAfterRestart(t *testing.T) {
+	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {2, slotSelf, time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	ctx := context.Background()
+	for range 2 {
+		if err := f.slots.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantReqs := map[string]int{"list leases": 1, "delete leases": 1}
+	if reqs := f.requests(); !sameCounts(reqs, wantReqs) {
+		t.Errorf("requests %v, want %v", reqs, wantReqs)
+	}
+	list, err := f.client.CoordinationV1().Leases(slotNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 || leaseHolder(&list.Items[0]) != "fleet-1" {
+		t.Errorf("leases after release %v, want only fleet-1's", list.Items)
+	}
+}
+
+// TestSlotsFleetSizeCached: refused Acquires reuse the fleet size for
+// FleetSizeTTL, then measure it again, following continue tokens.
+func TestSlotsFleetSizeCached(t *testing.T) {
+	f := newSlotFixture(t, 9, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	ctx := context.Background()
+	for range 3 {
+		if d, err := f.slots.Acquire(ctx); err != nil || d.Held || d.Fleet != 10 {
+			t.Fatalf("acquire = %+v, %v; want refused in a fleet of 10", d, err)
+		}
+	}
+	if got := f.requests()["metadata list nodes"]; got != 1 {
+		t.Errorf("%d fleet measurements in 3 acquires within the TTL, want 1", got)
+	}
+	// After the TTL the fleet has grown to 1,250 nodes, served in pages.
+	f.now = slotT0.Add(DefaultFleetSizeTTL)
+	f.clearRequests()
+	paged := &pagedNodeMeta{Interface: f.meta, total: 1250}
+	f.slots.meta = paged
+	d, err := f.slots.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1,250 + slotSelf = 1,251 nodes: K = 250.
+	if d.Fleet != 1251 || d.Limit != 250 || !d.Held {
+		t.Errorf("decision %+v, want fleet 1251, limit 250, held", d)
+	}
+	if fmt.Sprint(paged.limits) != "[500 500 500]" {
+		t.Errorf("page limits %v, want three pages of 500", paged.limits)
+	}
+}
+
+func TestSlotConfigValidate(t *testing.T) {
+	good := SlotConfig{Namespace: slotNS, MaxFraction: 0.2, TaintKey: slotTaint, NodeSelector: "fleet=a"}
+	tests := []struct {
+		name    string
+		mutate  func(*SlotConfig)
+		wantErr string
+	}{
+		{"defaults are valid", func(*SlotConfig) {}, ""},
+		{"namespace required", func(c *SlotConfig) { c.Namespace = "" }, "namespace"},
+		{"prefix must name leases", func(c *SlotConfig) { c.Prefix = "Bad_Prefix" }, "prefix"},
+		{"maxFraction must be positive", func(c *SlotConfig) { c.MaxFraction = 0 }, "maxFraction"},
+		{"bad selector", func(c *SlotConfig) { c.NodeSelector = "a in (" }, "nodeSelector"},
+		{"lease duration at least 1s", func(c *SlotConfig) { c.LeaseDuration = time.Millisecond }, "leaseDuration"},
+		{"taint key required", func(c *SlotConfig) { c.TaintKey = "" }, "taintKey"},
+		{"fleet size TTL positive", func(c *SlotConfig) { c.FleetSizeTTL = -time.Second }, "fleetSizeTTL"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := good
+			tc.mutate(&c)
+			err := c.WithDefaults().Validate()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Errorf("validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("validate: %v, want an error naming %s", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// pagedNodeMeta serves total Nodes' metadata in pages of the requested
+// Limit with continue tokens (the fake metadata client ignores both) and
+// records each request's Limit.
+type pagedNodeMeta struct {
+	metadata.Interface
+	total  int
+	limits []int64
+}
+
+func (p *pagedNodeMeta) Resource(gvr schema.GroupVersionResource) metadata.Getter {
+	return pagedNodeGetter{Getter: p.Interface.Resource(gvr), p: p}
+}
+
+type pagedNodeGetter struct {
+	metadata.Getter
+	p *pagedNodeMeta
+}
+
+func (g pagedNodeGetter) List(_ context.Context, opts metav1.ListOptions) (*metav1.PartialObjectMetadataList, error) {
+	g.p.limits = append(g.p.limits, opts.Limit)
+	from := 0
+	if opts.Continue != "" {
+		var err error
+		if from, err = strconv.Atoi(opts.Continue); err != nil {
+			return nil, err
+		}
+	}
+	to := min(g.p.total, from+int(opts.Limit))
+	list := &metav1.PartialObjectMetadataList{}
+	for i := from; i < to; i++ {
+		list.Items = append(list.Items, metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("big-%d", i)}})
+	}
+	if to < g.p.total {
+		list.Continue = strconv.Itoa(to)
+	}
+	return list, nil
+}

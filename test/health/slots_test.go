@@ -1,0 +1,298 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+)
+
+// slotRequests records one agent's requests as "METHOD path".
+type slotRequests struct {
+	mu   sync.Mutex
+	reqs []string
+}
+
+func (c *slotRequests) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		c.mu.Lock()
+		c.reqs = append(c.reqs, r.Method+" "+r.URL.Path)
+		c.mu.Unlock()
+		return rt.RoundTrip(r)
+	})
+}
+
+// since returns the requests made after the first n.
+func (c *slotRequests) since(n int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.reqs[n:])
+}
+
+func (c *slotRequests) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.reqs)
+}
+
+// requestShape is how many requests, LISTs and writes reqs holds (a GET
+// of a collection path is a LIST).
+type requestShape struct{ requests, lists, writes int }
+
+func shapeOf(reqs []string) requestShape {
+	var s requestShape
+	for _, r := range reqs {
+		method, path, _ := strings.Cut(r, " ")
+		s.requests++
+		switch {
+		case method != http.MethodGet:
+			s.writes++
+		case strings.HasSuffix(path, "/leases") || strings.HasSuffix(path, "/nodes"):
+			s.lists++
+		}
+	}
+	return s
+}
+
+// slotAgent is one node's safeguard with its own client and transport.
+type slotAgent struct {
+	node   string
+	client kubernetes.Interface
+	meta   metadata.Interface
+	reqs   *slotRequests
+}
+
+// newSlotAgent builds a clientset and metadata client of their own on a
+// copy of cfg: a Proxy func makes client-go give the copy its own
+// transport (and connection pool) rather than the cached shared one.
+func newSlotAgent(t *testing.T, cfg *rest.Config, node string) *slotAgent {
+	t.Helper()
+	a := &slotAgent{node: node, reqs: &slotRequests{}}
+	cfg = rest.CopyConfig(cfg)
+	cfg.WrapTransport = a.reqs.wrap
+	cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+	cfg.UserAgent = "slots-test/" + node
+	var err error
+	if a.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if a.meta, err = metadata.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestSlotsHoldUnderConcurrency: in a fleet of 40 Nodes with MaxFraction
+// 0.2 (K = 8), 20 agents, each with its own client, ask for a taint slot
+// at the same instant, and each that gets one renews it and taints its
+// Node. Whatever the interleaving, at least 1 and at most 8 hold a slot,
+// no slot has two holders, and exactly the holders' Nodes are tainted.
+// The losers asking again make one LIST each and no write. Repeated with
+// a fresh slot prefix per repetition on one API server.
+func TestSlotsHoldUnderConcurrency(t *testing.T) {
+	const (
+		fleetSize   = 40
+		faulting    = 20
+		limit       = 8
+		repetitions = 25
+		ns          = "gpu-node-agent-slots"
+		fleet       = "slots"
+	)
+	c := cluster.Start(t, cluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+	agents := make([]*slotAgent, fleetSize)
+	for i := range fleetSize {
+		name := fmt.Sprintf("%s-%02d", fleet, i)
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"fleet": fleet}}}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create node %s: %v", name, err)
+		}
+		agents[i] = newSlotAgent(t, c.RESTConfig, name)
+	}
+	// Tainted Nodes outside the fleet count neither in N nor in K.
+	createNode(t, c.Client, "slots-outsider", corev1.Taint{Key: taintKey, Value: "xid", Effect: corev1.TaintEffectNoSchedule})
+
+	heldCounts := map[int]int{}
+	granted, refused, again := map[requestShape]int{}, map[requestShape]int{}, map[requestShape]int{}
+	for rep := range repetitions {
+		cfg := kubeapi.SlotConfig{Namespace: ns, Prefix: fmt.Sprintf("slot-r%d", rep), MaxFraction: 0.2,
+			NodeSelector: "fleet=" + fleet, TaintKey: taintKey}.WithDefaults()
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			agent    *slotAgent
+			slots    *kubeapi.Slots
+			decision kubeapi.Decision
+			reqs     []string
+			err      error
+		}
+		results := make([]result, faulting)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, idx := range rand.Perm(fleetSize)[:faulting] {
+			a := agents[idx]
+			s := kubeapi.NewSlots(a.client, a.meta, a.node, cfg, discard())
+			wg.Go(func() {
+				<-start
+				before := a.reqs.count()
+				d, err := s.Acquire(ctx)
+				r := result{agent: a, slots: s, decision: d, reqs: a.reqs.since(before), err: err}
+				if err == nil && d.Held {
+					r.err = s.Renew(ctx)
+					if r.err == nil {
+						r.err = taintNode(ctx, a.client, a.node)
+					}
+				}
+				results[i] = r
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		var holders []result
+		slotOf := map[int]string{}
+		for _, r := range results {
+			if r.err != nil {
+				t.Fatalf("repetition %d: node %s: %v", rep, r.agent.node, r.err)
+			}
+			if !r.decision.Held {
+				refused[shapeOf(r.reqs)]++
+				continue
+			}
+			granted[shapeOf(r.reqs)]++
+			holders = append(holders, r)
+			if other, dup := slotOf[r.decision.Slot]; dup {
+				t.Errorf("repetition %d: slot %d held by both %s and %s", rep, r.decision.Slot, other, r.agent.node)
+			}
+			slotOf[r.decision.Slot] = r.agent.node
+			if r.decision.Slot < 0 || r.decision.Slot >= limit || r.decision.Limit != limit || r.decision.Fleet != fleetSize {
+				t.Errorf("repetition %d: node %s decision %+v, want a slot under %d of a fleet of %d", rep, r.agent.node, r.decision, limit, fleetSize)
+			}
+		}
+		heldCounts[len(holders)]++
+		if len(holders) < 1 || len(holders) > limit {
+			t.Errorf("repetition %d: %d of %d nodes hold a slot, want 1..%d", rep, len(holders), faulting, limit)
+		}
+		if n := countTainted(ctx, t, c.Client, fleet); n != len(holders) {
+			t.Errorf("repetition %d: %d fleet nodes tainted, want the %d holders", rep, n, len(holders))
+		}
+		leases, err := c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kubeapi.SlotLabel + "=" + cfg.Prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(leases.Items) != len(holders) {
+			t.Errorf("repetition %d: %d slot leases, want one per holder (%d)", rep, len(leases.Items), len(holders))
+		}
+		for _, l := range leases.Items {
+			idx := strings.TrimPrefix(l.Name, cfg.Prefix+"-")
+			if h := *l.Spec.HolderIdentity; slotOf[atoi(t, idx)] != h {
+				t.Errorf("repetition %d: lease %s held by %s, Acquire said %q", rep, l.Name, h, slotOf[atoi(t, idx)])
+			}
+		}
+
+		// The refused ask again while every slot is held: one LIST
+		// each, no write (the fleet size is cached). Only when all K
+		// slots are held: with fewer, the ask may rightly succeed.
+		if len(holders) == limit {
+			for _, r := range results {
+				if r.decision.Held {
+					continue
+				}
+				before := r.agent.reqs.count()
+				d, err := r.slots.Acquire(ctx)
+				if err != nil || d.Held {
+					t.Fatalf("repetition %d: %s asking again with all slots held: %+v, %v; want refused", rep, r.agent.node, d, err)
+				}
+				sh := shapeOf(r.agent.reqs.since(before))
+				again[sh]++
+				if sh != (requestShape{requests: 1, lists: 1}) {
+					t.Errorf("repetition %d: refused re-ask made %+v, want exactly one LIST", rep, sh)
+				}
+			}
+		}
+
+		// Untaint and release, as the tainter does on recovery.
+		for _, r := range holders {
+			if err := untaintNode(ctx, r.agent.client, r.agent.node); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.slots.Release(ctx); err != nil {
+				t.Fatalf("repetition %d: release %s: %v", rep, r.agent.node, err)
+			}
+		}
+		leases, err = c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kubeapi.SlotLabel + "=" + cfg.Prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(leases.Items) != 0 {
+			t.Errorf("repetition %d: %d slot leases left after every holder released", rep, len(leases.Items))
+		}
+	}
+	t.Logf("holders per repetition (count: repetitions): %v", heldCounts)
+	t.Logf("granted Acquire (first ask, fleet size measured): %v", granted)
+	t.Logf("refused Acquire (first ask, fleet size measured): %v", refused)
+	t.Logf("refused Acquire (asking again, all slots held): %v", again)
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	var i int
+	if _, err := fmt.Sscan(s, &i); err != nil {
+		t.Fatalf("slot index %q: %v", s, err)
+	}
+	return i
+}
+
+// taintNode adds our taint to a Node that has none (a merge patch
+// replaces the whole list; the test Nodes carry no other taint).
+func taintNode(ctx context.Context, c kubernetes.Interface, name string) error {
+	patch := fmt.Sprintf(`{"spec":{"taints":[{"key":%q,"value":"xid","effect":"NoSchedule"}]}}`, taintKey)
+	if _, err := c.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("taint node %s: %w", name, err)
+	}
+	return nil
+}
+
+func untaintNode(ctx context.Context, c kubernetes.Interface, name string) error {
+	if _, err := c.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("untaint node %s: %w", name, err)
+	}
+	return nil
+}
+
+// countTainted counts the fleet's Nodes carrying our taint.
+func countTainted(ctx context.Context, t *testing.T, c kubernetes.Interface, fleet string) int {
+	t.Helper()
+	list, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "fleet=" + fleet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i := range list.Items {
+		if tainted(&list.Items[i]) {
+			n++
+		}
+	}
+	return n
+}

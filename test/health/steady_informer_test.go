@@ -1,0 +1,108 @@
+package health
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// TestSteadyStateNoPolling wires the agent's node API side as cmd does:
+// one NodeWatch on a counted client shared by the Tainter (on a healthy
+// simulated node) and the Labeler (its topology labels), resync 2s. Once
+// the first writes (condition True, labels) have landed, 20s pass with
+// ten resyncs or so re-checking the cached Node: the transport sees no
+// request at all, the watch staying open. The startup requests are
+// logged: the informer's LIST and WATCH (or one watch-list WATCH) and the
+// two writes, and no GET of the Node.
+func TestSteadyStateNoPolling(t *testing.T) {
+	c := cluster.Start(t, cluster.Options{})
+	const name = "gpu-no-polling"
+	createNode(t, c.Client, name)
+	h := startSimMonitor(t, health.Config{PollInterval: time.Second})
+	counter := newAPICounter()
+	clients := countedClients(t, c.RESTConfig, counter)
+	client := clients.Core
+	const resync = 2 * time.Second
+	watch := startNodeWatch(t, client, name, resync)
+	tainter, err := kubeapi.NewTainter(clients, watch, kubeapi.TaintConfig{MaxFraction: 1, Resync: resync}, discard(), prometheus.NewPedanticRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	labeler := kubeapi.NewLabeler(client, watch, discard())
+	resyncs := watch.Subscribe()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() {
+		if err := tainter.Run(ctx, h.mon); err != nil {
+			t.Errorf("tainter run: %v", err)
+		}
+	})
+	spec := h.node.Spec()
+	labels := topology.Labels(spec, "none") // gpu.MIGStrategyNone
+	wg.Go(func() {
+		labeler.Run(ctx, nil, func() (map[string]string, map[string]string, bool) {
+			return labels, topology.Annotations(spec), true
+		})
+	})
+	waitFor(t, 30*time.Second, "GPUHealthy=True and the topology labels on the node", func() bool {
+		n := getNode(t, c.Client, name)
+		return conditionIs(n, corev1.ConditionTrue) && n.Labels[topology.LabelGPUCount] == labels[topology.LabelGPUCount]
+	})
+	// The writes' own watch events come back to both: let them settle
+	// (one resync delivered after the writes) before counting.
+	drain(resyncs)
+	<-resyncs
+	rv := getNode(t, c.Client, name).ResourceVersion
+	_, _, startup := counter.counts()
+	startGets := counter.requestCount(http.MethodGet, "/api/v1/nodes/"+name)
+	t.Logf("startup requests (informer list/watch and first writes): %s; watches %d; GETs of the node %d",
+		startup, counter.watchCount(), startGets)
+	if startGets != 0 {
+		t.Errorf("%d GETs of the node at startup: it should come from the informer", startGets)
+	}
+	counter.reset()
+
+	const period = 20 * time.Second
+	timer := time.NewTimer(period)
+	delivered := 0
+	for wait := true; wait; {
+		select {
+		case <-resyncs:
+			delivered++
+		case <-timer.C:
+			wait = false
+		}
+	}
+	writes, reads, summary := counter.counts()
+	t.Logf("steady state %s (resync %s, %d informer deliveries): requests %s, watches opened %d",
+		period, resync, delivered, summary, counter.watchCount())
+	if writes != 0 || reads != 0 {
+		t.Errorf("%d writes and %d reads at steady state, want none (%s)", writes, reads, summary)
+	}
+	if delivered < int(period/resync)/2 {
+		t.Errorf("only %d informer deliveries in %s with resync %s: the resync that re-checks drift is not running", delivered, period, resync)
+	}
+	if got := getNode(t, c.Client, name).ResourceVersion; got != rv {
+		t.Errorf("node resourceVersion moved %s -> %s at steady state", rv, got)
+	}
+}
+
+// drain empties a coalesced signal channel.
+func drain(ch <-chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
+}
