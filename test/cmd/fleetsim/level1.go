@@ -1,0 +1,368 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+)
+
+// fakeHealth is a node's fitness, flipped by the simulation.
+type fakeHealth struct {
+	mu   sync.Mutex
+	f    health.Fitness
+	subs []chan struct{}
+}
+
+// Fitness implements kubeapi.Health.
+func (h *fakeHealth) Fitness() health.Fitness {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.f
+}
+
+// Subscribe implements kubeapi.Health.
+func (h *fakeHealth) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	h.mu.Lock()
+	h.subs = append(h.subs, ch)
+	h.mu.Unlock()
+	return ch
+}
+
+func (h *fakeHealth) set(f health.Fitness) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.f = f
+	for _, ch := range h.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+var (
+	fit   = health.Fitness{Fit: true}
+	unfit = health.Fitness{Reason: "gpu-lost", Message: "GPU-0: gpu lost (fleetsim)", Devices: []string{"GPU-0"}}
+)
+
+// simAgent is one node agent's API side: its own clients and transport,
+// NodeWatch, Tainter and fitness.
+type simAgent struct {
+	name   string
+	ctr    *counter
+	health *fakeHealth
+	reg    *prometheus.Registry
+}
+
+// refused reads the agent's gpu_node_agent_taint_refused gauge.
+func (a *simAgent) refused() bool {
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		return false
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "gpu_node_agent_taint_refused" {
+			for _, m := range mf.GetMetric() {
+				if m.GetGauge().GetValue() == 1 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// steadyResult is the steady-state measurement.
+type steadyResult struct {
+	window        time.Duration
+	agents, api   snapshot
+	nodes         int
+	watchesOpened int
+}
+
+// phaseResult is one fault or recovery wave.
+type phaseResult struct {
+	faulted, limit int
+	// tainted is the fleet's tainted count at the end, max the most seen.
+	tainted, max, refused int
+	// toLimit is from the flip to the count reaching the limit (fault)
+	// or zero (recovery); -1 when never reached.
+	toLimit time.Duration
+	// untainted is from the flip to no taint left (recovery).
+	untainted time.Duration
+	// settled is from the flip to the end state (every condition
+	// updated; on recovery also every slot Lease released).
+	settled     time.Duration
+	complete    bool
+	agents, api snapshot
+	leasesLeft  int
+	// recovered says how the faults were cleared (level 2).
+	recovered string
+}
+
+type level1Result struct {
+	nodes, limit int
+	startup      snapshot
+	startupTime  time.Duration
+	steady       steadyResult
+	waves        [][2]phaseResult
+	violation    bool
+}
+
+const (
+	fleetLabel = "fleetsim.gpu-node-agent.io/fleet"
+	l1NS       = "fleetsim-l1"
+)
+
+// runLevel1 runs n simulated agents' API side in this process.
+func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Result, error) {
+	admin, err := adminClient(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := createNamespace(ctx, admin, l1NS); err != nil {
+		return nil, err
+	}
+	names := make([]string, o.nodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("l1-node-%04d", i)
+	}
+	start := time.Now()
+	if err := createNodes(ctx, admin, names, "l1"); err != nil {
+		return nil, err
+	}
+	logf("level 1: %d Nodes created in %s", o.nodes, time.Since(start).Round(time.Millisecond))
+	obs, err := startObserver(ctx, admin, fleetLabel+"=l1", l1NS)
+	if err != nil {
+		return nil, err
+	}
+
+	cfg := kubeapi.TaintConfig{MaxFraction: o.maxFraction, NodeSelector: fleetLabel + "=l1", LeaseNamespace: l1NS, Resync: o.resync}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := slog.New(slog.NewTextHandler(logSink(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	agents := make([]*simAgent, o.nodes)
+	watches := make([]*kubeapi.NodeWatch, o.nodes)
+	tainters := make([]*kubeapi.Tainter, o.nodes)
+	// The agents stop when runLevel1 returns.
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	start = time.Now()
+	for i, name := range names {
+		a := &simAgent{name: name, ctr: newCounter(), health: &fakeHealth{f: fit}, reg: prometheus.NewRegistry()}
+		clients, err := kubeapi.ClientsForConfig(agentConfig(c.RESTConfig, "fleetsim/"+name, a.ctr))
+		if err != nil {
+			return nil, err
+		}
+		w, err := kubeapi.NewNodeWatch(clients.Core, name, cfg.WithDefaults().Resync)
+		if err != nil {
+			return nil, err
+		}
+		t, err := kubeapi.NewTainter(clients, w, cfg, log.With("node", name), a.reg)
+		if err != nil {
+			return nil, err
+		}
+		agents[i], watches[i], tainters[i] = a, w, t
+		wg.Go(func() { w.Run(ctx) })
+	}
+	for _, w := range watches {
+		if err := w.WaitSynced(ctx); err != nil {
+			return nil, err
+		}
+	}
+	logf("level 1: %d node informers synced in %s", o.nodes, time.Since(start).Round(time.Millisecond))
+	for i, t := range tainters {
+		h := agents[i].health
+		wg.Go(func() { _ = t.Run(ctx, h) })
+	}
+	ctrs := make([]*counter, o.nodes)
+	for i, a := range agents {
+		ctrs[i] = a.ctr
+	}
+	if _, ok := obs.wait(ctx, 5*time.Minute, func(st *state) bool { return st.condIs(names, corev1.ConditionTrue) }); !ok {
+		return nil, fmt.Errorf("level 1: not every Node got condition %s=True at start", conditionType)
+	}
+	waitQuiet(ctx, ctrs)
+	res := &level1Result{nodes: o.nodes, limit: kubeapi.SlotLimit(o.nodes, o.maxFraction), startup: sum(ctrs), startupTime: time.Since(start)}
+	logf("level 1: every agent started (condition True on every Node) in %s", res.startupTime.Round(time.Millisecond))
+
+	// Steady state.
+	logf("level 1: measuring steady state for %s", o.steady)
+	agentsBefore := sum(ctrs)
+	apiBefore, err := apiserverRequests(ctx, admin)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(o.steady):
+	}
+	agentsAfter := sum(ctrs)
+	apiAfter, err := apiserverRequests(ctx, admin)
+	if err != nil {
+		return nil, err
+	}
+	d := agentsAfter.minus(agentsBefore)
+	res.steady = steadyResult{window: o.steady, agents: d, api: apiAfter.minus(apiBefore).without("WATCH"), nodes: o.nodes,
+		watchesOpened: d.prefixed("WATCH")}
+
+	faulting := int(float64(o.nodes)*o.faultFraction + 0.5)
+	for rep := range o.reps {
+		idx := rand.Perm(o.nodes)[:faulting]
+		faulted := make([]*simAgent, len(idx))
+		fnames := make([]string, len(idx))
+		for i, j := range idx {
+			faulted[i], fnames[i] = agents[j], names[j]
+		}
+		f, err := faultWave(ctx, admin, obs, ctrs, faulted, fnames, res.limit, o.settle)
+		if err != nil {
+			return nil, err
+		}
+		logf("level 1 rep %d fault: %d faulted, %d tainted (max %d, limit %d), %d refused, to limit %s, %d requests",
+			rep+1, f.faulted, f.tainted, f.max, f.limit, f.refused, fmtDur(f.toLimit), f.agents.requests())
+		if f.max > res.limit {
+			res.violation = true
+		}
+		r, err := recoveryWave(ctx, admin, obs, ctrs, faulted, fnames, o.settle)
+		if err != nil {
+			return nil, err
+		}
+		logf("level 1 rep %d recovery: untainted in %s, settled in %s, %d requests, %d leases left",
+			rep+1, fmtDur(r.untainted), fmtDur(r.settled), r.agents.requests(), r.leasesLeft)
+		res.waves = append(res.waves, [2]phaseResult{f, r})
+	}
+	return res, nil
+}
+
+// faultWave flips the agents unfit at once and waits until every one has
+// its condition False and the limit (or every faulted node) is tainted.
+func faultWave(ctx context.Context, admin kubernetes.Interface, obs *observer, ctrs []*counter, faulted []*simAgent,
+	names []string, limit int, timeout time.Duration) (phaseResult, error) {
+	want := min(limit, len(faulted))
+	obs.phase(want)
+	agentsBefore := sum(ctrs)
+	apiBefore, err := apiserverRequests(ctx, admin)
+	if err != nil {
+		return phaseResult{}, err
+	}
+	t0 := time.Now()
+	for _, a := range faulted {
+		a.health.set(unfit)
+	}
+	st, complete := obs.wait(ctx, timeout, func(st *state) bool {
+		return st.condIs(names, corev1.ConditionFalse) && len(st.tainted) >= want
+	})
+	settled := time.Since(t0)
+	waitQuiet(ctx, ctrs)
+	st = obs.snapshot()
+	r := phaseResult{faulted: len(faulted), limit: limit, tainted: len(st.tainted), max: st.max, toLimit: -1,
+		settled: settled, complete: complete, leasesLeft: len(st.leases)}
+	if !st.reached.IsZero() {
+		r.toLimit = st.reached.Sub(t0)
+	}
+	for _, a := range faulted {
+		if a.refused() {
+			r.refused++
+		}
+	}
+	r.agents = sum(ctrs).minus(agentsBefore)
+	apiAfter, err := apiserverRequests(ctx, admin)
+	if err != nil {
+		return phaseResult{}, err
+	}
+	r.api = apiAfter.minus(apiBefore).without("WATCH")
+	return r, nil
+}
+
+// recoveryWave flips the faulted agents fit at once and waits until no
+// Node is tainted, no slot Lease is left and every condition is True.
+func recoveryWave(ctx context.Context, admin kubernetes.Interface, obs *observer, ctrs []*counter, faulted []*simAgent,
+	names []string, timeout time.Duration) (phaseResult, error) {
+	obs.phase(0)
+	agentsBefore := sum(ctrs)
+	apiBefore, err := apiserverRequests(ctx, admin)
+	if err != nil {
+		return phaseResult{}, err
+	}
+	t0 := time.Now()
+	for _, a := range faulted {
+		a.health.set(fit)
+	}
+	r, err := awaitRecovery(ctx, obs, names, t0, timeout)
+	if err != nil {
+		return r, err
+	}
+	waitQuiet(ctx, ctrs)
+	r.agents = sum(ctrs).minus(agentsBefore)
+	apiAfter, err := apiserverRequests(ctx, admin)
+	if err != nil {
+		return phaseResult{}, err
+	}
+	r.api = apiAfter.minus(apiBefore).without("WATCH")
+	return r, nil
+}
+
+// awaitRecovery waits for no taint, then for no slot Lease and every
+// named node's condition True.
+func awaitRecovery(ctx context.Context, obs *observer, names []string, t0 time.Time, timeout time.Duration) (phaseResult, error) {
+	r := phaseResult{faulted: len(names), untainted: -1, settled: -1, toLimit: -1}
+	deadline := t0.Add(timeout)
+	if _, ok := obs.wait(ctx, time.Until(deadline), func(st *state) bool { return len(st.tainted) == 0 }); ok {
+		r.untainted = time.Since(t0)
+	}
+	st, ok := obs.wait(ctx, time.Until(deadline), func(st *state) bool {
+		return len(st.tainted) == 0 && len(st.leases) == 0 && st.condIs(names, corev1.ConditionTrue)
+	})
+	if ok {
+		r.settled = time.Since(t0)
+	}
+	r.complete = ok
+	r.tainted, r.max, r.leasesLeft = len(st.tainted), st.max, len(st.leases)
+	return r, ctx.Err()
+}
+
+// waitQuiet waits until the agents have made no request (watches aside)
+// for 2 s, at most a minute.
+func waitQuiet(ctx context.Context, ctrs []*counter) {
+	const quiet = 2 * time.Second
+	last, since := sum(ctrs).requests(), time.Now()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(250 * time.Millisecond)
+		n := sum(ctrs).requests()
+		if n != last {
+			last, since = n, time.Now()
+			continue
+		}
+		if time.Since(since) >= quiet {
+			return
+		}
+	}
+}
+
+// without drops the kinds starting with prefix.
+func (s snapshot) without(prefix string) snapshot {
+	out := snapshot{kinds: map[string]int{}, kindBytes: s.kindBytes, bytes: s.bytes, watchBytes: s.watchBytes}
+	for k, v := range s.kinds {
+		if !strings.HasPrefix(k, prefix) {
+			out.kinds[k] = v
+		}
+	}
+	return out
+}

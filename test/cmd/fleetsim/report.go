@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// perNodeHour extrapolates n requests by nodes over window to one node
+// and one hour.
+func perNodeHour(n, nodes int, window time.Duration) float64 {
+	if nodes == 0 || window <= 0 {
+		return 0
+	}
+	return float64(n) / float64(nodes) * float64(time.Hour) / float64(window)
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func isList(k string) bool   { return strings.HasPrefix(k, "LIST") }
+func notWatch(k string) bool { return !strings.HasPrefix(k, "WATCH") }
+
+func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# fleetsim: gpu-node-agent fleet simulation (kube-apiserver v1.34.4 + etcd on loopback)\n\n")
+	if l1 != nil {
+		w("## Level 1: %d agents' API side in one process\n\n", l1.nodes)
+		w("Per agent: own rest.Config copy (admin client certificate, user agent `fleetsim/<node>`, QPS 5 / burst 10 as the agent),"+
+			" own TLS transport (a Proxy func keeps client-go from sharing one) with a counting RoundTripper, NodeWatch (resync %s) + Tainter"+
+			" (maxFraction %g, nodeSelector %s=l1, Leases in %s) + a fake Health. Limit K = max(1, floor(%g x %d)) = %d.\n\n",
+			o.resync, o.maxFraction, fleetLabel, l1NS, o.maxFraction, l1.nodes, l1.limit)
+		w("Start-up (all informers synced, every Node's condition written): %s; requests: %s.\n\n",
+			fmtDur(l1.startupTime), l1.startup.describe(func(string) bool { return true }))
+		s := l1.steady
+		w("### Steady state (%s window, extrapolated)\n\n", s.window)
+		w("| source | requests (watches aside) | per node per hour | watch (re)opens | per node per hour | by kind |\n|---|---|---|---|---|---|\n")
+		w("| agents' transports | %d | %.3f | %d | %.2f | %s |\n", s.agents.requests(), perNodeHour(s.agents.requests(), s.nodes, s.window),
+			s.watchesOpened, perNodeHour(s.watchesOpened, s.nodes, s.window), s.agents.describe(func(string) bool { return true }))
+		w("| kube-apiserver apiserver_request_total (non-WATCH, all clients) | %d | %.3f | - | - | %s |\n\n", s.api.requests(),
+			perNodeHour(s.api.requests(), s.nodes, s.window), s.api.describe(notWatch))
+		w("Bytes received in the window: %s on requests, %s on the open watch streams.\n\n", mib(s.agents.bytes), mib(s.agents.watchBytes))
+		w("### Mass fault (%.0f%% of the fleet unfit at one instant) and recovery\n\n", o.faultFraction*100)
+		w("| rep | faulted | K | tainted at end | max tainted seen | refused | fault to limit | fault settled | fault requests | fault LISTs | fault bytes recv | recovery: untainted | all slots released + conditions True | recovery requests | recovery bytes recv | apiserver requests fault / recovery |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for i, wv := range l1.waves {
+			f, r := wv[0], wv[1]
+			w("| %d | %d | %d | %d | %d | %d | %s | %s | %d | %d | %s | %s | %s | %d | %s | %d / %d |\n", i+1, f.faulted, f.limit, f.tainted, f.max,
+				f.refused, fmtDur(f.toLimit), settledStr(f), f.agents.requests(), f.agents.prefixed("LIST"), mib(f.agents.bytes),
+				fmtDur(r.untainted), settledStr(r), r.agents.requests(), mib(r.agents.bytes), f.api.requests(), r.api.requests())
+		}
+		w("\nRequests by kind (agents' transports):\n\n")
+		for i, wv := range l1.waves {
+			w("- rep %d fault: %s\n  - LISTs: %s\n  - bytes received: %s\n", i+1, wv[0].agents.describe(notWatch),
+				wv[0].agents.describe(isList), wv[0].agents.describeBytes())
+			w("- rep %d recovery: %s\n", i+1, wv[1].agents.describe(notWatch))
+		}
+		w("\n")
+	}
+	if l2 != nil {
+		w("## Level 2: %d real agent processes (`--simulate dgx-h100`)\n\n", l2.procs)
+		w("Each: own host root, device-plugin dir (no kubelet), sim control endpoint, admin kubeconfig; config taint.maxFraction %g,"+
+			" nodeSelector %s=l2, health.pollInterval 2s, recoveryPeriod 2s. K = %d. Start-up %s; agents' RSS total %.0f MiB (%.0f MiB each).\n"+
+			" Fault: POST `%s` to /faults of %d agents at one instant; recovery: DELETE of the same body.\n\n",
+			o.maxFraction, fleetLabel, l2.limit, fmtDur(l2.startupTime), l2.rssMiB, l2.rssMiB/float64(max(1, l2.procs)), gpuLost, o.l2Faults)
+		w("| rep | faulted | K | tainted at end | max tainted seen | refused | fault to limit | fault settled | apiserver requests (fault) | cleared by | recovery: untainted | all slots released + conditions True | apiserver requests (recovery) |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for i, wv := range l2.waves {
+			f, r := wv[0], wv[1]
+			w("| %d | %d | %d | %d | %d | %d | %s | %s | %d | %s | %s | %s | %d |\n", i+1, f.faulted, f.limit, f.tainted, f.max, f.refused,
+				fmtDur(f.toLimit), settledStr(f), f.api.requests(), r.recovered, fmtDur(r.untainted), settledStr(r), r.api.requests())
+		}
+		w("\nkube-apiserver requests by kind (all clients, non-WATCH):\n\n")
+		for i, wv := range l2.waves {
+			w("- rep %d fault: %s\n- rep %d recovery: %s\n", i+1, wv[0].api.describe(notWatch), i+1, wv[1].api.describe(notWatch))
+		}
+		w("\n")
+	}
+	return b.String()
+}
+
+func settledStr(p phaseResult) string {
+	if !p.complete {
+		return "not settled"
+	}
+	return fmtDur(p.settled)
+}
