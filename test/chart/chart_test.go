@@ -2,6 +2,7 @@ package chart
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -565,5 +566,164 @@ func TestManifestsInSync(t *testing.T) {
 		if !bytes.Equal(got, []byte(text)) {
 			t.Errorf("%s/%s is out of sync with the chart (run make manifests)", ManifestsDir, name)
 		}
+	}
+}
+
+// Privilege modes of the DaemonSet.
+const (
+	modeReal     = "real GPUs"
+	modeRealMIG  = "real GPUs serving MIG" // the MIG monitor capability
+	modeSimulate = "simulate"
+)
+
+// allowedCaps is the README's "Privileges" table as an allow-list: the
+// capabilities each mode may add to an otherwise empty set.
+var allowedCaps = map[string][]corev1.Capability{
+	modeReal:     nil,           // none, as NVIDIA's device plugin
+	modeRealMIG:  {"SYS_ADMIN"}, // the NVIDIA runtime injects the MIG monitor capability only then
+	modeSimulate: {"MKNOD"},     // the simulated /dev/infiniband character devices
+}
+
+// privilegeViolations lists what the DaemonSet asks for beyond the
+// README's "Privileges" table: privileged, privilege escalation allowed or
+// unset, a capability outside the mode's allow-list, a writable root
+// filesystem, no RuntimeDefault seccomp profile, host PID or IPC, host
+// networking outside simulate mode.
+func privilegeViolations(ds *appsv1.DaemonSet, mode string) []string {
+	simulate := mode == modeSimulate
+	var out []string
+	spec := &ds.Spec.Template.Spec
+	if spec.HostPID || spec.HostIPC {
+		out = append(out, fmt.Sprintf("hostPID %v hostIPC %v: no built feature needs them", spec.HostPID, spec.HostIPC))
+	}
+	if spec.HostNetwork != simulate {
+		out = append(out, fmt.Sprintf("hostNetwork %v; only simulate mode (loopback control endpoint) has it", spec.HostNetwork))
+	}
+	var podSeccomp *corev1.SeccompProfile
+	if spec.SecurityContext != nil {
+		podSeccomp = spec.SecurityContext.SeccompProfile
+	}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		sc := c.SecurityContext
+		if sc == nil {
+			out = append(out, "container "+c.Name+" has no securityContext")
+			continue
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			out = append(out, "container "+c.Name+" is privileged")
+		}
+		switch {
+		case mode == modeRealMIG:
+			// The API server refuses false together with CAP_SYS_ADMIN.
+			if sc.AllowPrivilegeEscalation != nil {
+				out = append(out, fmt.Sprintf("container %s: allowPrivilegeEscalation %v with CAP_SYS_ADMIN, want it unset", c.Name, *sc.AllowPrivilegeEscalation))
+			}
+			if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "NVIDIA_MIG_MONITOR_DEVICES" && e.Value == "all" }) {
+				out = append(out, "container "+c.Name+": CAP_SYS_ADMIN without NVIDIA_MIG_MONITOR_DEVICES=all, its only use")
+			}
+		case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+			out = append(out, fmt.Sprintf("container %s: allowPrivilegeEscalation %v, want false", c.Name, sc.AllowPrivilegeEscalation))
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			out = append(out, fmt.Sprintf("container %s: readOnlyRootFilesystem %v, want true", c.Name, sc.ReadOnlyRootFilesystem))
+		}
+		if sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount {
+			out = append(out, fmt.Sprintf("container %s: procMount %s", c.Name, *sc.ProcMount))
+		}
+		seccomp := podSeccomp
+		if sc.SeccompProfile != nil {
+			seccomp = sc.SeccompProfile
+		}
+		if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			out = append(out, fmt.Sprintf("container %s: seccomp profile %+v, want RuntimeDefault (pod or container)", c.Name, seccomp))
+		}
+		caps := sc.Capabilities
+		if caps == nil || !slices.Contains(caps.Drop, "ALL") {
+			out = append(out, fmt.Sprintf("container %s: capabilities %+v, want drop [ALL]", c.Name, caps))
+			continue
+		}
+		for _, add := range caps.Add {
+			// The API takes both "MKNOD" and "CAP_MKNOD".
+			if !slices.Contains(allowedCaps[mode], corev1.Capability(strings.TrimPrefix(string(add), "CAP_"))) {
+				out = append(out, fmt.Sprintf("container %s adds %s; %s allows %v (chart README)", c.Name, add, mode, allowedCaps[mode]))
+			}
+		}
+	}
+	return out
+}
+
+// TestLeastPrivilege: the DaemonSet, in each mode and with the optional
+// features on, asks for nothing beyond the README's "Privileges" table.
+func TestLeastPrivilege(t *testing.T) {
+	noMIG := map[string]any{"mig-strategy": "none"}
+	for _, tt := range []struct {
+		name string
+		vals map[string]any
+		mode string
+	}{
+		{name: "real GPUs, MIG served (the default mixed)", mode: modeRealMIG},
+		{name: "real GPUs, mig-strategy none", vals: map[string]any{"config": noMIG}, mode: modeReal},
+		{name: "real GPUs, MIG served, migMonitor off", vals: map[string]any{"migMonitor": false}, mode: modeReal},
+		{name: "real GPUs with web config and a state dir", vals: map[string]any{"config": noMIG,
+			"metrics": map[string]any{"webConfigSecret": "web"}, "stateDir": "/var/lib/x"}, mode: modeReal},
+		{name: "simulate", vals: map[string]any{"simulate": "dgx-h100,mig=0:1g.10gb+1g.10gb"}, mode: modeSimulate},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
+			for _, v := range privilegeViolations(ds, tt.mode) {
+				t.Error(v)
+			}
+		})
+	}
+}
+
+// TestLeastPrivilegeCatchesOverrides makes sure privilegeViolations bites:
+// each case overrides one value to ask for something the README does not
+// allow.
+func TestLeastPrivilegeCatchesOverrides(t *testing.T) {
+	base := map[string]any{
+		"runAsUser": 0, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}},
+	}
+	with := func(k string, v any) map[string]any {
+		m := maps.Clone(base)
+		m[k] = v
+		return m
+	}
+	for _, tt := range []struct {
+		name string
+		vals map[string]any
+	}{
+		{"privileged", map[string]any{"securityContext": with("privileged", true)}},
+		{"privileged while serving MIG", map[string]any{"migMonitor": true, "securityContext": with("privileged", true)}},
+		{"escalation allowed", map[string]any{"securityContext": with("allowPrivilegeEscalation", true)}},
+		{"escalation unset", map[string]any{"securityContext": with("allowPrivilegeEscalation", nil)}},
+		{"writable root", map[string]any{"securityContext": with("readOnlyRootFilesystem", false)}},
+		{"capabilities not dropped", map[string]any{"securityContext": with("capabilities", nil)}},
+		{"MKNOD on real GPUs", map[string]any{"securityContext": with("capabilities",
+			map[string]any{"drop": []any{"ALL"}, "add": []any{"MKNOD"}})}},
+		{"SYS_ADMIN in simulate", map[string]any{"simulate": "dgx-h100", "simulateSecurityContext": with("capabilities",
+			map[string]any{"drop": []any{"ALL"}, "add": []any{"MKNOD", "CAP_SYS_ADMIN"}})}},
+		{"no seccomp profile", map[string]any{"podSecurityContext": nil}},
+		{"unconfined seccomp", map[string]any{"simulate": "dgx-h100",
+			"podSecurityContext": map[string]any{"seccompProfile": map[string]any{"type": "Unconfined"}}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mode := modeReal
+			switch {
+			case tt.vals["simulate"] != nil:
+				mode = modeSimulate
+			case tt.vals["migMonitor"] == true:
+				mode = modeRealMIG
+			default:
+				// The securityContext override is what is under test, not
+				// the MIG monitor's.
+				tt.vals["migMonitor"] = false
+			}
+			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
+			if v := privilegeViolations(ds, mode); len(v) == 0 {
+				t.Errorf("values %v render a DaemonSet the least-privilege check accepts", tt.vals)
+			}
+		})
 	}
 }
