@@ -52,6 +52,8 @@ type Manager struct {
 	watching chan struct{}
 	// kubeletGen counts kubelet.sock creations and removals.
 	kubeletGen atomic.Uint64
+	// absence reports a missing kubelet once for every server.
+	absence *kubeletAbsence
 	// stopping counts servers Sync removed and is still stopping without
 	// the lock; shutdown waits for them.
 	stopping sync.WaitGroup
@@ -98,6 +100,7 @@ func NewManager(opts Options) (*Manager, error) {
 		servers:       map[string]*server{},
 		startFails:    map[string]string{},
 		watching:      make(chan struct{}),
+		absence:       newKubeletAbsence(log, ks),
 		grace:         gracePeriod,
 	}, nil
 }
@@ -272,6 +275,7 @@ func (m *Manager) syncLocked(resources []Resource) (removed []*server) {
 			continue
 		}
 		s := newServer(name, m.dir, r, m.log, m.metrics, &m.kubeletGen, m.grace)
+		s.absence = m.absence
 		if err := s.start(m.kubeletSocket, m.watching); err != nil {
 			// Logged once per streak; the next Sync tries again.
 			if m.startFails[name] != err.Error() {

@@ -40,9 +40,11 @@ type server struct {
 	// kubeletGen is the manager's count of kubelet.sock events: a
 	// registration that straddles one was with a kubelet that is gone.
 	kubeletGen *atomic.Uint64
-	kick       chan struct{} // asks the registration loop to register now
-	cancel     context.CancelFunc
-	loopDone   chan struct{}
+	// absence is the manager's, shared by its servers; nil outside one.
+	absence  *kubeletAbsence
+	kick     chan struct{} // asks the registration loop to register now
+	cancel   context.CancelFunc
+	loopDone chan struct{}
 }
 
 // watcher is one open ListAndWatch stream. Its channel holds at most the
