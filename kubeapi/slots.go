@@ -43,6 +43,32 @@ const fleetPageSize = 500
 // slots; Acquire lists at most twice.
 const maxSlotWrites = 2
 
+// Annotations of the fleet size recorded on every slot Lease this node
+// writes: the size and when it was measured (RFC 3339, UTC), so that
+// nodes faulting together reuse one another's measurement instead of
+// each listing every Node.
+const (
+	FleetSizeAnnotation           = "gpu-node-agent.io/fleet-size"
+	FleetSizeMeasuredAtAnnotation = "gpu-node-agent.io/fleet-size-measured-at"
+)
+
+// recordQuorum is how many distinct holders must have recorded a fresh
+// fleet size before this node uses their records instead of measuring
+// (it then uses the smallest): one agent's credentials, however misused,
+// can lower K (which only refuses) but not raise it.
+const recordQuorum = 2
+
+// coldSpread bounds the random delay before an Acquire that has no fresh
+// fleet size of its own: nodes faulting at one instant then list the
+// slots spread over this window, and all but the first few find the
+// sizes the first holders recorded rather than each measuring.
+const coldSpread = 2 * time.Second
+
+// retrySpread bounds the random delay before listing the slots again
+// after losing every race, so that the losers do not all race again for
+// the same few free slots at one instant.
+const retrySpread = 50 * time.Millisecond
+
 // ErrNotHeld is returned by Renew when this node holds no slot (it never
 // acquired one, released it, or lost it to a takeover): the caller must
 // not write its taint.
@@ -194,12 +220,37 @@ type Decision struct {
 // fleet shrinks, K shrinks but holders keep their slots (even at an index
 // at or above the new K): the limit governs new taints, it never untaints.
 //
+// The fleet size N is measured with a paged, metadata-only LIST of the
+// selected Nodes, and every slot Lease this node writes records the size
+// it used and when that was measured (FleetSizeAnnotation,
+// FleetSizeMeasuredAtAnnotation; a size adopted from others keeps its
+// original measuring time, so copying never makes a size fresher). K is
+// only ever computed from a fresh size, one measured less than
+// FleetSizeTTL ago: this node's own (measured or adopted), or, when
+// recordQuorum distinct holders recorded fresh sizes on the Leases just
+// listed, the smallest of those. Taking the smallest fresh size errs
+// towards refusing: a fleet that grew within FleetSizeTTL is counted at
+// its older size, as a cached size always was.
+//
+// Refusing needs no fresh size, since a refusal can never exceed the
+// limit: when no fresh size is known, Acquire takes the largest size it
+// knows of any age (its own, or recorded on any Lease) and, if the
+// unexpired Leases alone occupy every slot under that size's K, refuses
+// without measuring. Such a refusal is wrong only if the fleet grew since
+// that size was measured, so it is made at most once in a row: the next
+// Acquire that still finds no fresh size measures.
+//
 // Request economy (at 7,500 nodes, 1,500 may fault at once): Acquire makes
 // one LIST of the slot Leases; a holder then renews with one PUT. A node
 // refused because all K slots are occupied makes no write, and its only
 // other reads are a GET of the holder's Node for each expired Lease under
-// K and, at most once per FleetSizeTTL, the fleet size: a paged,
-// metadata-only LIST of the selected Nodes. Nothing watches all Nodes.
+// K and, at most once per FleetSizeTTL and only when neither its own
+// cache nor the Leases hold a fresh size, the measurement of N. An
+// Acquire without a fresh size of its own first waits a random delay of
+// up to coldSpread, so that of many nodes faulting at one instant only
+// the first few measure and the rest find their records; a node that
+// lost every race waits up to retrySpread before listing again. Nothing
+// watches all Nodes.
 //
 // Its methods are safe for concurrent use but meant for one caller (the
 // tainter): Acquire (or Allow) before adding the taint, Renew right before
@@ -211,10 +262,12 @@ type Slots struct {
 	cfg    SlotConfig
 	log    *slog.Logger
 
-	// now and randIntN are the clock and random source (tests replace
-	// them).
+	// now, randIntN, jitter and sleep are the clock, random sources and
+	// delay (tests replace them).
 	now      func() time.Time
 	randIntN func(n int) int
+	jitter   func(max time.Duration) time.Duration
+	sleep    func(ctx context.Context, d time.Duration) error
 
 	mu sync.Mutex
 	// held is our slot's Lease as last written or read, nil when none.
@@ -222,9 +275,13 @@ type Slots struct {
 	// known says held is authoritative; until the first Acquire or
 	// Release (after a restart) a Lease of ours may exist unseen.
 	known bool
-	// fleet is the last measured fleet size and fleetAt when.
+	// fleet is the fleet size last measured or adopted and fleetAt when
+	// it was measured.
 	fleet   int
 	fleetAt time.Time
+	// staleRefused says the last decision was a refusal on a size that
+	// was not fresh: the next Acquire without a fresh size measures.
+	staleRefused bool
 }
 
 // NewSlots returns the slots of node. cfg is used with its defaults
@@ -233,7 +290,30 @@ type Slots struct {
 func NewSlots(client kubernetes.Interface, meta metadata.Interface, node string, cfg SlotConfig, log *slog.Logger) *Slots {
 	return &Slots{
 		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
-		now: time.Now, randIntN: rand.IntN,
+		now: time.Now, randIntN: rand.IntN, jitter: randJitter, sleep: sleepCtx,
+	}
+}
+
+// randJitter is a random delay in [0, max).
+func randJitter(max time.Duration) time.Duration {
+	if max <= 0 {
+		return 0
+	}
+	return rand.N(max)
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -256,8 +336,19 @@ func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.held == nil && !s.freshCache() {
+		// Spread nodes faulting together (see coldSpread).
+		if err := s.sleep(ctx, s.jitter(coldSpread)); err != nil {
+			return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
+		}
+	}
 	d := Decision{Slot: -1}
 	for round := range 2 {
+		if round > 0 {
+			if err := s.sleep(ctx, s.jitter(retrySpread)); err != nil {
+				return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
+			}
+		}
 		slots, err := s.list(ctx)
 		if err != nil {
 			return Decision{Slot: -1}, err
@@ -396,13 +487,22 @@ func (s *Slots) mine(ctx context.Context, slots []slotState) *coordinationv1.Lea
 }
 
 // free computes K and returns the slots under K that may be taken, with
-// the Decision for a refusal. It reads the fleet size (cached) and, for
-// each expired Lease under K, its holder's Node.
+// the Decision for a refusal. It takes a fresh fleet size from its cache
+// or the Leases' records, else refuses on a stale size when the
+// unexpired Leases alone fill its K, else measures the size; then it
+// reads, for each expired Lease under K, its holder's Node.
 func (s *Slots) free(ctx context.Context, slots []slotState) (Decision, []slotState, error) {
-	n, err := s.fleetSize(ctx)
-	if err != nil {
-		return Decision{Slot: -1}, nil, err
+	n, ok := s.freshSize(slots)
+	if !ok {
+		if d, refuse := s.staleRefusal(slots); refuse {
+			return d, nil, nil
+		}
+		var err error
+		if n, err = s.measure(ctx); err != nil {
+			return Decision{Slot: -1}, nil, err
+		}
 	}
+	s.staleRefused = false
 	k := SlotLimit(n, s.cfg.MaxFraction)
 	d := Decision{Slot: -1, Limit: k, Fleet: n}
 	byIndex := map[int]*coordinationv1.Lease{}
@@ -486,6 +586,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 				AcquireTime: &now, RenewTime: &now, LeaseTransitions: new(int32(0)),
 			},
 		}
+		s.record(l)
 		got, err = leases.Create(ctx, l, metav1.CreateOptions{})
 	} else {
 		l := c.lease.DeepCopy()
@@ -499,6 +600,11 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		l.Labels[SlotLabel] = s.cfg.Prefix
 		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &s.node, s.durationSeconds()
 		l.Spec.AcquireTime, l.Spec.RenewTime, l.Spec.LeaseTransitions = &now, &now, &transitions
+		// The previous holder's record is replaced: a record is always
+		// the holder's own.
+		delete(l.Annotations, FleetSizeAnnotation)
+		delete(l.Annotations, FleetSizeMeasuredAtAnnotation)
+		s.record(l)
 		got, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	}
 	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
@@ -520,6 +626,7 @@ func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error 
 		u := l.DeepCopy()
 		now := metav1.NewMicroTime(s.now())
 		u.Spec.RenewTime, u.Spec.LeaseDurationSeconds = &now, s.durationSeconds()
+		s.record(u)
 		got, err := leases.Update(ctx, u, metav1.UpdateOptions{})
 		if err == nil {
 			s.held, s.known = got, true
@@ -586,13 +693,10 @@ func (s *Slots) deleteOurs(ctx context.Context, l *coordinationv1.Lease) error {
 // nodesResource is the Nodes resource for the metadata client.
 var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
-// fleetSize is N: the Nodes matching the selector, this node counted if
-// it is not among them. It is measured with a paged, metadata-only LIST
-// and reused for FleetSizeTTL.
-func (s *Slots) fleetSize(ctx context.Context) (int, error) {
-	if !s.fleetAt.IsZero() && s.now().Sub(s.fleetAt) < s.cfg.FleetSizeTTL {
-		return s.fleet, nil
-	}
+// measure is N: the Nodes matching the selector, this node counted if
+// it is not among them, from a paged, metadata-only LIST. It becomes
+// this node's cached size.
+func (s *Slots) measure(ctx context.Context) (int, error) {
 	if s.meta == nil {
 		return 0, errors.New("measure fleet size: no metadata client")
 	}
@@ -617,6 +721,134 @@ func (s *Slots) fleetSize(ctx context.Context) (int, error) {
 	}
 	s.fleet, s.fleetAt = n, s.now()
 	return n, nil
+}
+
+// fresh says whether a size measured at at is younger than FleetSizeTTL.
+// A time as far in the future is not: it cannot come from a clock that
+// agrees with ours.
+func (s *Slots) fresh(at time.Time) bool {
+	age := s.now().Sub(at)
+	return !at.IsZero() && age < s.cfg.FleetSizeTTL && age > -s.cfg.FleetSizeTTL
+}
+
+// freshCache says whether this node's cached size is fresh.
+func (s *Slots) freshCache() bool { return s.fleet > 0 && s.fresh(s.fleetAt) }
+
+// freshSize is the smallest fresh size known: this node's cache, and the
+// sizes recorded on slots by other holders when recordQuorum of them
+// recorded a fresh one (one node's record alone may lower this node's
+// size, never stand in for it). ok is false when there is none. The size
+// chosen becomes this node's cache, dated by the earliest measuring time
+// among the sizes it was chosen from, so that adopting and recording it
+// again never makes a size look fresher than its sources.
+func (s *Slots) freshSize(slots []slotState) (n int, ok bool) {
+	byHolder := map[string]sizeRecord{}
+	for _, sl := range slots {
+		h := leaseHolder(sl.lease)
+		r, found := recordOf(sl.lease)
+		if h == "" || h == s.node || !found || !s.fresh(r.at) {
+			continue
+		}
+		if cur, seen := byHolder[h]; !seen || r.n < cur.n {
+			byHolder[h] = r
+		}
+	}
+	own := s.freshCache()
+	if !own && len(byHolder) < recordQuorum {
+		return 0, false
+	}
+	best := sizeRecord{at: s.now()}
+	if own {
+		best = sizeRecord{n: s.fleet, at: minTime(s.fleetAt, best.at)}
+	}
+	for _, r := range byHolder {
+		if best.n == 0 || r.n < best.n {
+			best.n = r.n
+		}
+		best.at = minTime(best.at, r.at)
+	}
+	s.fleet, s.fleetAt = best.n, best.at
+	return best.n, true
+}
+
+// staleRefusal is the refusal the slots alone prove without a fresh size:
+// with the largest size known (cached or recorded, however old), every
+// slot under its K held by an unexpired Lease. It is not made twice in a
+// row (the size may predate the fleet's growth).
+func (s *Slots) staleRefusal(slots []slotState) (Decision, bool) {
+	if s.staleRefused {
+		return Decision{Slot: -1}, false
+	}
+	n := s.fleet
+	for _, sl := range slots {
+		if r, ok := recordOf(sl.lease); ok && r.n > n && r.at.Before(s.now().Add(s.cfg.FleetSizeTTL)) {
+			n = r.n
+		}
+	}
+	if n <= 0 {
+		return Decision{Slot: -1}, false
+	}
+	k := SlotLimit(n, s.cfg.MaxFraction)
+	d := Decision{Slot: -1, Limit: k, Fleet: n}
+	for _, sl := range slots {
+		if sl.index < k && sl.lease != nil && !s.expired(sl.lease) {
+			d.Occupied++
+		}
+	}
+	if d.Occupied < k {
+		return Decision{Slot: -1}, false
+	}
+	s.staleRefused = true
+	s.log.Debug("taint slots full by a fleet size that is not fresh", "node", s.node, "limit", k, "fleet", n)
+	return d, true
+}
+
+// sizeRecord is a fleet size and when it was measured.
+type sizeRecord struct {
+	n  int
+	at time.Time
+}
+
+// recordOf reads the fleet size recorded on l; ok is false when l has
+// none or it does not parse.
+func recordOf(l *coordinationv1.Lease) (sizeRecord, bool) {
+	if l == nil {
+		return sizeRecord{}, false
+	}
+	n, err := strconv.Atoi(l.Annotations[FleetSizeAnnotation])
+	if err != nil || n <= 0 {
+		return sizeRecord{}, false
+	}
+	at, err := time.Parse(time.RFC3339, l.Annotations[FleetSizeMeasuredAtAnnotation])
+	if err != nil {
+		return sizeRecord{}, false
+	}
+	return sizeRecord{n: n, at: at}, true
+}
+
+// record writes this node's cached size on l, unless l already records
+// one measured later (a Lease of a previous run, before this one
+// measured). The time is truncated to the second, which only makes it
+// look older.
+func (s *Slots) record(l *coordinationv1.Lease) {
+	if s.fleet <= 0 || s.fleetAt.IsZero() {
+		return
+	}
+	if r, ok := recordOf(l); ok && r.at.After(s.fleetAt) {
+		return
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[FleetSizeAnnotation] = strconv.Itoa(s.fleet)
+	l.Annotations[FleetSizeMeasuredAtAnnotation] = s.fleetAt.UTC().Truncate(time.Second).Format(time.RFC3339)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func (s *Slots) durationSeconds() *int32 {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,6 +47,8 @@ type slotFixture struct {
 	meta   *metadatafake.FakeMetadataClient
 	slots  *Slots
 	now    time.Time
+	// sleeps are the delays Slots asked for (none is waited).
+	sleeps []time.Duration
 }
 
 // newSlotFixture builds nodes fleet-0..fleet-(n-1) (labelled fleet=a, plus
@@ -100,7 +103,27 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 	f.slots = NewSlots(f.client, f.meta, slotSelf, cfg, slotTestLog())
 	f.slots.now = func() time.Time { return f.now }
 	f.slots.randIntN = func(int) int { return 0 }
+	f.slots.jitter = func(max time.Duration) time.Duration { return max / 2 }
+	f.slots.sleep = func(_ context.Context, d time.Duration) error {
+		f.sleeps = append(f.sleeps, d)
+		return nil
+	}
 	return f
+}
+
+// record writes a fleet size measured ago before slotT0 on slot i's
+// Lease, as its holder would.
+func (f *slotFixture) record(t *testing.T, i, size int, ago time.Duration) {
+	t.Helper()
+	l := f.lease(t, i)
+	l.Annotations = map[string]string{
+		FleetSizeAnnotation:           strconv.Itoa(size),
+		FleetSizeMeasuredAtAnnotation: slotT0.Add(-ago).Format(time.RFC3339),
+	}
+	if _, err := f.client.CoordinationV1().Leases(slotNS).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.clearRequests()
 }
 
 // requests counts the fake clients' actions as "verb resource".
@@ -265,6 +288,293 @@ func TestSlotsAcquire(t *testing.T) {
 					t.Errorf("held lease %s: holder %q renewTime %v labels %v duration %d, want %q, %v, the slot label, 900",
 						l.Name, leaseHolder(l), l.Spec.RenewTime, l.Labels, *l.Spec.LeaseDurationSeconds, slotSelf, slotT0)
 				}
+				// A slot taken (not renewed) records the size it was
+				// granted on, measured just now.
+				if r, ok := recordOf(l); got.Limit > 0 && (!ok || r.n != got.Fleet || !r.at.Equal(slotT0)) {
+					t.Errorf("held lease %s records %+v (%v), want size %d measured at %v", l.Name, r, ok, got.Fleet, slotT0)
+				}
+			}
+		})
+	}
+}
+
+// sizeOn is a fleet size recorded on slot index, measured ago before slotT0.
+type sizeOn struct {
+	index, size int
+	ago         time.Duration
+}
+
+// TestSlotsFleetSizeRecords: the sizes recorded on the slot Leases stand
+// in for measuring when fresh and recorded by recordQuorum holders (the
+// smallest is used), prove a refusal on their own when the unexpired
+// Leases fill their K, and never grant on a stale size.
+func TestSlotsFleetSizeRecords(t *testing.T) {
+	expired := 16 * time.Minute
+	tests := []struct {
+		name        string
+		fleet       int
+		maxFraction float64
+		leases      []slotLease
+		records     []sizeOn
+		// cached is this node's own size, measured cachedAgo before slotT0.
+		cached    int
+		cachedAgo time.Duration
+		want      Decision
+		// wantRecord is the size and measuring time recorded on the slot
+		// taken.
+		wantRecord   *sizeRecord
+		wantRequests map[string]int
+		wantSleeps   []time.Duration
+	}{
+		{
+			name: "two holders' fresh records: the smallest used, no node LIST", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			records:      []sizeOn{{0, 20, 2 * time.Minute}, {1, 25, time.Minute}},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			wantRecord:   &sizeRecord{20, slotT0.Add(-2 * time.Minute)},
+			wantRequests: map[string]int{"list leases": 1, "create leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "one holder's fresh record alone: measured", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}},
+			records:      []sizeOn{{0, 1000, time.Minute}},
+			want:         Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1},
+			wantRecord:   &sizeRecord{20, slotT0},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "two records of one holder: measured", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {7, "fleet-1", time.Minute}},
+			records:      []sizeOn{{0, 1000, time.Minute}, {7, 1000, time.Minute}},
+			want:         Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "stale records: measured", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			records:      []sizeOn{{0, 30, DefaultFleetSizeTTL}, {1, 30, time.Hour}},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			wantRecord:   &sizeRecord{20, slotT0},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "records measured far in the future: not fresh, measured", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			records:      []sizeOn{{0, 30, -DefaultFleetSizeTTL}, {1, 30, -time.Hour}},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "own fresh size: no delay, no node LIST; a lower record lowers it", fleet: 19, maxFraction: 0.2,
+			leases:  []slotLease{{0, "fleet-1", time.Minute}},
+			records: []sizeOn{{0, 10, 3 * time.Minute}},
+			cached:  20, cachedAgo: time.Minute,
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1},
+			wantRecord:   &sizeRecord{10, slotT0.Add(-3 * time.Minute)},
+			wantRequests: map[string]int{"list leases": 1, "create leases": 1},
+		},
+		{
+			name: "own fresh size: a higher record does not raise it", fleet: 19, maxFraction: 0.2,
+			leases:  []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			records: []sizeOn{{0, 1000, time.Minute}, {1, 1000, time.Minute}},
+			cached:  10, cachedAgo: time.Minute,
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
+			wantRequests: map[string]int{"list leases": 1},
+		},
+		{
+			name: "unexpired leases fill K of a stale record: refused without measuring", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			records:      []sizeOn{{0, 10, time.Hour}},
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
+			wantRequests: map[string]int{"list leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "unexpired leases fill K of a stale cache: refused without measuring", fleet: 19, maxFraction: 0.2,
+			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			cached: 10, cachedAgo: time.Hour,
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
+			wantRequests: map[string]int{"list leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "the largest stale size leaves room: measured, granted on the fresh size", fleet: 19, maxFraction: 0.2,
+			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			records:      []sizeOn{{0, 10, time.Hour}, {1, 15, time.Hour}},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			wantRecord:   &sizeRecord{20, slotT0},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantSleeps:   []time.Duration{coldSpread / 2},
+		},
+		{
+			name: "expired leases do not prove a stale refusal: measured", fleet: 19, maxFraction: 0.2,
+			leases:  []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", expired}},
+			records: []sizeOn{{0, 10, time.Hour}},
+			want:    Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1},
+			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1,
+				"update leases": 1},
+			wantRecord: &sizeRecord{20, slotT0},
+			wantSleeps: []time.Duration{coldSpread / 2},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newSlotFixture(t, tc.fleet, true, nil, tc.leases, SlotConfig{MaxFraction: tc.maxFraction})
+			for _, r := range tc.records {
+				f.record(t, r.index, r.size, r.ago)
+			}
+			if tc.cached > 0 {
+				f.slots.fleet, f.slots.fleetAt = tc.cached, slotT0.Add(-tc.cachedAgo)
+			}
+			got, err := f.slots.Acquire(context.Background())
+			if err != nil {
+				t.Fatalf("acquire: %v", err)
+			}
+			if got != tc.want {
+				t.Errorf("decision %+v, want %+v", got, tc.want)
+			}
+			if reqs := f.requests(); !sameCounts(reqs, tc.wantRequests) {
+				t.Errorf("requests %v, want %v", reqs, tc.wantRequests)
+			}
+			if fmt.Sprint(f.sleeps) != fmt.Sprint(tc.wantSleeps) {
+				t.Errorf("delays %v, want %v", f.sleeps, tc.wantSleeps)
+			}
+			if tc.wantRecord != nil {
+				r, ok := recordOf(f.lease(t, got.Slot))
+				if !ok || r.n != tc.wantRecord.n || !r.at.Equal(tc.wantRecord.at) {
+					t.Errorf("slot %d records %+v (%v), want %+v", got.Slot, r, ok, *tc.wantRecord)
+				}
+			}
+		})
+	}
+}
+
+// TestSlotsStaleRefusalOnce: a refusal on a stale size is made once; the
+// next Acquire that still finds no fresh size measures, and grants on the
+// measured size if the fleet grew.
+func TestSlotsStaleRefusalOnce(t *testing.T) {
+	f := newSlotFixture(t, 19, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	f.record(t, 0, 10, time.Hour)
+	f.record(t, 1, 10, time.Hour)
+	ctx := context.Background()
+	steps := []struct {
+		want         Decision
+		wantRequests map[string]int
+	}{
+		{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"list leases": 1}},
+		{Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2}, map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1}},
+	}
+	for i, st := range steps {
+		f.clearRequests()
+		d, err := f.slots.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d != st.want {
+			t.Errorf("acquire %d: %+v, want %+v", i, d, st.want)
+		}
+		if reqs := f.requests(); !sameCounts(reqs, st.wantRequests) {
+			t.Errorf("acquire %d: requests %v, want %v", i, reqs, st.wantRequests)
+		}
+	}
+}
+
+// TestSlotsRenewRecordsSize: a renew records this node's size on its
+// Lease, but keeps a record measured later (a previous run's).
+func TestSlotsRenewRecordsSize(t *testing.T) {
+	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, slotSelf, time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	ctx := context.Background()
+	f.record(t, 0, 7, time.Minute)
+	f.slots.fleet, f.slots.fleetAt = 4, slotT0.Add(-2*time.Minute)
+	if d, err := f.slots.Acquire(ctx); err != nil || !d.Held {
+		t.Fatalf("acquire = %+v, %v; want held", d, err)
+	}
+	if r, _ := recordOf(f.lease(t, 0)); r.n != 7 {
+		t.Errorf("after renewing with an older size: record %+v, want the later 7 kept", r)
+	}
+	f.slots.fleet, f.slots.fleetAt = 4, slotT0
+	if err := f.slots.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := recordOf(f.lease(t, 0)); r.n != 4 || !r.at.Equal(slotT0) {
+		t.Errorf("after renewing with a newer size: record %+v, want 4 at %v", r, slotT0)
+	}
+}
+
+// TestSlotsNeverBeyondK: nodes of a fleet of 40 (K = 8) acquire at once
+// against the versioned fake, with a lying holder's Lease (above K, so it
+// occupies nothing) recording a fresh size of a million: however the
+// records spread, no more than K slots are granted and every grant is on
+// the true size.
+func TestSlotsNeverBeyondK(t *testing.T) {
+	const (
+		fleetSize = 40
+		limit     = 8
+		faulting  = 24
+	)
+	for rep := range 5 {
+		t.Run(fmt.Sprintf("rep %d", rep), func(t *testing.T) {
+			var objs []runtime.Object
+			var metas []runtime.Object
+			for i := range fleetSize {
+				n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("fleet-%d", i), Labels: map[string]string{"fleet": "a"}}}
+				objs = append(objs, n)
+				metas = append(metas, &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: n.ObjectMeta})
+			}
+			at := metav1.NewMicroTime(slotT0)
+			objs = append(objs, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: slotName(DefaultSlotPrefix, 20), Namespace: slotNS,
+					Labels: map[string]string{SlotLabel: DefaultSlotPrefix},
+					Annotations: map[string]string{FleetSizeAnnotation: "1000000",
+						FleetSizeMeasuredAtAnnotation: slotT0.Format(time.RFC3339)}},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: new("liar"), LeaseDurationSeconds: new(int32(900)),
+					AcquireTime: &at, RenewTime: &at},
+			})
+			client := newFake(t, objs...)
+			scheme := metadatafake.NewTestScheme()
+			if err := metav1.AddMetaToScheme(scheme); err != nil {
+				t.Fatal(err)
+			}
+			meta := metadatafake.NewSimpleMetadataClient(scheme, metas...)
+			cfg := SlotConfig{Namespace: slotNS, MaxFraction: 0.2, TaintKey: slotTaint, NodeSelector: "fleet=a"}
+			decisions := make([]Decision, faulting)
+			errs := make([]error, faulting)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range faulting {
+				s := NewSlots(client, meta, fmt.Sprintf("fleet-%d", i), cfg, slotTestLog())
+				s.now = func() time.Time { return slotT0 }
+				s.sleep = func(context.Context, time.Duration) error { return nil }
+				wg.Go(func() {
+					<-start
+					decisions[i], errs[i] = s.Acquire(context.Background())
+				})
+			}
+			close(start)
+			wg.Wait()
+			held := map[int]string{}
+			for i, d := range decisions {
+				if errs[i] != nil {
+					t.Fatalf("fleet-%d: %v", i, errs[i])
+				}
+				if !d.Held {
+					continue
+				}
+				if other, dup := held[d.Slot]; dup {
+					t.Errorf("slot %d granted to fleet-%d and %s", d.Slot, i, other)
+				}
+				held[d.Slot] = fmt.Sprintf("fleet-%d", i)
+				if d.Slot >= limit || d.Limit != limit || d.Fleet != fleetSize {
+					t.Errorf("fleet-%d granted %+v, want a slot under %d of a fleet of %d", i, d, limit, fleetSize)
+				}
+			}
+			if len(held) < 1 || len(held) > limit {
+				t.Errorf("%d slots granted, want 1..%d", len(held), limit)
 			}
 		})
 	}
@@ -431,11 +741,17 @@ func TestSlotsFleetSizeCached(t *testing.T) {
 		t.Errorf("%d fleet measurements in 3 acquires within the TTL, want 1", got)
 	}
 	// After the TTL the fleet has grown to 1,250 nodes, served in pages.
+	// The unexpired Leases still fill K of the stale size: one refusal
+	// without measuring, then the next Acquire measures.
 	f.now = slotT0.Add(DefaultFleetSizeTTL)
 	f.clearRequests()
 	paged := &pagedNodeMeta{Interface: f.meta, total: 1250}
 	f.slots.meta = paged
 	d, err := f.slots.Acquire(ctx)
+	if err != nil || d.Held || d.Fleet != 10 || len(paged.limits) != 0 {
+		t.Fatalf("first acquire after the TTL = %+v, %v, %d node LISTs; want refused on the stale size, no LIST", d, err, len(paged.limits))
+	}
+	d, err = f.slots.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
