@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
@@ -115,11 +117,20 @@ type phaseResult struct {
 
 type level1Result struct {
 	nodes, limit int
-	startup      snapshot
-	startupTime  time.Duration
-	steady       steadyResult
-	waves        [][2]phaseResult
-	violation    bool
+	// identity is what the agents authenticate as (-identity), user its
+	// user name; leaseNS and eventNS are where their slot Leases and
+	// Events go; setupTime is how long creating the Pods and tokens took
+	// (before and outside every measured window).
+	identity, user   string
+	leaseNS, eventNS string
+	setupTime        time.Duration
+	startup          snapshot
+	startupTime      time.Duration
+	steady           steadyResult
+	waves            [][2]phaseResult
+	// total is every agent request of the run, from start-up on.
+	total     snapshot
+	violation bool
 }
 
 const (
@@ -133,9 +144,6 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 	if err != nil {
 		return nil, err
 	}
-	if err := createNamespace(ctx, admin, l1NS); err != nil {
-		return nil, err
-	}
 	names := make([]string, o.nodes)
 	for i := range names {
 		names[i] = fmt.Sprintf("l1-node-%04d", i)
@@ -145,12 +153,48 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		return nil, err
 	}
 	logf("level 1: %d Nodes created in %s", o.nodes, time.Since(start).Round(time.Millisecond))
-	obs, err := startObserver(ctx, admin, fleetLabel+"=l1", l1NS)
+	res := &level1Result{nodes: o.nodes, limit: kubeapi.SlotLimit(o.nodes, o.maxFraction), identity: o.identity}
+	// agentREST is node i's rest.Config.
+	var agentREST func(i int, ctr *counter) *rest.Config
+	switch o.identity {
+	case identityToken:
+		start = time.Now()
+		id, err := applyChartIdentity(ctx, admin, filepath.Join(cluster.RepoRoot(), "deploy", "manifests"))
+		if err != nil {
+			return nil, err
+		}
+		tokens, err := id.issueTokens(ctx, admin, names, tokenExpiry(o))
+		if err != nil {
+			return nil, err
+		}
+		if err := id.waitInEffect(ctx, c.RESTConfig, tokens[0], names[0], time.Minute); err != nil {
+			return nil, err
+		}
+		res.user, res.leaseNS, res.eventNS, res.setupTime = id.username(), id.leaseNS, id.eventNS, time.Since(start)
+		logf("level 1: %d agent Pods and bound tokens created, %s's RBAC and policy in effect, in %s",
+			o.nodes, id.policy, res.setupTime.Round(time.Millisecond))
+		agentREST = func(i int, ctr *counter) *rest.Config {
+			return tokenConfig(c.RESTConfig, tokens[i], "fleetsim/"+names[i], ctr)
+		}
+	case identityCert:
+		if err := createNamespace(ctx, admin, l1NS); err != nil {
+			return nil, err
+		}
+		res.user, res.leaseNS, res.eventNS = "admin (client certificate)", l1NS, ""
+		agentREST = func(i int, ctr *counter) *rest.Config {
+			return agentConfig(c.RESTConfig, "fleetsim/"+names[i], ctr)
+		}
+	default:
+		return nil, fmt.Errorf("-identity %q: must be %s or %s", o.identity, identityToken, identityCert)
+	}
+	obs, err := startObserver(ctx, admin, fleetLabel+"=l1", res.leaseNS)
 	if err != nil {
 		return nil, err
 	}
 
-	cfg := kubeapi.TaintConfig{MaxFraction: o.maxFraction, NodeSelector: fleetLabel + "=l1", LeaseNamespace: l1NS, Resync: o.resync}
+	cfg := kubeapi.TaintConfig{MaxFraction: o.maxFraction, NodeSelector: fleetLabel + "=l1", LeaseNamespace: res.leaseNS,
+		EventNamespace: res.eventNS, Resync: o.resync}
+	res.eventNS = cfg.WithDefaults().EventNamespace
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -165,7 +209,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 	start = time.Now()
 	for i, name := range names {
 		a := &simAgent{name: name, ctr: newCounter(), health: &fakeHealth{f: fit}, reg: prometheus.NewRegistry()}
-		clients, err := kubeapi.ClientsForConfig(agentConfig(c.RESTConfig, "fleetsim/"+name, a.ctr))
+		clients, err := kubeapi.ClientsForConfig(agentREST(i, a.ctr))
 		if err != nil {
 			return nil, err
 		}
@@ -195,10 +239,14 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		ctrs[i] = a.ctr
 	}
 	if _, ok := obs.wait(ctx, 5*time.Minute, func(st *state) bool { return st.condIs(names, corev1.ConditionTrue) }); !ok {
-		return nil, fmt.Errorf("level 1: not every Node got condition %s=True at start", conditionType)
+		t := sum(ctrs)
+		return nil, fmt.Errorf("level 1: not every Node got condition %s=True at start (refused requests: %s; %q)",
+			conditionType, t.describeDenied(), t.samples)
 	}
 	waitQuiet(ctx, ctrs)
-	res := &level1Result{nodes: o.nodes, limit: kubeapi.SlotLimit(o.nodes, o.maxFraction), startup: sum(ctrs), startupTime: time.Since(start)}
+	res.startup, res.startupTime = sum(ctrs), time.Since(start)
+	// Whatever happens next, the run's refusals are reported.
+	defer func() { res.total = sum(ctrs) }()
 	logf("level 1: every agent started (condition True on every Node) in %s", res.startupTime.Round(time.Millisecond))
 
 	// Steady state.
@@ -206,17 +254,17 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 	agentsBefore := sum(ctrs)
 	apiBefore, err := apiserverRequests(ctx, admin)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return res, ctx.Err()
 	case <-time.After(o.steady):
 	}
 	agentsAfter := sum(ctrs)
 	apiAfter, err := apiserverRequests(ctx, admin)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	d := agentsAfter.minus(agentsBefore)
 	res.steady = steadyResult{window: o.steady, agents: d, api: apiAfter.minus(apiBefore).without("WATCH"), nodes: o.nodes,
@@ -232,19 +280,19 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		}
 		f, err := faultWave(ctx, admin, obs, ctrs, faulted, fnames, res.limit, o.settle)
 		if err != nil {
-			return nil, err
+			return res, err
 		}
-		logf("level 1 rep %d fault: %d faulted, %d tainted (max %d, limit %d), %d refused, to limit %s, %d requests",
-			rep+1, f.faulted, f.tainted, f.max, f.limit, f.refused, fmtDur(f.toLimit), f.agents.requests())
+		logf("level 1 rep %d fault: %d faulted, %d tainted (max %d, limit %d), %d refused, to limit %s, %d requests, %d denied",
+			rep+1, f.faulted, f.tainted, f.max, f.limit, f.refused, fmtDur(f.toLimit), f.agents.requests(), f.agents.deniedTotal())
 		if f.max > res.limit {
 			res.violation = true
 		}
 		r, err := recoveryWave(ctx, admin, obs, ctrs, faulted, fnames, o.settle)
 		if err != nil {
-			return nil, err
+			return res, err
 		}
-		logf("level 1 rep %d recovery: untainted in %s, settled in %s, %d requests, %d leases left",
-			rep+1, fmtDur(r.untainted), fmtDur(r.settled), r.agents.requests(), r.leasesLeft)
+		logf("level 1 rep %d recovery: untainted in %s, settled in %s, %d requests, %d leases left, %d denied",
+			rep+1, fmtDur(r.untainted), fmtDur(r.settled), r.agents.requests(), r.leasesLeft, r.agents.deniedTotal())
 		res.waves = append(res.waves, [2]phaseResult{f, r})
 	}
 	return res, nil
@@ -358,7 +406,7 @@ func waitQuiet(ctx context.Context, ctrs []*counter) {
 
 // without drops the kinds starting with prefix.
 func (s snapshot) without(prefix string) snapshot {
-	out := snapshot{kinds: map[string]int{}, kindBytes: s.kindBytes, bytes: s.bytes, watchBytes: s.watchBytes}
+	out := snapshot{kinds: map[string]int{}, kindBytes: s.kindBytes, bytes: s.bytes, watchBytes: s.watchBytes, denied: s.denied, samples: s.samples}
 	for k, v := range s.kinds {
 		if !strings.HasPrefix(k, prefix) {
 			out.kinds[k] = v

@@ -5,13 +5,23 @@
 //   - Level 1: N agents' API side in this process (per node its own
 //     clients and TLS transport, NodeWatch and Tainter, a fitness it
 //     flips): steady-state requests, then R mass faults of a fraction of
-//     the fleet at one instant and their recovery.
+//     the fleet at one instant and their recovery. With -identity=token
+//     (the default) every agent has its node's own identity, as the
+//     DaemonSet pod does: the chart's rendered service account, RBAC and
+//     ValidatingAdmissionPolicy are applied, and each agent authenticates
+//     with a service-account token bound to a Pod on its node (so it
+//     carries the node-name extra the policy confines it with); its slot
+//     Leases and Events go to the namespaces the policy allows. Any
+//     request refused (by the policy, RBAC or authentication) is counted,
+//     reported and fails the run. -identity=cert gives every agent the
+//     admin client certificate instead.
 //   - Level 2: real agent processes in simulate mode; a GPU loss injected
 //     into some of them at one instant through the simulator's control
 //     endpoint, then cleared.
 //
 // It prints a markdown report (and writes it to -out) and exits non-zero
-// if more Nodes than the safeguard's limit were ever tainted.
+// if more Nodes than the safeguard's limit were ever tainted or any agent
+// request was refused.
 package main
 
 import (
@@ -45,6 +55,7 @@ type options struct {
 	steady, resync, settle     time.Duration
 	clearWait                  time.Duration
 	agentBin, out              string
+	identity                   string
 }
 
 func main() { os.Exit(run()) }
@@ -71,9 +82,15 @@ func run() int {
 	flag.DurationVar(&o.clearWait, "clear-wait", time.Minute, "level 2: wait after DELETE of the fault before the clear-faults annotation is used")
 	flag.StringVar(&o.agentBin, "agent-bin", os.Getenv("GPU_NODE_AGENT_BIN"), "agent binary (default <repo>/bin/gpu-node-agent)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown report to this file")
+	flag.StringVar(&o.identity, "identity", identityToken, "level 1: the agents' identity: token (per node a service-account token bound to a Pod on it,"+
+		" under the chart's RBAC and admission policy) or cert (the admin client certificate)")
 	flag.Parse()
 	if o.l2Faults <= 0 || o.l2Faults > o.procs {
 		o.l2Faults = o.procs / 2
+	}
+	if o.identity != identityToken && o.identity != identityCert {
+		logf("-identity must be %s or %s", identityToken, identityCert)
+		return 2
 	}
 	if o.faultFraction <= 0 || o.faultFraction > 1 || o.maxFraction <= 0 || o.maxFraction > 1 {
 		logf("-fault-fraction and -max-fraction must be within (0, 1]")
@@ -128,6 +145,9 @@ func run() int {
 	if l1 != nil && l1.violation {
 		fails = append(fails, fmt.Errorf("level 1: more Nodes tainted than the limit %d", l1.limit))
 	}
+	if l1 != nil && l1.total.deniedTotal() > 0 {
+		fails = append(fails, fmt.Errorf("level 1: %d agent requests refused: %s", l1.total.deniedTotal(), l1.total.describeDenied()))
+	}
 	if l2 != nil && l2.violation {
 		fails = append(fails, fmt.Errorf("level 2: tainted count outside 1..%d", l2.limit))
 	}
@@ -179,6 +199,13 @@ func createNodes(ctx context.Context, c kubernetes.Interface, names []string, fl
 	close(work)
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// tokenExpiry is how long the level-1 agents' tokens are valid: an hour,
+// or the longest the run may take plus a margin (the agents' tokens are
+// static: nothing refreshes them as the kubelet does the pod's).
+func tokenExpiry(o options) time.Duration {
+	return max(time.Hour, o.steady+time.Duration(2*o.reps)*o.settle+30*time.Minute)
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 )
 
 const (
@@ -20,8 +22,9 @@ const (
 	conditionType = corev1.NodeConditionType("GPUHealthy")
 )
 
-// observer follows the fleet's Nodes and slot Leases with the admin's
-// informers (one LIST and one WATCH each: not counted as agent traffic)
+// observer follows the fleet's Nodes and slot Leases (label SlotLabel)
+// with the admin's informers (one LIST and one WATCH each: not counted as
+// agent traffic)
 // and keeps, event by event, how many Nodes carry the taint. Events of
 // one watch arrive in etcd revision order, so the running count after
 // each event is the fleet's count at that revision and its maximum is
@@ -44,7 +47,12 @@ func startObserver(ctx context.Context, c kubernetes.Interface, selector, leaseN
 	nf := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = selector
 	}))
-	lf := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(leaseNS))
+	// Only the slot Leases: the namespace may hold others (kube-system
+	// holds kube-apiserver's identity Lease).
+	lf := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(leaseNS),
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.LabelSelector = kubeapi.SlotLabel + "=" + kubeapi.DefaultSlotPrefix
+		}))
 	nodes := nf.Core().V1().Nodes().Informer()
 	leases := lf.Coordination().V1().Leases().Informer()
 	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -26,12 +26,18 @@ func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 	w("# fleetsim: gpu-node-agent fleet simulation (kube-apiserver v1.34.4 + etcd on loopback)\n\n")
 	if l1 != nil {
 		w("## Level 1: %d agents' API side in one process\n\n", l1.nodes)
-		w("Per agent: own rest.Config copy (admin client certificate, user agent `fleetsim/<node>`, QPS 5 / burst 10 as the agent),"+
+		w("Identity (`-identity=%s`): %s.\n\n", l1.identity, identityText(l1))
+		w("Per agent: own rest.Config (user agent `fleetsim/<node>`, QPS 5 / burst 10 as the agent),"+
 			" own TLS transport (a Proxy func keeps client-go from sharing one) with a counting RoundTripper, NodeWatch (resync %s) + Tainter"+
-			" (maxFraction %g, nodeSelector %s=l1, Leases in %s) + a fake Health. Limit K = max(1, floor(%g x %d)) = %d.\n\n",
-			o.resync, o.maxFraction, fleetLabel, l1NS, o.maxFraction, l1.nodes, l1.limit)
+			" (maxFraction %g, nodeSelector %s=l1, slot Leases in %s, Events in %s) + a fake Health. Limit K = max(1, floor(%g x %d)) = %d.\n\n",
+			o.resync, o.maxFraction, fleetLabel, l1.leaseNS, l1.eventNS, o.maxFraction, l1.nodes, l1.limit)
 		w("Start-up (all informers synced, every Node's condition written): %s; requests: %s.\n\n",
 			fmtDur(l1.startupTime), l1.startup.describe(func(string) bool { return true }))
+		w("Requests refused over the whole run (agents' transports; a refusal is a bug): %d", l1.total.deniedTotal())
+		if l1.total.deniedTotal() > 0 {
+			w(" (%s); first refusals: %q", l1.total.describeDenied(), l1.total.samples)
+		}
+		w(".\n\n")
 		s := l1.steady
 		w("### Steady state (%s window, extrapolated)\n\n", s.window)
 		w("| source | requests (watches aside) | per node per hour | watch (re)opens | per node per hour | by kind |\n|---|---|---|---|---|---|\n")
@@ -39,15 +45,19 @@ func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 			s.watchesOpened, perNodeHour(s.watchesOpened, s.nodes, s.window), s.agents.describe(func(string) bool { return true }))
 		w("| kube-apiserver apiserver_request_total (non-WATCH, all clients) | %d | %.3f | - | - | %s |\n\n", s.api.requests(),
 			perNodeHour(s.api.requests(), s.nodes, s.window), s.api.describe(notWatch))
-		w("Bytes received in the window: %s on requests, %s on the open watch streams.\n\n", mib(s.agents.bytes), mib(s.agents.watchBytes))
+		w("Bytes received in the window: %s on requests, %s on the open watch streams. Requests refused in the window: %d.\n\n",
+			mib(s.agents.bytes), mib(s.agents.watchBytes), s.agents.deniedTotal())
 		w("### Mass fault (%.0f%% of the fleet unfit at one instant) and recovery\n\n", o.faultFraction*100)
-		w("| rep | faulted | K | tainted at end | max tainted seen | refused | fault to limit | fault settled | fault requests | fault LISTs | fault bytes recv | recovery: untainted | all slots released + conditions True | recovery requests | recovery bytes recv | apiserver requests fault / recovery |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("\"refused\" counts faulted agents the safeguard kept untainted (no slot); \"denied\" counts requests the API server refused" +
+			" (ValidatingAdmissionPolicy, RBAC or authentication), fault / recovery.\n\n")
+		w("| rep | faulted | K | tainted at end | max tainted seen | refused | fault to limit | fault settled | fault requests | fault LISTs | fault bytes recv | recovery: untainted | all slots released + conditions True | recovery requests | recovery bytes recv | denied | apiserver requests fault / recovery |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for i, wv := range l1.waves {
 			f, r := wv[0], wv[1]
-			w("| %d | %d | %d | %d | %d | %d | %s | %s | %d | %d | %s | %s | %s | %d | %s | %d / %d |\n", i+1, f.faulted, f.limit, f.tainted, f.max,
+			w("| %d | %d | %d | %d | %d | %d | %s | %s | %d | %d | %s | %s | %s | %d | %s | %d / %d | %d / %d |\n", i+1, f.faulted, f.limit, f.tainted, f.max,
 				f.refused, fmtDur(f.toLimit), settledStr(f), f.agents.requests(), f.agents.prefixed("LIST"), mib(f.agents.bytes),
-				fmtDur(r.untainted), settledStr(r), r.agents.requests(), mib(r.agents.bytes), f.api.requests(), r.api.requests())
+				fmtDur(r.untainted), settledStr(r), r.agents.requests(), mib(r.agents.bytes), f.agents.deniedTotal(), r.agents.deniedTotal(),
+				f.api.requests(), r.api.requests())
 		}
 		w("\nRequests by kind (agents' transports):\n\n")
 		for i, wv := range l1.waves {
@@ -77,6 +87,18 @@ func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 		w("\n")
 	}
 	return b.String()
+}
+
+// identityText says what the level-1 agents authenticated as.
+func identityText(l1 *level1Result) string {
+	if l1.identity == identityCert {
+		return "every agent uses the admin client certificate (system:masters; no RBAC or admission policy applies to it)"
+	}
+	return fmt.Sprintf("per node `%s` with a token from the TokenRequest API bound to a Pod on that node (spec.nodeName, no kubelet),"+
+		" so it carries the node-name extra %s; no client certificate. The chart's rendered %s are applied"+
+		" (RBAC and the ValidatingAdmissionPolicy confine each token to its own Node, its Events, its slot Leases);"+
+		" creating the %d Pods and tokens and waiting for the policy took %s, before and outside every measured window",
+		l1.user, nodeNameExtra, strings.Join(identityManifests, ", "), l1.nodes, fmtDur(l1.setupTime))
 }
 
 func settledStr(p phaseResult) string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"maps"
 	"net/http"
@@ -26,10 +27,43 @@ type counter struct {
 	// bytes are the non-watch response body bytes, watchBytes those of
 	// watch streams.
 	bytes, watchBytes atomic.Int64
+	// denied counts the refused requests by "<why> <kind>" (why: policy,
+	// forbidden, unauthorized); samples keeps the first refusals' bodies.
+	denied  map[string]int
+	samples []string
 }
 
 func newCounter() *counter {
-	return &counter{kinds: map[string]int{}, kindBytes: map[string]*atomic.Int64{}}
+	return &counter{kinds: map[string]int{}, kindBytes: map[string]*atomic.Int64{}, denied: map[string]int{}}
+}
+
+// maxSamples is how many refusal bodies a counter keeps.
+const maxSamples = 3
+
+// refusal classifies a response: "policy" for a 403 from a
+// ValidatingAdmissionPolicy, "forbidden" for another 403 (RBAC),
+// "unauthorized" for a 401, "" otherwise. For a refusal it reads the
+// (small) body, which it replaces with a copy, and returns it.
+func refusal(resp *http.Response) (string, string) {
+	var why string
+	switch resp.StatusCode {
+	case http.StatusForbidden:
+		why = "forbidden"
+	case http.StatusUnauthorized:
+		why = "unauthorized"
+	default:
+		return "", ""
+	}
+	var body []byte
+	if resp.Body != nil {
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		_ = resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	if why == "forbidden" && bytes.Contains(body, []byte("ValidatingAdmissionPolicy")) {
+		why = "policy"
+	}
+	return why, string(body)
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -64,6 +98,16 @@ func (c *counter) wrap(rt http.RoundTripper) http.RoundTripper {
 		}
 		c.mu.Unlock()
 		resp, err := rt.RoundTrip(r)
+		if err == nil {
+			if why, body := refusal(resp); why != "" {
+				c.mu.Lock()
+				c.denied[why+" "+kind]++
+				if len(c.samples) < maxSamples {
+					c.samples = append(c.samples, body)
+				}
+				c.mu.Unlock()
+			}
+		}
 		if err == nil && resp.Body != nil {
 			body := countingBody{ReadCloser: resp.Body, n: &c.bytes, kind: kb}
 			if strings.HasPrefix(kind, "WATCH") {
@@ -128,6 +172,10 @@ type snapshot struct {
 	kinds             map[string]int
 	kindBytes         map[string]int64
 	bytes, watchBytes int64
+	// denied are the refused requests by "<why> <kind>" (counter.denied),
+	// samples some refusal bodies (in a sum, not in a difference).
+	denied  map[string]int
+	samples []string
 }
 
 func (c *counter) addTo(s *snapshot) {
@@ -138,13 +186,21 @@ func (c *counter) addTo(s *snapshot) {
 	for k, v := range c.kindBytes {
 		s.kindBytes[k] += v.Load()
 	}
+	for k, v := range c.denied {
+		s.denied[k] += v
+	}
+	for _, b := range c.samples {
+		if len(s.samples) < maxSamples {
+			s.samples = append(s.samples, b)
+		}
+	}
 	c.mu.Unlock()
 	s.bytes += c.bytes.Load()
 	s.watchBytes += c.watchBytes.Load()
 }
 
 func sum(cs []*counter) snapshot {
-	s := snapshot{kinds: map[string]int{}, kindBytes: map[string]int64{}}
+	s := snapshot{kinds: map[string]int{}, kindBytes: map[string]int64{}, denied: map[string]int{}}
 	for _, c := range cs {
 		c.addTo(&s)
 	}
@@ -154,9 +210,18 @@ func sum(cs []*counter) snapshot {
 // minus is s - before.
 func (s snapshot) minus(before snapshot) snapshot {
 	d := snapshot{kinds: maps.Clone(s.kinds), kindBytes: maps.Clone(s.kindBytes), bytes: s.bytes - before.bytes,
-		watchBytes: s.watchBytes - before.watchBytes}
+		watchBytes: s.watchBytes - before.watchBytes, denied: maps.Clone(s.denied)}
 	if d.kindBytes == nil {
 		d.kindBytes = map[string]int64{}
+	}
+	if d.denied == nil {
+		d.denied = map[string]int{}
+	}
+	for k, v := range before.denied {
+		d.denied[k] -= v
+		if d.denied[k] == 0 {
+			delete(d.denied, k)
+		}
 	}
 	for k, v := range before.kinds {
 		d.kinds[k] -= v
@@ -182,6 +247,20 @@ func (s snapshot) requests() int {
 		}
 	}
 	return n
+}
+
+// deniedTotal counts the refused requests.
+func (s snapshot) deniedTotal() int {
+	n := 0
+	for _, v := range s.denied {
+		n += v
+	}
+	return n
+}
+
+// describeDenied lists the refused requests by why and kind, most first.
+func (s snapshot) describeDenied() string {
+	return snapshot{kinds: s.denied}.describe(func(string) bool { return true })
 }
 
 func (s snapshot) prefixed(p string) int {
