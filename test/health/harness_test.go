@@ -125,18 +125,6 @@ func (c *apiCounter) errorCount() int {
 	return c.errors
 }
 
-// countedClient is a clientset on cfg whose requests counter sees.
-func countedClient(t testing.TB, cfg *rest.Config, counter *apiCounter) kubernetes.Interface {
-	t.Helper()
-	cfg = rest.CopyConfig(cfg)
-	cfg.WrapTransport = counter.wrap
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // simHealth is a health monitor and its NVML sampler running on a

@@ -313,12 +313,12 @@ func faultWave(ctx context.Context, admin kubernetes.Interface, obs *observer, c
 	for _, a := range faulted {
 		a.health.set(unfit)
 	}
-	st, complete := obs.wait(ctx, timeout, func(st *state) bool {
+	_, complete := obs.wait(ctx, timeout, func(st *state) bool {
 		return st.condIs(names, corev1.ConditionFalse) && len(st.tainted) >= want
 	})
 	settled := time.Since(t0)
 	waitQuiet(ctx, ctrs)
-	st = obs.snapshot()
+	st := obs.snapshot()
 	r := phaseResult{faulted: len(faulted), limit: limit, tainted: len(st.tainted), max: st.max, toLimit: -1,
 		settled: settled, complete: complete, leasesLeft: len(st.leases)}
 	if !st.reached.IsZero() {

@@ -136,12 +136,12 @@ func runLevel2(ctx context.Context, c *cluster.Cluster, o options) (*level2Resul
 		if err := control(ctx, faulted, http.MethodPost, gpuLost); err != nil {
 			return nil, err
 		}
-		st, complete := obs.wait(ctx, o.settle, func(st *state) bool {
+		_, complete := obs.wait(ctx, o.settle, func(st *state) bool {
 			return st.condIs(fnames, corev1.ConditionFalse) && len(st.tainted) >= want
 		})
 		f := phaseResult{faulted: len(faulted), limit: res.limit, toLimit: -1, settled: time.Since(t0), complete: complete}
 		time.Sleep(3 * time.Second) // refusals' events and re-asks
-		st = obs.snapshot()
+		st := obs.snapshot()
 		f.tainted, f.max, f.leasesLeft = len(st.tainted), st.max, len(st.leases)
 		f.refused = len(faulted) - st.taintedAmong(fnames)
 		if !st.reached.IsZero() {

@@ -162,7 +162,6 @@ type binaries struct {
 	etcd       string
 	containerd string
 	ctr        string
-	prometheus string
 }
 
 // KubeBinDirEnv overrides where kube-apiserver, kube-controller-manager,
