@@ -289,7 +289,7 @@ func (c *Collector) account(node *topology.Node, samples map[string]*nvmlowner.S
 			k := noDataKey{g.UUID, f, reason}
 			if !c.noDataSeen[k] {
 				c.noDataSeen[k] = true
-				c.log.Info("nvml reading unavailable: no data, not a fault", "device", g.UUID, "field", f.String(), "reason", reason)
+				c.log.Debug("nvml reading unavailable: no data, not a fault", "device", g.UUID, "field", f.String(), "reason", reason)
 			}
 		}
 	}

@@ -179,7 +179,7 @@ func TestCollectionErrorsCountCycles(t *testing.T) {
 // GPU leaves.
 func TestUnavailableFieldGauge(t *testing.T) {
 	var logs bytes.Buffer
-	c, reg := newSnapCollector(t, Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	c, reg := newSnapCollector(t, Config{}, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	retired := []nvmlowner.Field{nvmlowner.FieldRetiredSBE, nvmlowner.FieldRetiredDBE, nvmlowner.FieldRetiredPending}
 	gpu0 := noData(okSample(snapGPU0, map[nvmlowner.Field]uint64{nvmlowner.FieldGPUTemp: 40}), nvmlowner.NotSupported, retired...)
 	gpu1 := noData(okSample(snapGPU1, map[nvmlowner.Field]uint64{nvmlowner.FieldGPUTemp: 41}), nvmlowner.NoPermission, nvmlowner.FieldECCSBEAggregate)
@@ -254,8 +254,13 @@ gpu_node_agent_nvml_field_unavailable{device="` + snapGPU1 + `",field="ecc-sbe-a
 			t.Errorf("%d log lines with %q, want 1:\n%s", n, want, out)
 		}
 	}
-	if n := strings.Count(out, "level=INFO"); n != 4 {
-		t.Errorf("%d info lines, want 4 (one per device, field and reason):\n%s", n, out)
+	// Absent data is logged at debug (STYLE.md), once per device, field
+	// and reason.
+	if n := strings.Count(out, "level=DEBUG msg=\"nvml reading unavailable"); n != 4 {
+		t.Errorf("%d debug no-data lines, want 4 (one per device, field and reason):\n%s", n, out)
+	}
+	if strings.Contains(out, "level=INFO") {
+		t.Errorf("no data logged above debug:\n%s", out)
 	}
 	if strings.Contains(out, "level=WARN") {
 		t.Errorf("no data logged as a warning:\n%s", out)
