@@ -144,23 +144,19 @@ func ret(err error) nvml.Return {
 // call runs one NVML call on GPU uuid's lane and hands back its value when
 // the call finished (see finished).
 func call[T any](d *discovery, uuid, what string, fn func(nvml.Device) (T, nvml.Return)) (T, error) {
-	var out T
-	err := d.x.o.Do(d.ctx, uuid, what, func(dev nvml.Device) nvml.Return {
-		v, r := fn(dev)
-		out = v
-		return r
-	})
-	if !finished(err) {
-		var zero T
-		return zero, err
-	}
-	return out, err
+	return finishedValue(fn, func(f func(nvml.Device) nvml.Return) error { return d.x.o.Do(d.ctx, uuid, what, f) })
 }
 
 // callIndex is call on the lane of GPU index i (handle by index).
 func callIndex[T any](d *discovery, i int, what string, fn func(nvml.Device) (T, nvml.Return)) (T, error) {
+	return finishedValue(fn, func(f func(nvml.Device) nvml.Return) error { return d.x.o.DoIndex(d.ctx, i, what, f) })
+}
+
+// finishedValue runs fn through run and returns its value only when the call
+// finished: after a timeout fn may still be running and writing it.
+func finishedValue[T any](fn func(nvml.Device) (T, nvml.Return), run func(func(nvml.Device) nvml.Return) error) (T, error) {
 	var out T
-	err := d.x.o.DoIndex(d.ctx, i, what, func(dev nvml.Device) nvml.Return {
+	err := run(func(dev nvml.Device) nvml.Return {
 		v, r := fn(dev)
 		out = v
 		return r
