@@ -28,6 +28,7 @@ func TestTaintConfigValidate(t *testing.T) {
 		{"fraction over 1", TaintConfig{MaxFraction: 1.5}, "taint.maxFraction"},
 		{"bad selector", TaintConfig{NodeSelector: "a in (b"}, "taint.nodeSelector"},
 		{"bad namespace", TaintConfig{EventNamespace: "Not_OK"}, "taint.eventNamespace"},
+		{"bad lease namespace", TaintConfig{LeaseNamespace: "Not_OK"}, "taint.leaseNamespace"},
 		{"resync too short", TaintConfig{Resync: time.Millisecond}, "taint.resync"},
 		{"two errors both named", TaintConfig{Mode: "x", Effect: "y"}, "taint.effect"},
 	}
