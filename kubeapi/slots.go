@@ -696,17 +696,38 @@ var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"
 // measure is N: the Nodes matching the selector, this node counted if
 // it is not among them, from a paged, metadata-only LIST. It becomes
 // this node's cached size.
+//
+// With no selector (the whole cluster is the fleet) the first page asks
+// for one Node: the API server then says how many follow in
+// metadata.remainingItemCount, exact at the list's resourceVersion, so N
+// costs one small response instead of every Node's metadata (at 7,500
+// GPU nodes, whose labels run to kilobytes each, megabytes per node that
+// measures). The server leaves remainingItemCount out when the list has a
+// label selector ("the number of remaining items is unknown",
+// ListMeta.RemainingItemCount in k8s.io/apimachinery meta/v1 types.go),
+// and may leave it out otherwise; then the pages are read as before. The
+// count path does not see whether this node is among the Nodes: with no
+// selector it is, since its own Node exists while it runs; were it
+// deleted, N would be one short, and K errs towards refusing.
 func (s *Slots) measure(ctx context.Context) (int, error) {
 	if s.meta == nil {
 		return 0, errors.New("measure fleet size: no metadata client")
 	}
-	n, self, cont := 0, false, ""
+	n, self, cont, limit := 0, false, "", int64(fleetPageSize)
+	if s.cfg.NodeSelector == "" {
+		limit = 1
+	}
 	for {
 		list, err := s.meta.Resource(nodesResource).List(ctx, metav1.ListOptions{
-			LabelSelector: s.cfg.NodeSelector, Limit: fleetPageSize, Continue: cont,
+			LabelSelector: s.cfg.NodeSelector, Limit: limit, Continue: cont,
 		})
 		if err != nil {
 			return 0, fmt.Errorf("list nodes %q (metadata) for the fleet size: %w", s.cfg.NodeSelector, err)
+		}
+		if limit == 1 && list.RemainingItemCount != nil && *list.RemainingItemCount >= 0 {
+			n = len(list.Items) + int(*list.RemainingItemCount)
+			self = true
+			break
 		}
 		for _, item := range list.Items {
 			n++
@@ -715,6 +736,7 @@ func (s *Slots) measure(ctx context.Context) (int, error) {
 		if cont = list.Continue; cont == "" {
 			break
 		}
+		limit = fleetPageSize
 	}
 	if !self {
 		n++

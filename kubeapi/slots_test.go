@@ -835,3 +835,110 @@ func (g pagedNodeGetter) List(_ context.Context, opts metav1.ListOptions) (*meta
 	}
 	return list, nil
 }
+
+// TestSlotsMeasureCount: with no node selector the fleet size is one
+// LIST of limit 1 whose remainingItemCount counts the rest; when the
+// server leaves the count out (it does for selectors) the pages are read.
+func TestSlotsMeasureCount(t *testing.T) {
+	page := func(names ...string) *metav1.PartialObjectMetadataList {
+		l := &metav1.PartialObjectMetadataList{}
+		for _, n := range names {
+			l.Items = append(l.Items, metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		}
+		return l
+	}
+	for _, tc := range []struct {
+		name     string
+		selector string
+		// serve answers a LIST with these options.
+		serve      func(metav1.ListOptions) *metav1.PartialObjectMetadataList
+		want       int
+		wantLimits []int64
+	}{
+		{
+			name: "no selector: counted by remainingItemCount",
+			serve: func(o metav1.ListOptions) *metav1.PartialObjectMetadataList {
+				l := page("node-0")
+				if o.Limit == 1 {
+					l.RemainingItemCount = new(int64(7499))
+				}
+				return l
+			},
+			want: 7500, wantLimits: []int64{1},
+		},
+		{
+			name: "no selector, no count from the server: pages read, self added",
+			serve: func(o metav1.ListOptions) *metav1.PartialObjectMetadataList {
+				if o.Continue == "" {
+					l := page("node-0")
+					l.Continue = "next"
+					return l
+				}
+				return page("node-1", "node-2")
+			},
+			want: 4, wantLimits: []int64{1, fleetPageSize},
+		},
+		{
+			name: "no selector, no count, self listed",
+			serve: func(o metav1.ListOptions) *metav1.PartialObjectMetadataList {
+				return page("node-0", slotSelf)
+			},
+			want: 2, wantLimits: []int64{1},
+		},
+		{
+			name:     "selector: remainingItemCount ignored, pages read",
+			selector: "fleet=a",
+			serve: func(o metav1.ListOptions) *metav1.PartialObjectMetadataList {
+				l := page("node-0", slotSelf)
+				l.RemainingItemCount = new(int64(1000))
+				return l
+			},
+			want: 2, wantLimits: []int64{fleetPageSize},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var limits []int64
+			meta := listMeta(func(o metav1.ListOptions) (*metav1.PartialObjectMetadataList, error) {
+				if o.LabelSelector != tc.selector {
+					t.Errorf("label selector %q, want %q", o.LabelSelector, tc.selector)
+				}
+				if len(limits) > 10 {
+					return nil, errors.New("too many pages")
+				}
+				limits = append(limits, o.Limit)
+				return tc.serve(o), nil
+			})
+			cfg := SlotConfig{Namespace: slotNS, TaintKey: slotTaint, MaxFraction: 0.2, NodeSelector: tc.selector}
+			s := NewSlots(fake.NewClientset(), meta, slotSelf, cfg, slotTestLog())
+			n, err := s.measure(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != tc.want {
+				t.Errorf("fleet size %d, want %d", n, tc.want)
+			}
+			if fmt.Sprint(limits) != fmt.Sprint(tc.wantLimits) {
+				t.Errorf("LIST limits %v, want %v", limits, tc.wantLimits)
+			}
+		})
+	}
+}
+
+// listMeta is a metadata client whose LIST of any resource is list (the
+// fake metadata client drops Limit and Continue from its actions).
+type listMeta func(metav1.ListOptions) (*metav1.PartialObjectMetadataList, error)
+
+func (f listMeta) Resource(schema.GroupVersionResource) metadata.Getter {
+	return listMetaResource{list: f}
+}
+
+type listMetaResource struct {
+	metadata.ResourceInterface // nil: only List is served
+	list                       listMeta
+}
+
+func (r listMetaResource) Namespace(string) metadata.ResourceInterface { return r }
+
+func (r listMetaResource) List(_ context.Context, o metav1.ListOptions) (*metav1.PartialObjectMetadataList, error) {
+	return r.list(o)
+}
