@@ -8,6 +8,10 @@ SHELL := /bin/bash
 GO      ?= go
 BIN_DIR ?= bin
 BIN     := $(BIN_DIR)/gpu-node-agent
+# SIM_BIN is the agent built with the simulator (-tags simulator): --simulate,
+# the demo and the simulator's control endpoint. The product binary (BIN)
+# has none of it.
+SIM_BIN := $(BIN_DIR)/gpu-node-agent-sim
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 IMAGE   ?= gpu-node-agent:$(VERSION)
@@ -18,7 +22,7 @@ STATICCHECK_VERSION ?= v0.8.2
 export CGO_ENABLED := 1
 export CGO_CFLAGS  ?= -Wno-deprecated-declarations
 
-.PHONY: help deps build test vet fmt-check lint demo e2e image clean
+.PHONY: help deps build build-sim test test-no-sim check-no-sim vet fmt-check lint demo e2e image clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,25 +33,42 @@ deps: ## install the C toolchain cgo needs when it is missing (Debian)
 		apt-get update -qq && apt-get install -y -qq gcc libc6-dev; \
 	fi
 
-build: deps ## build bin/gpu-node-agent
+build: deps ## build bin/gpu-node-agent (the product: no simulator)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpu-node-agent
 
-vet: deps ## go vet the root module
+build-sim: deps ## build bin/gpu-node-agent-sim (with the simulator: --simulate, demo; for the demo, tests and e2e)
+	$(GO) build -trimpath -tags simulator -ldflags '$(LDFLAGS)' -o $(SIM_BIN) ./cmd/gpu-node-agent
+
+vet: deps ## go vet the root module, with and without the simulator tag
 	$(GO) vet ./...
+	$(GO) vet -tags simulator ./...
 
 fmt-check: ## fail when any Go file (all modules) needs gofmt
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-test: vet fmt-check deps-prometheus ## go vet, gofmt check and go test -race for the root module (the metrics test scrapes with a real prometheus)
-	$(GO) test -race ./...
+test: vet fmt-check check-no-sim deps-prometheus ## go vet, gofmt check, the no-simulator check and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
+	$(GO) test -race -tags simulator ./...
+	$(MAKE) --no-print-directory test-no-sim
+
+test-no-sim: deps ## go test -race cmd/gpu-node-agent as the product is built (no simulator tag)
+	$(GO) test -race ./cmd/gpu-node-agent
+
+# The product binary must not link the simulator or go-nvml's mocks.
+NO_SIM_PKGS := github.com/gpu-node-agent/gpu-node-agent/sim github.com/gpu-node-agent/gpu-node-agent/agent/simhw github.com/NVIDIA/go-nvml/pkg/nvml/mock
+check-no-sim: ## fail if bin/gpu-node-agent (no tag) depends on the simulator or go-nvml's mocks
+	@deps=$$($(GO) list -deps ./cmd/gpu-node-agent); \
+	bad=$$(for p in $(NO_SIM_PKGS); do echo "$$deps" | grep -E "^$$p(/|$$)" || true; done); \
+	if [ -n "$$bad" ]; then echo "gpu-node-agent (no simulator tag) depends on:"; echo "$$bad"; exit 1; fi; \
+	echo "check-no-sim: gpu-node-agent links no simulator package"
 
 lint: vet fmt-check ## vet, gofmt and staticcheck (built through the Go module proxy)
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags simulator ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./cmd/...
 
 # DEMO_ARGS are agent flags, e.g. DEMO_ARGS=--exit-after=10s for a bounded run.
-demo: build ## run the agent on a simulated DGX H100 with MIG and print what it serves (Ctrl-C stops)
-	$(BIN) demo $(DEMO_ARGS)
+demo: build-sim ## run the agent on a simulated DGX H100 with MIG and print what it serves (Ctrl-C stops)
+	$(SIM_BIN) demo $(DEMO_ARGS)
 
 # The e2e body (conformance against the kubelet's own code, single-node
 # cluster) is defined by mk/e2e.mk as e2e-run.

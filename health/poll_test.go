@@ -8,6 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -30,7 +31,8 @@ func (m *Monitor) pollOnce() {
 	m.applySnapshot(m.sampler.SampleNow(context.Background()))
 }
 
-// ownerOf is an NVML owner over lib with the default call timeout.
+// ownerOf is an NVML owner over lib (go-nvml's mocks, as the real library
+// through nvmlapi.Wrap) with the default call timeout.
 func ownerOf(lib nvml.Interface) *nvmlowner.Owner {
-	return nvmlowner.New(lib, nvmlowner.Config{}, discard())
+	return nvmlowner.New(nvmlapi.Wrap(lib), nvmlowner.Config{}, discard())
 }

@@ -17,7 +17,7 @@ FLEET_ARGS  ?=
 
 .PHONY: fleet-sim
 
-fleet-sim: build kube-bins e2e-deps ## fleet simulation: 1000 in-process agents + 40 agent processes against a real apiserver (report in .build/fleet-sim.md)
+fleet-sim: build-sim kube-bins e2e-deps ## fleet simulation: 1000 in-process agents + 40 agent processes against a real apiserver (report in .build/fleet-sim.md)
 	@mkdir -p $(dir $(FLEET_OUT))
 	cd test && $(E2E_ENV) $(GO) run ./cmd/fleetsim -n $(FLEET_N) -r $(FLEET_R) -procs $(FLEET_PROCS) -r2 $(FLEET_R2) \
 		-out $(FLEET_OUT) $(FLEET_ARGS)

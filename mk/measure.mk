@@ -3,16 +3,30 @@
 RSS_PROFILE ?= dgx-h100
 RSS_WAIT    ?= 5
 
-.PHONY: measure-rss measure-devices measure-served measure-fault
+.PHONY: measure-rss measure-rss-real measure-devices measure-served measure-fault
 
 # The demo command wires everything: health monitor, GPU metrics collector
 # and endpoint, RDMA (rdma/ib from the demo config) and mixed MIG.
-measure-rss: build ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_PROFILE), everything wired (no kubelet)
+measure-rss: build-sim ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_PROFILE), everything wired (no kubelet)
 	@dir=$$(mktemp -d); \
-	$(BIN) demo --simulate '$(RSS_PROFILE)' --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 \
+	$(SIM_BIN) demo --simulate '$(RSS_PROFILE)' --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 \
 		--sim-control-address 127.0.0.1:0 --log-level error >/dev/null 2>&1 & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "simulate=$(RSS_PROFILE) after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ')"; \
+	kill $$pid; wait $$pid || true; rm -rf "$$dir"
+
+# The product binary in real mode on this machine (no GPU: NVML does not
+# load), idle RSS_WAIT seconds after start; RSS_BIN compares another build.
+# It runs a copy: the file the Go linker writes maps with ~20 MB more
+# resident file pages (RssFile) than the same bytes written by cp, which is
+# how an image or a package installs it.
+RSS_BIN ?= $(BIN)
+measure-rss-real: build ## product agent RSS $(RSS_WAIT)s after start in real mode (no GPU here), no kubelet
+	@dir=$$(mktemp -d); cp $(RSS_BIN) "$$dir/agent"; \
+	"$$dir/agent" --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 --node-name "" \
+		--state-dir "$$dir/state" --log-level error >/dev/null 2>&1 & pid=$$!; \
+	sleep $(RSS_WAIT); \
+	echo "real mode after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ')"; \
 	kill $$pid; wait $$pid || true; rm -rf "$$dir"
 
 measure-devices: ## table of devices served per simulator profile, MIG layout and strategy
@@ -22,16 +36,16 @@ SERVED_PROFILES   ?= dgx-1v dgx-2 dgx-a100 dgx-b200 dgx-h100 dgx-h200 pcie-8gpu
 SERVED_STRATEGIES ?= none single mixed
 SERVED_MIG        ?= dgx-h100,mig=0:3g.40gb+2g.20gb+1g.10gb+1g.10gb,mig=1:1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb
 
-measure-served: build ## what the running agent serves (GPU, MIG, rdma/ib) per profile and MIG strategy, from its inventory
+measure-served: build-sim ## what the running agent serves (GPU, MIG, rdma/ib) per profile and MIG strategy, from its inventory
 	@for p in $(SERVED_PROFILES) '$(SERVED_MIG)'; do for s in $(SERVED_STRATEGIES); do \
 		echo "--- $$p --mig-strategy $$s"; \
-		$(BIN) demo --simulate "$$p" --mig-strategy $$s --exit-after 2s --metrics-address "" \
+		$(SIM_BIN) demo --simulate "$$p" --mig-strategy $$s --exit-after 2s --metrics-address "" \
 			--sim-control-address "" --log-level error 2>/dev/null \
 			| awk '/^=== /{n++; t=1; next} n==1 && t && /^$$/{t=0} n==1 && t{print "  " $$0} n==1 && /^NOT SERVED/{p=1} n==1 && p{print "  " $$0}'; \
 	done; done
 
 measure-fault: ## XID injected into the simulator to Unhealthy on an open ListAndWatch: p50/p99 over 100 faults
-	$(GO) test -count=1 -run '^$$' -bench FaultToListAndWatch -benchtime 100x ./cmd/gpu-node-agent
+	$(GO) test -count=1 -run '^$$' -bench FaultToListAndWatch -benchtime 100x ./agent
 
 .PHONY: measure-allocate measure-mig-change
 
@@ -39,8 +53,8 @@ measure-allocate: ## gpu Allocate cost per device-list strategy (ns/op)
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkAllocate$$' -benchtime 2000x ./gpu
 
 measure-mig-change: ## MIG change on the running agent to the ListAndWatch update: p50/p99 over 100 changes
-	$(GO) test -count=1 -run '^$$' -bench MIGChangeToListAndWatch -benchtime 100x ./cmd/gpu-node-agent
+	$(GO) test -count=1 -run '^$$' -bench MIGChangeToListAndWatch -benchtime 100x ./agent
 
 .PHONY: measure-hang
 measure-hang: ## a hung GPU: time to Unhealthy, and other GPUs' XIDs to ListAndWatch meanwhile (p50/p99 over 24)
-	$(GO) test -count=1 -run '^$$' -bench XIDWhileGPUHangs -benchtime 24x ./cmd/gpu-node-agent
+	$(GO) test -count=1 -run '^$$' -bench XIDWhileGPUHangs -benchtime 24x ./agent

@@ -16,7 +16,7 @@ test-metrics: deps deps-prometheus ## go test -race health/metrics (real prometh
 bench-metrics: deps ## scrape and collection benchmarks on a simulated dgx-h100 with 14 MIG devices (ns/op, B/op, allocs/op, p50/p99)
 	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./health/metrics
 
-# soak-metrics runs bin/gpu-node-agent on a simulated dgx-h100 with 14 MIG
+# soak-metrics runs bin/gpu-node-agent-sim on a simulated dgx-h100 with 14 MIG
 # devices, collecting every second and scraped every SOAK_SCRAPE seconds,
 # for SOAK_SECONDS, sampling VmRSS and CPU time from /proc every second.
 SOAK_SECONDS ?= 600
@@ -25,9 +25,9 @@ SOAK_PORT    ?= 19400
 SOAK_MIG     := 1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb
 SOAK_ARGS    ?= --metrics-interval 1s
 
-soak-metrics: build ## run the agent SOAK_SECONDS (default 600) and print max RSS and average CPU%
+soak-metrics: build-sim ## run the agent SOAK_SECONDS (default 600) and print max RSS and average CPU%
 	@dir=$$(mktemp -d); \
-	$(BIN) demo --simulate "dgx-h100,mig=0:$(SOAK_MIG),mig=1:$(SOAK_MIG)" \
+	$(SIM_BIN) demo --simulate "dgx-h100,mig=0:$(SOAK_MIG),mig=1:$(SOAK_MIG)" \
 		--device-plugin-dir "$$dir" --metrics-address 127.0.0.1:$(SOAK_PORT) \
 		--sim-control-address "" --log-level warn $(SOAK_ARGS) >"$$dir/agent.log" 2>&1 & \
 	pid=$$!; trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf "$$dir"' EXIT; \

@@ -14,7 +14,7 @@ NVML_CALLS_FLAGS    ?= --mig-strategy mixed --taint-mode off --node-labels=false
 
 .PHONY: measure-nvml-calls
 
-measure-nvml-calls: build ## NVML calls/min of the running agent at steady state on simulated DGX H100 with MIG (NVML_CALLS_SECONDS, default 300)
-	cd test && $(GO) run ./cmd/nvmlcalls -agent $(abspath $(BIN)) \
+measure-nvml-calls: build-sim ## NVML calls/min of the running agent at steady state on simulated DGX H100 with MIG (NVML_CALLS_SECONDS, default 300)
+	cd test && $(GO) run ./cmd/nvmlcalls -agent $(abspath $(SIM_BIN)) \
 		-warmup $(NVML_CALLS_WARMUP)s -duration $(NVML_CALLS_SECONDS)s -top $(NVML_CALLS_TOP) -- \
 		--simulate '$(NVML_CALLS_SIMULATE)' $(NVML_CALLS_FLAGS)

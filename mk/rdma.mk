@@ -8,4 +8,4 @@ test-rdma: deps ## go test -race rdma/ and the simulator's NICs (netlink tests n
 	$(GO) test -race -count=1 -run 'NIC|PortState' ./sim
 
 measure-rdma-port-down: deps ## p50/p99 from a simulated port going down to Unhealthy on the running agent's rdma/ib ListAndWatch (20 samples per poll interval)
-	$(GO) test -count=1 -run '^$$' -bench PortDownToListAndWatch -benchtime 20x ./cmd/gpu-node-agent
+	$(GO) test -count=1 -run '^$$' -bench PortDownToListAndWatch -benchtime 20x ./agent

@@ -62,7 +62,7 @@ func NewDiscoverer(o *Owner, hostRoot string, log *slog.Logger) *Discoverer {
 // Discover is one discovery over lib (initialised) with the default call
 // timeout: for tools and tests. A process that rediscovers keeps one Owner
 // and one Discoverer.
-func Discover(lib nvml.Interface, hostRoot string, log *slog.Logger) (*topology.Node, error) {
+func Discover(lib Library, hostRoot string, log *slog.Logger) (*topology.Node, error) {
 	return NewDiscoverer(New(lib, Config{}, log), hostRoot, log).Discover(context.Background(), nil)
 }
 
@@ -74,7 +74,7 @@ func (x *Discoverer) Discover(ctx context.Context, previous *topology.Node) (*to
 	x.run.Lock()
 	defer x.run.Unlock()
 	var count int
-	if err := x.o.Lib(ctx, "DeviceGetCount", func(lib nvml.Interface) nvml.Return {
+	if err := x.o.Lib(ctx, "DeviceGetCount", func(lib Library) nvml.Return {
 		n, ret := lib.DeviceGetCount()
 		count = n
 		return ret
@@ -143,20 +143,20 @@ func ret(err error) nvml.Return {
 
 // call runs one NVML call on GPU uuid's lane and hands back its value when
 // the call finished (see finished).
-func call[T any](d *discovery, uuid, what string, fn func(nvml.Device) (T, nvml.Return)) (T, error) {
-	return finishedValue(fn, func(f func(nvml.Device) nvml.Return) error { return d.x.o.Do(d.ctx, uuid, what, f) })
+func call[T any](d *discovery, uuid, what string, fn func(Device) (T, nvml.Return)) (T, error) {
+	return finishedValue(fn, func(f func(Device) nvml.Return) error { return d.x.o.Do(d.ctx, uuid, what, f) })
 }
 
 // callIndex is call on the lane of GPU index i (handle by index).
-func callIndex[T any](d *discovery, i int, what string, fn func(nvml.Device) (T, nvml.Return)) (T, error) {
-	return finishedValue(fn, func(f func(nvml.Device) nvml.Return) error { return d.x.o.DoIndex(d.ctx, i, what, f) })
+func callIndex[T any](d *discovery, i int, what string, fn func(Device) (T, nvml.Return)) (T, error) {
+	return finishedValue(fn, func(f func(Device) nvml.Return) error { return d.x.o.DoIndex(d.ctx, i, what, f) })
 }
 
 // finishedValue runs fn through run and returns its value only when the call
 // finished: after a timeout fn may still be running and writing it.
-func finishedValue[T any](fn func(nvml.Device) (T, nvml.Return), run func(func(nvml.Device) nvml.Return) error) (T, error) {
+func finishedValue[T any](fn func(Device) (T, nvml.Return), run func(func(Device) nvml.Return) error) (T, error) {
 	var out T
-	err := run(func(dev nvml.Device) nvml.Return {
+	err := run(func(dev Device) nvml.Return {
 		v, r := fn(dev)
 		out = v
 		return r
@@ -224,7 +224,7 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 			g.UUID = topology.LostGPUID(i)
 		}
 	}()
-	uuid, err := callIndex(d, i, "GetUUID", func(dev nvml.Device) (string, nvml.Return) { return dev.GetUUID() })
+	uuid, err := callIndex(d, i, "GetUUID", func(dev Device) (string, nvml.Return) { return dev.GetUUID() })
 	if !finished(err) {
 		d.lost(&g, timeoutReason(err))
 		return g
@@ -235,7 +235,7 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 		d.lost(&g, strings.TrimPrefix(err.Error(), "nvml "))
 	}
 	g.UUID = uuid
-	pci, err := callIndex(d, i, "GetPciInfo", func(dev nvml.Device) (nvml.PciInfo, nvml.Return) { return dev.GetPciInfo() })
+	pci, err := callIndex(d, i, "GetPciInfo", func(dev Device) (nvml.PciInfo, nvml.Return) { return dev.GetPciInfo() })
 	if !finished(err) {
 		d.lost(&g, timeoutReason(err))
 		return g
@@ -250,21 +250,21 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 	if g.Lost {
 		return g
 	}
-	name, err := call(d, uuid, "GetName", func(dev nvml.Device) (string, nvml.Return) { return dev.GetName() })
+	name, err := call(d, uuid, "GetName", func(dev Device) (string, nvml.Return) { return dev.GetName() })
 	if ok, more := d.check(&g, "GetName", err); ok {
 		g.Model = name
 	} else if !more {
 		return g
 	}
 	var totalMemory uint64
-	mem, err := call(d, uuid, "GetMemoryInfo", func(dev nvml.Device) (nvml.Memory, nvml.Return) { return dev.GetMemoryInfo() })
+	mem, err := call(d, uuid, "GetMemoryInfo", func(dev Device) (nvml.Memory, nvml.Return) { return dev.GetMemoryInfo() })
 	if ok, more := d.check(&g, "GetMemoryInfo", err); ok {
 		totalMemory = mem.Total
 		g.MemoryMiB = mem.Total >> 20
 	} else if !more {
 		return g
 	}
-	minor, err := call(d, uuid, "GetMinorNumber", func(dev nvml.Device) (int, nvml.Return) { return dev.GetMinorNumber() })
+	minor, err := call(d, uuid, "GetMinorNumber", func(dev Device) (int, nvml.Return) { return dev.GetMinorNumber() })
 	if ok, more := d.check(&g, "GetMinorNumber", err); ok {
 		g.Minor = minor
 	} else if !more {
@@ -285,7 +285,7 @@ type migRead struct {
 // mig reads MIG mode and, when enabled, the MIG devices, in one batch on
 // the GPU's lane.
 func (d *discovery) mig(g *topology.GPU, parentMemory uint64) {
-	r, err := call(d, g.UUID, "MIG mode and devices", func(dev nvml.Device) (migRead, nvml.Return) {
+	r, err := call(d, g.UUID, "MIG mode and devices", func(dev Device) (migRead, nvml.Return) {
 		return d.readMIG(g.Index, dev, parentMemory), nvml.SUCCESS
 	})
 	if !finished(err) {
@@ -304,7 +304,7 @@ func (d *discovery) mig(g *topology.GPU, parentMemory uint64) {
 }
 
 // readMIG runs on the GPU's lane and touches nothing but its result.
-func (d *discovery) readMIG(index int, dev nvml.Device, parentMemory uint64) migRead {
+func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead {
 	var r migRead
 	current, _, ret := dev.GetMigMode()
 	if ret != nvml.SUCCESS {
@@ -433,7 +433,7 @@ func (d *discovery) links() {
 func (d *discovery) readLinks(a int) linkRead {
 	gpus := d.node.GPUs
 	uuid := gpus[a].UUID
-	r, err := call(d, uuid, "NVLink remote devices", func(dev nvml.Device) (linkRead, nvml.Return) {
+	r, err := call(d, uuid, "NVLink remote devices", func(dev Device) (linkRead, nvml.Return) {
 		return readNVLinks(a, dev), nvml.SUCCESS
 	})
 	if !finished(err) {
@@ -451,7 +451,7 @@ func (d *discovery) readLinks(a int) linkRead {
 			continue
 		}
 		other := gpus[b].UUID
-		lvl, err := call(d, uuid, "GetTopologyCommonAncestor", func(dev nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+		lvl, err := call(d, uuid, "GetTopologyCommonAncestor", func(dev Device) (nvml.GpuTopologyLevel, nvml.Return) {
 			// The other GPU's handle comes from the cache its own reads
 			// filled: looking it up here could hang on its lane's behalf.
 			h := d.x.o.cachedHandle(other)
@@ -477,7 +477,7 @@ func (d *discovery) readLinks(a int) linkRead {
 // readNVLinks counts a GPU's active NVLinks by what is at the far end:
 // links into an NVSwitch, and GPU-GPU links by the far end's bus ID. It
 // runs on the GPU's lane and touches nothing but its result.
-func readNVLinks(index int, dev nvml.Device) linkRead {
+func readNVLinks(index int, dev Device) linkRead {
 	var r linkRead
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
 		state, ret := dev.GetNvLinkState(l)

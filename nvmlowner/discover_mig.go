@@ -14,7 +14,7 @@ import (
 // rather than a device under a guessed name, as in go-nvlib's
 // migdevice.GetProfile. Errors wrap the nvml.Return, so a caller can tell
 // ERROR_GPU_IS_LOST.
-func migDevice(parent, md nvml.Device, idx int, parentMemory uint64) (topology.MIGDevice, error) {
+func migDevice(parent, md Device, idx int, parentMemory uint64) (topology.MIGDevice, error) {
 	m := topology.MIGDevice{Index: idx}
 	var ret nvml.Return
 	if m.UUID, ret = md.GetUUID(); ret != nvml.SUCCESS {
@@ -53,7 +53,7 @@ func migDevice(parent, md nvml.Device, idx int, parentMemory uint64) (topology.M
 // nvmlDeviceGetGpuInstanceProfileInfo reports for each enum value;
 // NOT_SUPPORTED or INVALID_ARGUMENT there means the GPU lacks that profile
 // (nvml.h).
-func migGPUInstanceProfile(parent nvml.Device, giID int) (int, error) {
+func migGPUInstanceProfile(parent Device, giID int) (int, error) {
 	gi, ret := parent.GetGpuInstanceById(giID)
 	if ret != nvml.SUCCESS {
 		return 0, fmt.Errorf("GetGpuInstanceById(%d): %w", giID, ret)

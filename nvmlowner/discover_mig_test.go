@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -107,7 +108,7 @@ func TestMIGDeviceProfileVariants(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMIGMock(tc.profile, tc.giSlices, tc.ciSlices, tc.memMiB)
-			got, err := migDevice(m.parent, m.md, 3, h100MemoryBytes)
+			got, err := migDevice(nvmlapi.WrapDevice(m.parent), nvmlapi.WrapDevice(m.md), 3, h100MemoryBytes)
 			if err != nil {
 				t.Fatalf("migDevice: %v", err)
 			}
@@ -155,7 +156,7 @@ func TestMIGDeviceProfileErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMIGMock(nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, 1, 9856)
 			tc.mutate(m)
-			got, err := migDevice(m.parent, m.md, 0, h100MemoryBytes)
+			got, err := migDevice(nvmlapi.WrapDevice(m.parent), nvmlapi.WrapDevice(m.md), 0, h100MemoryBytes)
 			if err == nil {
 				t.Fatalf("migDevice = %+v, want an error", got)
 			}
@@ -207,7 +208,7 @@ func TestDiscoverSkipsUnnamableMIG(t *testing.T) {
 			m := newMIGMock(nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, 1, 9856)
 			m.parent.GetGpuInstanceByIdFunc = func(int) (nvml.GpuInstance, nvml.Return) { return nil, tc.ret }
 			var logs bytes.Buffer
-			node, err := Discover(migLib(m), t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
+			node, err := Discover(nvmlapi.Wrap(migLib(m)), t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
 			if err != nil {
 				t.Fatalf("Discover: %v", err)
 			}

@@ -304,15 +304,15 @@ func TestDiscoverMIGNames(t *testing.T) {
 
 // lostLib fails every call for one GPU index's handle.
 type lostLib struct {
-	nvml.Interface
+	nvmlowner.Library
 	index int
 }
 
-func (l lostLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
+func (l lostLib) DeviceGetHandleByIndex(i int) (nvmlowner.Device, nvml.Return) {
 	if i == l.index {
 		return nil, nvml.ERROR_GPU_IS_LOST
 	}
-	return l.Interface.DeviceGetHandleByIndex(i)
+	return l.Library.DeviceGetHandleByIndex(i)
 }
 
 func TestDiscoverLostGPU(t *testing.T) {
@@ -324,7 +324,7 @@ func TestDiscoverLostGPU(t *testing.T) {
 	n := simulate(t, spec)
 	tests := []struct {
 		name     string
-		lib      nvml.Interface
+		lib      nvmlowner.Library
 		lost     int
 		wantUUID bool
 	}{

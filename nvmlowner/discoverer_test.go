@@ -17,13 +17,13 @@ import (
 
 // countingLib counts the NVML calls discovery makes, by name.
 type countingLib struct {
-	nvml.Interface
+	nvmlowner.Library
 	mu    sync.Mutex
 	calls map[string]int
 }
 
-func newCountingLib(lib nvml.Interface) *countingLib {
-	return &countingLib{Interface: lib, calls: map[string]int{}}
+func newCountingLib(lib nvmlowner.Library) *countingLib {
+	return &countingLib{Library: lib, calls: map[string]int{}}
 }
 
 func (c *countingLib) count(name string) {
@@ -46,21 +46,21 @@ func (c *countingLib) take() (map[string]int, int) {
 
 func (c *countingLib) DeviceGetCount() (int, nvml.Return) {
 	c.count("DeviceGetCount")
-	return c.Interface.DeviceGetCount()
+	return c.Library.DeviceGetCount()
 }
 
-func (c *countingLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
+func (c *countingLib) DeviceGetHandleByIndex(i int) (nvmlowner.Device, nvml.Return) {
 	c.count("DeviceGetHandleByIndex")
-	dev, ret := c.Interface.DeviceGetHandleByIndex(i)
+	dev, ret := c.Library.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	return countingDevice{dev, c}, ret
 }
 
-func (c *countingLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
+func (c *countingLib) DeviceGetHandleByUUID(uuid string) (nvmlowner.Device, nvml.Return) {
 	c.count("DeviceGetHandleByUUID")
-	dev, ret := c.Interface.DeviceGetHandleByUUID(uuid)
+	dev, ret := c.Library.DeviceGetHandleByUUID(uuid)
 	if ret != nvml.SUCCESS {
 		return nil, ret
 	}
@@ -68,7 +68,7 @@ func (c *countingLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Retu
 }
 
 type countingDevice struct {
-	nvml.Device
+	nvmlowner.Device
 	c *countingLib
 }
 
@@ -108,7 +108,7 @@ func (d countingDevice) GetNvLinkRemotePciInfo(l int) (nvml.PciInfo, nvml.Return
 	d.c.count("GetNvLinkRemotePciInfo")
 	return d.Device.GetNvLinkRemotePciInfo(l)
 }
-func (d countingDevice) GetTopologyCommonAncestor(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+func (d countingDevice) GetTopologyCommonAncestor(other nvmlowner.Device) (nvml.GpuTopologyLevel, nvml.Return) {
 	d.c.count("GetTopologyCommonAncestor")
 	if o, ok := other.(countingDevice); ok {
 		other = o.Device
@@ -180,31 +180,31 @@ func TestRediscoverReusesLinks(t *testing.T) {
 // hangLib makes one GPU's GetMemoryInfo block until release is closed, as
 // a GPU in a GSP timeout (XID 119) blocks NVML callers.
 type hangLib struct {
-	nvml.Interface
+	nvmlowner.Library
 	index   int
+	uuid    string // GPU index's
 	release chan struct{}
 	entered atomic.Int32
 }
 
-func (h *hangLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
-	dev, ret := h.Interface.DeviceGetHandleByIndex(i)
+func (h *hangLib) DeviceGetHandleByIndex(i int) (nvmlowner.Device, nvml.Return) {
+	dev, ret := h.Library.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
 		return dev, ret
 	}
 	return hangDevice{dev, h, i == h.index}, ret
 }
 
-func (h *hangLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
-	dev, ret := h.Interface.DeviceGetHandleByUUID(uuid)
+func (h *hangLib) DeviceGetHandleByUUID(uuid string) (nvmlowner.Device, nvml.Return) {
+	dev, ret := h.Library.DeviceGetHandleByUUID(uuid)
 	if ret != nvml.SUCCESS {
 		return dev, ret
 	}
-	i, _ := dev.GetIndex()
-	return hangDevice{dev, h, i == h.index}, ret
+	return hangDevice{dev, h, uuid == h.uuid}, ret
 }
 
 type hangDevice struct {
-	nvml.Device
+	nvmlowner.Device
 	h    *hangLib
 	hung bool
 }
@@ -218,7 +218,7 @@ func (d hangDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 }
 
 // GetTopologyCommonAncestor hands the simulator its own device.
-func (d hangDevice) GetTopologyCommonAncestor(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+func (d hangDevice) GetTopologyCommonAncestor(other nvmlowner.Device) (nvml.GpuTopologyLevel, nvml.Return) {
 	if o, ok := other.(hangDevice); ok {
 		other = o.Device
 	}
@@ -237,7 +237,7 @@ func TestDiscoverHungGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := simulate(t, spec)
-	lib := &hangLib{Interface: n.NVML(), index: 2, release: make(chan struct{})}
+	lib := &hangLib{Library: n.NVML(), index: 2, uuid: n.Spec().GPUs[2].UUID, release: make(chan struct{})}
 	defer func() {
 		select {
 		case <-lib.release:

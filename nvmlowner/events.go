@@ -104,15 +104,15 @@ type EventWatcher struct {
 	changed chan struct{}
 
 	// Watcher goroutine only.
-	set     nvml.EventSet
-	handles map[string]nvml.Device // GPUs registered on set, by UUID
-	active  map[string]bool        // registered and wanted
-	retry   map[string]bool        // wanted, registration to retry
-	nosup   map[string]bool        // wanted, events not supported
-	logged  map[string]bool        // no-data already logged, by call/uuid
-	failing bool                   // the last Wait (or build) failed
-	retryAt time.Time              // when a build or registrations are retried
-	idle    bool                   // no event sets here: wait for a GPU set change
+	set     EventSet
+	handles map[string]Device // GPUs registered on set, by UUID
+	active  map[string]bool   // registered and wanted
+	retry   map[string]bool   // wanted, registration to retry
+	nosup   map[string]bool   // wanted, events not supported
+	logged  map[string]bool   // no-data already logged, by call/uuid
+	failing bool              // the last Wait (or build) failed
+	retryAt time.Time         // when a build or registrations are retried
+	idle    bool              // no event sets here: wait for a GPU set change
 }
 
 // NewEventWatcher returns a watcher over o. Call SetGPUs and Run.
@@ -138,7 +138,7 @@ func NewEventWatcher(o *Owner, cfg EventConfig) *EventWatcher {
 	return &EventWatcher{
 		o: o, cfg: cfg, log: o.log.With("component", "nvml-events"),
 		want: map[string]bool{}, ready: make(chan struct{}), changed: make(chan struct{}, 1),
-		handles: map[string]nvml.Device{}, active: map[string]bool{}, retry: map[string]bool{},
+		handles: map[string]Device{}, active: map[string]bool{}, retry: map[string]bool{},
 		nosup: map[string]bool{}, logged: map[string]bool{},
 	}
 }
@@ -362,7 +362,7 @@ func (w *EventWatcher) rebuild(ctx context.Context, want map[string]bool, gen ui
 	}
 }
 
-func (w *EventWatcher) setSet(set nvml.EventSet) {
+func (w *EventWatcher) setSet(set EventSet) {
 	w.mu.Lock()
 	w.set = set
 	w.mu.Unlock()
@@ -372,12 +372,12 @@ func (w *EventWatcher) setSet(set nvml.EventSet) {
 // the set cannot be created or a registration leaves it undefined
 // (ERROR_UNKNOWN); a GPU that cannot be registered otherwise (lost, timed
 // out, gone) is left for a retry.
-func (w *EventWatcher) build(ctx context.Context, want map[string]bool) (nvml.EventSet, map[string]nvml.Device, error) {
+func (w *EventWatcher) build(ctx context.Context, want map[string]bool) (EventSet, map[string]Device, error) {
 	set, err := w.create(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	handles := map[string]nvml.Device{}
+	handles := map[string]Device{}
 	w.retryAt = time.Time{}
 	clear(w.active)
 	clear(w.retry)
@@ -423,11 +423,11 @@ func (w *EventWatcher) sync(ctx context.Context, want map[string]bool, gen uint6
 
 // create creates an event set on the library lane. A set created after
 // the call timed out is freed at once, not leaked.
-func (w *EventWatcher) create(ctx context.Context) (nvml.EventSet, error) {
+func (w *EventWatcher) create(ctx context.Context) (EventSet, error) {
 	var mu sync.Mutex
-	var created nvml.EventSet
+	var created EventSet
 	abandoned := false
-	err := w.o.Lib(ctx, "event set create", func(lib nvml.Interface) nvml.Return {
+	err := w.o.Lib(ctx, "event set create", func(lib Library) nvml.Return {
 		set, ret := lib.EventSetCreate()
 		mu.Lock()
 		defer mu.Unlock()
@@ -456,11 +456,11 @@ func (w *EventWatcher) create(ctx context.Context) (nvml.EventSet, error) {
 }
 
 // free frees set on the library lane.
-func (w *EventWatcher) free(ctx context.Context, set nvml.EventSet) {
+func (w *EventWatcher) free(ctx context.Context, set EventSet) {
 	if set == nil {
 		return
 	}
-	if err := w.o.Lib(ctx, "event set free", func(nvml.Interface) nvml.Return { return set.Free() }); err != nil {
+	if err := w.o.Lib(ctx, "event set free", func(Library) nvml.Return { return set.Free() }); err != nil {
 		w.log.Warn("freeing nvml event set", "err", err)
 	}
 }
@@ -470,17 +470,17 @@ func (w *EventWatcher) free(ctx context.Context, set nvml.EventSet) {
 // to handles. It fails only when a registration leaves the set undefined;
 // a GPU that does not support events is left out for good, one that is
 // lost, gone or hung is retried after the retry period.
-func (w *EventWatcher) registerAll(ctx context.Context, set nvml.EventSet, uuids []string, handles map[string]nvml.Device) error {
+func (w *EventWatcher) registerAll(ctx context.Context, set EventSet, uuids []string, handles map[string]Device) error {
 	type result struct {
-		dev nvml.Device
+		dev Device
 		err error
 	}
 	results := make([]result, len(uuids))
 	var wg sync.WaitGroup
 	for i, u := range uuids {
 		wg.Go(func() {
-			got := make(chan nvml.Device, 1)
-			err := w.o.Do(ctx, u, "register events", func(dev nvml.Device) nvml.Return {
+			got := make(chan Device, 1)
+			err := w.o.Do(ctx, u, "register events", func(dev Device) nvml.Return {
 				ret := dev.RegisterEvents(EventTypes, set)
 				if ret == nvml.ERROR_NOT_SUPPORTED {
 					// Nothing was registered (nvml.h); some GPUs
@@ -545,7 +545,7 @@ func (w *EventWatcher) noData(call, uuid string) {
 }
 
 // deliver identifies e's GPU and hands it on, unless the GPU has left.
-func (w *EventWatcher) deliver(e nvml.EventData) {
+func (w *EventWatcher) deliver(e EventData) {
 	ev := Event{UUID: w.uuidOf(e.Device), Type: e.EventType, Data: e.EventData,
 		GPUInstance: e.GpuInstanceId, ComputeInstance: e.ComputeInstanceId}
 	if ev.UUID != "" && !w.isWanted(ev.UUID) {
@@ -559,7 +559,7 @@ func (w *EventWatcher) deliver(e nvml.EventData) {
 // (no NVML call), then the handle's GetUUID. Real NVML never gives a nil
 // Device (go-nvml wraps the C handle, NULL included); GetUUID on a NULL
 // handle answers ERROR_INVALID_ARGUMENT, so the device is unknown ("").
-func (w *EventWatcher) uuidOf(dev nvml.Device) string {
+func (w *EventWatcher) uuidOf(dev Device) string {
 	if dev == nil {
 		return ""
 	}
@@ -579,7 +579,7 @@ func (w *EventWatcher) uuidOf(dev nvml.Device) string {
 
 // sameHandle compares two handles; an incomparable implementation (a
 // test double holding a func or map) is simply not equal.
-func sameHandle(a, b nvml.Device) (same bool) {
+func sameHandle(a, b Device) (same bool) {
 	defer func() {
 		if recover() != nil {
 			same = false
@@ -588,7 +588,7 @@ func sameHandle(a, b nvml.Device) (same bool) {
 	return a == b
 }
 
-func safeUUID(dev nvml.Device) (uuid string, ret nvml.Return) {
+func safeUUID(dev Device) (uuid string, ret nvml.Return) {
 	defer func() {
 		if recover() != nil {
 			uuid, ret = "", nvml.ERROR_UNKNOWN

@@ -11,6 +11,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -28,7 +30,7 @@ type watch struct {
 }
 
 // startWatcher runs a watcher over lib for uuids until the test ends.
-func startWatcher(t *testing.T, lib nvml.Interface, uuids ...string) *watch {
+func startWatcher(t *testing.T, lib Library, uuids ...string) *watch {
 	t.Helper()
 	w := &watch{clk: clocktesting.NewFakeClock(time.Now()), events: make(chan Event, 4096),
 		states: make(chan error, 256), noData: make(chan string, 256)}
@@ -116,7 +118,7 @@ func regLine(set int, uuid string, mask uint64, ret nvml.Return) string {
 
 func TestEventWatcherDecode(t *testing.T) {
 	f := newFakeEvents("GPU-0", "GPU-1")
-	w := startWatcher(t, f, "GPU-0", "GPU-1")
+	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0", "GPU-1")
 	w.ready(t)
 	sentinel := xid(f.devs["GPU-0"], 9999)
 	tests := []struct {
@@ -169,7 +171,7 @@ func TestEventWatcherDecode(t *testing.T) {
 // leave have their events dropped, and come back registered again.
 func TestEventWatcherKeepsSet(t *testing.T) {
 	f := newFakeEvents("GPU-0", "GPU-1", "GPU-2")
-	w := startWatcher(t, f, "GPU-0", "GPU-1")
+	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0", "GPU-1")
 	w.ready(t)
 	for range 1000 {
 		w.w.SetGPUs([]string{"GPU-1", "GPU-0"})
@@ -214,7 +216,7 @@ func TestEventWatcherKeepsSet(t *testing.T) {
 // and every GPU registered on it before the old set is freed.
 func TestEventWatcherRebuildNoGap(t *testing.T) {
 	f := newFakeEvents("GPU-0", "GPU-1", "GPU-2")
-	w := startWatcher(t, f, "GPU-0", "GPU-1", "GPU-2")
+	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0", "GPU-1", "GPU-2")
 	w.ready(t)
 	if err := w.state(t); err != nil {
 		t.Fatalf("first state %v, want nil", err)
@@ -251,7 +253,7 @@ func TestEventWatcherRebuildNoGap(t *testing.T) {
 // rebuilt in a loop: the second failure waits for the retry period.
 func TestEventWatcherWaitFailsAgain(t *testing.T) {
 	f := newFakeEvents("GPU-0")
-	w := startWatcher(t, f, "GPU-0")
+	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0")
 	w.ready(t)
 	f.set(func() { f.waitRet = nvml.ERROR_UNKNOWN })
 	waitFor(t, "the retry wait", w.clk.HasWaiters)
@@ -274,7 +276,7 @@ func TestEventWatcherWaitFailsAgain(t *testing.T) {
 // registers the lost GPU on the same set once it answers again.
 func TestEventWatcherWaitGPULost(t *testing.T) {
 	f := newFakeEvents("GPU-0", "GPU-1", "GPU-2")
-	w := startWatcher(t, f, "GPU-0", "GPU-1", "GPU-2")
+	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0", "GPU-1", "GPU-2")
 	w.ready(t)
 	f.set(func() { f.regRet["GPU-1"] = nvml.ERROR_GPU_IS_LOST })
 	f.current().fail <- nvml.ERROR_GPU_IS_LOST
@@ -308,7 +310,7 @@ func TestEventWatcherNotSupported(t *testing.T) {
 	t.Run("event set create", func(t *testing.T) {
 		f := newFakeEvents("GPU-0")
 		f.createRet = nvml.ERROR_NOT_SUPPORTED
-		w := startWatcher(t, f, "GPU-0")
+		w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0")
 		if got := bounded(t, "no data", w.noData); got != CallEventSetCreate+" " {
 			t.Fatalf("no data %q", got)
 		}
@@ -331,7 +333,7 @@ func TestEventWatcherNotSupported(t *testing.T) {
 		f := newFakeEvents("GPU-0", "GPU-1")
 		f.regRet["GPU-1"] = nvml.ERROR_NOT_SUPPORTED
 		f.xidRet["GPU-1"] = nvml.ERROR_NOT_SUPPORTED
-		w := startWatcher(t, f, "GPU-0", "GPU-1")
+		w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0", "GPU-1")
 		w.ready(t)
 		if got := bounded(t, "no data", w.noData); got != CallRegisterEvents+" GPU-1" {
 			t.Fatalf("no data %q", got)
@@ -345,7 +347,7 @@ func TestEventWatcherNotSupported(t *testing.T) {
 	t.Run("ECC events of a gpu: XIDs alone", func(t *testing.T) {
 		f := newFakeEvents("GPU-0")
 		f.regRet["GPU-0"] = nvml.ERROR_NOT_SUPPORTED
-		w := startWatcher(t, f, "GPU-0")
+		w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0")
 		w.ready(t)
 		if !slices.Contains(f.calls(), regLine(1, "GPU-0", nvml.EventTypeXidCriticalError, nvml.SUCCESS)) {
 			t.Fatalf("no XID-only registration: %q", f.calls())
@@ -365,7 +367,7 @@ func TestEventWatcherNotSupported(t *testing.T) {
 func TestEventWatcherRegisterUnknown(t *testing.T) {
 	f := newFakeEvents("GPU-0", "GPU-1")
 	f.regRet["GPU-1"] = nvml.ERROR_UNKNOWN
-	w := startWatcher(t, f, "GPU-0", "GPU-1")
+	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0", "GPU-1")
 	if err := w.state(t); !errors.Is(err, nvml.ERROR_UNKNOWN) {
 		t.Fatalf("state %v, want ERROR_UNKNOWN", err)
 	}

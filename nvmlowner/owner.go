@@ -32,7 +32,7 @@ type Config struct {
 // Owner owns one NVML library handle for the process. It is safe for
 // concurrent use.
 type Owner struct {
-	lib nvml.Interface
+	lib Library
 	cfg Config
 	log *slog.Logger
 
@@ -46,12 +46,12 @@ type Owner struct {
 	lanes map[string]*lane
 	// handles caches each GPU's handle by UUID; dropped when a lookup
 	// fails or the GPU leaves the set (SetGPUs).
-	handles map[string]nvml.Device
+	handles map[string]Device
 }
 
 // New returns an Owner over lib (nvml.New() in production, a simulated
 // library in tests). Nothing is called until Init.
-func New(lib nvml.Interface, cfg Config, log *slog.Logger) *Owner {
+func New(lib Library, cfg Config, log *slog.Logger) *Owner {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
@@ -64,7 +64,7 @@ func New(lib nvml.Interface, cfg Config, log *slog.Logger) *Owner {
 		log:     log,
 		libLane: newLane(),
 		lanes:   map[string]*lane{},
-		handles: map[string]nvml.Device{},
+		handles: map[string]Device{},
 	}
 }
 
@@ -74,18 +74,18 @@ func (o *Owner) CallTimeout() time.Duration { return o.cfg.CallTimeout }
 // Init initialises NVML, bounded by the call timeout. NVML counts
 // references: every successful Init needs one Shutdown.
 func (o *Owner) Init(ctx context.Context) error {
-	return o.Lib(ctx, "init", func(lib nvml.Interface) nvml.Return { return lib.Init() })
+	return o.Lib(ctx, "init", func(lib Library) nvml.Return { return lib.Init() })
 }
 
 // Shutdown balances one successful Init (bounded by the call timeout).
 func (o *Owner) Shutdown(ctx context.Context) error {
-	return o.Lib(ctx, "shutdown", func(lib nvml.Interface) nvml.Return { return lib.Shutdown() })
+	return o.Lib(ctx, "shutdown", func(lib Library) nvml.Return { return lib.Shutdown() })
 }
 
 // Lib runs fn with the library on the library lane: one call at a time,
 // each bounded by the call timeout. A non-SUCCESS return comes back as an
 // error wrapping the nvml.Return (errors.Is works with nvml.ERROR_*).
-func (o *Owner) Lib(ctx context.Context, what string, fn func(lib nvml.Interface) nvml.Return) error {
+func (o *Owner) Lib(ctx context.Context, what string, fn func(lib Library) nvml.Return) error {
 	return o.libLane.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return { return fn(o.lib) })
 }
 
@@ -96,7 +96,7 @@ func (o *Owner) Lib(ctx context.Context, what string, fn func(lib nvml.Interface
 // fn, so a hung GPU costs each caller at most one timeout and holds at most
 // one goroutine. The handle is looked up by UUID (cached until a lookup
 // fails or SetGPUs drops the GPU). what names the call for errors.
-func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev nvml.Device) nvml.Return) error {
+func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev Device) nvml.Return) error {
 	l := o.lane(uuid)
 	return l.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return {
 		dev, ret := o.handle(uuid)
@@ -119,7 +119,7 @@ func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev nvml.Devi
 // reload or a GPU falling off the bus) and never cached. Bounds and errors
 // are Do's; the lane of an index is not the lane of the GPU's UUID, so a
 // hung GPU can hold one goroutine on each.
-func (o *Owner) DoIndex(ctx context.Context, i int, what string, fn func(dev nvml.Device) nvml.Return) error {
+func (o *Owner) DoIndex(ctx context.Context, i int, what string, fn func(dev Device) nvml.Return) error {
 	l := o.lane(indexLane(i))
 	return l.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return {
 		dev, ret := o.lib.DeviceGetHandleByIndex(i)
@@ -136,7 +136,7 @@ func indexLane(i int) string { return fmt.Sprintf("#%d", i) }
 
 // cachedHandle is GPU uuid's handle if a call has looked it up, else nil.
 // It never calls NVML, so it is safe on another GPU's lane.
-func (o *Owner) cachedHandle(uuid string) nvml.Device {
+func (o *Owner) cachedHandle(uuid string) Device {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.handles[uuid]
@@ -185,7 +185,7 @@ func (o *Owner) lane(uuid string) *lane {
 }
 
 // handle runs on uuid's lane: the lookup itself may hang on a hung GPU.
-func (o *Owner) handle(uuid string) (nvml.Device, nvml.Return) {
+func (o *Owner) handle(uuid string) (Device, nvml.Return) {
 	o.mu.Lock()
 	dev := o.handles[uuid]
 	o.mu.Unlock()

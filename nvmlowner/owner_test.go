@@ -10,6 +10,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
 // fakeLib is a library of two GPUs whose handle lookups are counted.
@@ -47,14 +49,14 @@ func waitDone(t *testing.T, ch <-chan struct{}, what string) {
 
 func TestDoHungGPUDelaysNoOther(t *testing.T) {
 	f := newFakeLib()
-	o := New(f, Config{CallTimeout: 50 * time.Millisecond}, nil)
+	o := New(nvmlapi.Wrap(f), Config{CallTimeout: 50 * time.Millisecond}, nil)
 	release := make(chan struct{})
 	hungStarted := make(chan struct{})
 	var hungDone sync.WaitGroup
 	hungDone.Add(1)
 	go func() {
 		defer hungDone.Done()
-		err := o.Do(context.Background(), "GPU-a", "hang", func(nvml.Device) nvml.Return {
+		err := o.Do(context.Background(), "GPU-a", "hang", func(Device) nvml.Return {
 			close(hungStarted)
 			<-release
 			return nvml.SUCCESS
@@ -70,13 +72,13 @@ func TestDoHungGPUDelaysNoOther(t *testing.T) {
 	}
 	// Another GPU answers while GPU-a hangs.
 	for range 20 {
-		if err := o.Do(context.Background(), "GPU-b", "ok", func(nvml.Device) nvml.Return { return nvml.SUCCESS }); err != nil {
+		if err := o.Do(context.Background(), "GPU-b", "ok", func(Device) nvml.Return { return nvml.SUCCESS }); err != nil {
 			t.Fatalf("GPU-b while GPU-a hangs: %v", err)
 		}
 	}
 	// A second call on the hung GPU is refused without starting.
 	started := false
-	err := o.Do(context.Background(), "GPU-a", "second", func(nvml.Device) nvml.Return { started = true; return nvml.SUCCESS })
+	err := o.Do(context.Background(), "GPU-a", "second", func(Device) nvml.Return { started = true; return nvml.SUCCESS })
 	if !errors.Is(err, ErrTimeout) || started {
 		t.Fatalf("second call on hung GPU: err %v started %v, want ErrTimeout without starting", err, started)
 	}
@@ -84,7 +86,7 @@ func TestDoHungGPUDelaysNoOther(t *testing.T) {
 	// Once the hung call returns, the GPU answers again.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		err := o.Do(context.Background(), "GPU-a", "after", func(nvml.Device) nvml.Return { return nvml.SUCCESS })
+		err := o.Do(context.Background(), "GPU-a", "after", func(Device) nvml.Return { return nvml.SUCCESS })
 		if err == nil {
 			break
 		}
@@ -99,58 +101,58 @@ func TestDoHungGPUDelaysNoOther(t *testing.T) {
 
 func TestDoHandleByUUID(t *testing.T) {
 	f := newFakeLib()
-	o := New(f, Config{}, nil)
-	var got nvml.Device
+	o := New(nvmlapi.Wrap(f), Config{}, nil)
+	var got Device
 	for range 3 {
-		if err := o.Do(context.Background(), "GPU-b", "get", func(d nvml.Device) nvml.Return { got = d; return nvml.SUCCESS }); err != nil {
+		if err := o.Do(context.Background(), "GPU-b", "get", func(d Device) nvml.Return { got = d; return nvml.SUCCESS }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got != nvml.Device(f.devs["GPU-b"]) {
+	if got != nvmlapi.WrapDevice(f.devs["GPU-b"]) {
 		t.Fatal("Do handed over the wrong device")
 	}
 	if n := f.lookups.Load(); n != 1 {
 		t.Fatalf("%d handle lookups for 3 calls, want 1 (cached by UUID)", n)
 	}
 	// A call that says the handle is stale makes the next one look up again.
-	_ = o.Do(context.Background(), "GPU-b", "stale", func(nvml.Device) nvml.Return { return nvml.ERROR_INVALID_ARGUMENT })
-	_ = o.Do(context.Background(), "GPU-b", "get", func(nvml.Device) nvml.Return { return nvml.SUCCESS })
+	_ = o.Do(context.Background(), "GPU-b", "stale", func(Device) nvml.Return { return nvml.ERROR_INVALID_ARGUMENT })
+	_ = o.Do(context.Background(), "GPU-b", "get", func(Device) nvml.Return { return nvml.SUCCESS })
 	if n := f.lookups.Load(); n != 2 {
 		t.Fatalf("%d lookups after a stale handle, want 2", n)
 	}
 	// Unknown GPUs fail with NOT_FOUND, errors.Is-able.
-	err := o.Do(context.Background(), "GPU-x", "get", func(nvml.Device) nvml.Return { return nvml.SUCCESS })
+	err := o.Do(context.Background(), "GPU-x", "get", func(Device) nvml.Return { return nvml.SUCCESS })
 	if !errors.Is(err, nvml.ERROR_NOT_FOUND) {
 		t.Fatalf("unknown GPU: %v, want ERROR_NOT_FOUND", err)
 	}
 	// SetGPUs drops handles of GPUs that left.
 	o.SetGPUs([]string{"GPU-a"})
-	_ = o.Do(context.Background(), "GPU-b", "get", func(nvml.Device) nvml.Return { return nvml.SUCCESS })
+	_ = o.Do(context.Background(), "GPU-b", "get", func(Device) nvml.Return { return nvml.SUCCESS })
 	if n := f.lookups.Load(); n != 4 {
 		t.Fatalf("%d lookups after SetGPUs dropped GPU-b, want 4", n)
 	}
 }
 
 func TestDoPanicIsAnError(t *testing.T) {
-	o := New(newFakeLib(), Config{}, nil)
-	err := o.Do(context.Background(), "GPU-a", "boom", func(nvml.Device) nvml.Return { panic("unset mock") })
+	o := New(nvmlapi.Wrap(newFakeLib()), Config{}, nil)
+	err := o.Do(context.Background(), "GPU-a", "boom", func(Device) nvml.Return { panic("unset mock") })
 	if !errors.Is(err, nvml.ERROR_UNKNOWN) {
 		t.Fatalf("panicking call: %v, want ERROR_UNKNOWN", err)
 	}
-	if err := o.Do(context.Background(), "GPU-a", "after", func(nvml.Device) nvml.Return { return nvml.SUCCESS }); err != nil {
+	if err := o.Do(context.Background(), "GPU-a", "after", func(Device) nvml.Return { return nvml.SUCCESS }); err != nil {
 		t.Fatalf("lane not released after a panic: %v", err)
 	}
 }
 
 func TestLibCanceled(t *testing.T) {
-	o := New(newFakeLib(), Config{CallTimeout: time.Hour}, nil)
+	o := New(nvmlapi.Wrap(newFakeLib()), Config{CallTimeout: time.Hour}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	release := make(chan struct{})
 	defer close(release)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := o.Lib(ctx, "block", func(nvml.Interface) nvml.Return { <-release; return nvml.SUCCESS })
+		err := o.Lib(ctx, "block", func(Library) nvml.Return { <-release; return nvml.SUCCESS })
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("canceled call: %v", err)
 		}

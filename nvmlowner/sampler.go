@@ -200,7 +200,7 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 	}
 	if len(targets) > 0 {
 		var count int
-		snap.LibErr = s.o.Lib(ctx, "device count", func(lib nvml.Interface) nvml.Return {
+		snap.LibErr = s.o.Lib(ctx, "device count", func(lib Library) nvml.Return {
 			var ret nvml.Return
 			count, ret = lib.DeviceGetCount()
 			return ret
@@ -273,7 +273,7 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 		mu   sync.Mutex
 		done *Sample
 	)
-	err := s.o.Do(ctx, t.UUID, "sample", func(dev nvml.Device) nvml.Return {
+	err := s.o.Do(ctx, t.UUID, "sample", func(dev Device) nvml.Return {
 		r := &Sample{UUID: t.UUID, Time: out.Time}
 		ret := readSample(dev, t, r, s.linkBound(t.UUID))
 		if ret == nvml.SUCCESS {
@@ -301,7 +301,7 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 // readSample reads every field of one GPU. It returns non-SUCCESS only
 // when the GPU as a whole is gone (GPU_IS_LOST), which makes the sample's
 // Err; a field that fails otherwise fails alone.
-func readSample(dev nvml.Device, t Target, r *Sample, links int) nvml.Return {
+func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
 	v := &r.Values
 	lost := false
 	note := func(ret nvml.Return) nvml.Return {
@@ -404,7 +404,7 @@ func readSample(dev nvml.Device, t Target, r *Sample, links int) nvml.Return {
 
 // readFieldValues reads, in one call, what NVML exposes only as field
 // values. Each field carries its own return code.
-func readFieldValues(dev nvml.Device, v *[NumFields]Value, note func(nvml.Return) nvml.Return) {
+func readFieldValues(dev Device, v *[NumFields]Value, note func(nvml.Return) nvml.Return) {
 	fvs := []nvml.FieldValue{
 		{FieldId: nvml.FI_DEV_MEMORY_TEMP},
 		{FieldId: nvml.FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL},
@@ -435,7 +435,7 @@ func readFieldValues(dev nvml.Device, v *[NumFields]Value, note func(nvml.Return
 // readLinks reads the NVLinks below max that exist: state and the four DL
 // error counters, each on its own (one unsupported counter drops only
 // itself).
-func readLinks(dev nvml.Device, note func(nvml.Return) nvml.Return, max int) []Link {
+func readLinks(dev Device, note func(nvml.Return) nvml.Return, max int) []Link {
 	var links []Link
 	for l := range max {
 		state, ret := dev.GetNvLinkState(l)
@@ -462,7 +462,7 @@ func readLinks(dev nvml.Device, note func(nvml.Return) nvml.Return, max int) []L
 // readRecoveries reads, in one field-values call, the NVLink5 recovery
 // event count of every up link whose DL error counters the GPU does not
 // support (Blackwell and later).
-func readRecoveries(dev nvml.Device, links []Link, note func(nvml.Return) nvml.Return) {
+func readRecoveries(dev Device, links []Link, note func(nvml.Return) nvml.Return) {
 	var fvs []nvml.FieldValue
 	var idx []int
 	for i, l := range links {

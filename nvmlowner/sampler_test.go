@@ -9,6 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -101,7 +102,7 @@ func TestSamplerHungGPU(t *testing.T) {
 		}
 	}
 	defer close(release)
-	o := New(f, Config{CallTimeout: 100 * time.Millisecond}, nil)
+	o := New(nvmlapi.Wrap(f), Config{CallTimeout: 100 * time.Millisecond}, nil)
 	s := NewSampler(o, SamplerConfig{})
 	s.SetTargets([]Target{{UUID: "GPU-a"}, {UUID: "GPU-b"}})
 	snap := s.SampleNow(context.Background())

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
 // archCase is what a built-in profile's GPUs are and answer.
@@ -74,7 +76,7 @@ func TestArchSupport(t *testing.T) {
 			if ret != nvml.SUCCESS {
 				t.Fatal(ret)
 			}
-			if arch, ret := dev.GetArchitecture(); ret != nvml.SUCCESS || arch != tc.arch {
+			if arch, ret := mockOf(dev).GetArchitecture(); ret != nvml.SUCCESS || arch != tc.arch {
 				t.Fatalf("GetArchitecture: %v %v, want %v", archName(arch), ret, archName(tc.arch))
 			}
 			for _, cause := range []nvml.PageRetirementCause{
@@ -82,18 +84,13 @@ func TestArchSupport(t *testing.T) {
 			} {
 				_, ret := dev.GetRetiredPages(cause)
 				wantRet(t, "GetRetiredPages", ret, tc.retired)
-				_, _, ret = dev.GetRetiredPages_v2(cause)
+				_, _, ret = mockOf(dev).GetRetiredPages_v2(cause)
 				wantRet(t, "GetRetiredPages_v2", ret, tc.retired)
 			}
 			_, ret = dev.GetRetiredPagesPendingStatus()
 			wantRet(t, "GetRetiredPagesPendingStatus", ret, tc.retired)
-			// The library entry points answer as the device does.
-			_, ret = lib.DeviceGetRetiredPagesPendingStatus(dev)
-			wantRet(t, "DeviceGetRetiredPagesPendingStatus", ret, tc.retired)
 			_, _, _, _, ret = dev.GetRemappedRows()
 			wantRet(t, "GetRemappedRows", ret, tc.remap)
-			_, _, _, _, ret = lib.DeviceGetRemappedRows(dev)
-			wantRet(t, "DeviceGetRemappedRows", ret, tc.remap)
 			if tc.nvlinks {
 				for _, c := range []nvml.NvLinkErrorCounter{
 					nvml.NVLINK_ERROR_DL_REPLAY, nvml.NVLINK_ERROR_DL_RECOVERY, nvml.NVLINK_ERROR_DL_CRC_FLIT, nvml.NVLINK_ERROR_DL_CRC_DATA,
@@ -257,7 +254,7 @@ func TestUnprivileged(t *testing.T) {
 			lib := n.NVML()
 			parent, _ := lib.DeviceGetHandleByIndex(0)
 			other, _ := lib.DeviceGetHandleByIndex(1)
-			var migDev nvml.Device
+			var migDev nvmlapi.Device
 			if migCapable {
 				var ret nvml.Return
 				if migDev, ret = parent.GetMigDeviceHandleByIndex(0); ret != nvml.SUCCESS {
@@ -297,21 +294,20 @@ func TestUnprivileged(t *testing.T) {
 			}
 			answers := []answer{
 				{"GetMemoryInfo on gpu 0", func() nvml.Return { _, r := parent.GetMemoryInfo(); return r }, nvml.SUCCESS, migCapable},
-				{"DeviceGetMemoryInfo on gpu 0", func() nvml.Return { _, r := lib.DeviceGetMemoryInfo(parent); return r }, nvml.SUCCESS, migCapable},
 				{"GetMemoryInfo on gpu 1 (no MIG)", func() nvml.Return { _, r := other.GetMemoryInfo(); return r }, nvml.SUCCESS, false},
 				{"GetGpuInstanceById", func() nvml.Return { _, r := parent.GetGpuInstanceById(giID); return r }, migRet(nvml.SUCCESS), migCapable},
-				{"GetGpuInstances", func() nvml.Return { i := profileInfo(); _, r := parent.GetGpuInstances(&i); return r }, migRet(nvml.SUCCESS), migCapable},
+				{"GetGpuInstances", func() nvml.Return { i := profileInfo(); _, r := mockOf(parent).GetGpuInstances(&i); return r }, migRet(nvml.SUCCESS), migCapable},
 				{"GetGpuInstanceProfileInfo", func() nvml.Return {
 					_, r := parent.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
 					return r
 				}, migRet(nvml.SUCCESS), false},
-				{"CreateGpuInstance", func() nvml.Return { i := profileInfo(); _, r := parent.CreateGpuInstance(&i); return r }, notMIG, migCapable},
-				{"SetMigMode", func() nvml.Return { _, r := parent.SetMigMode(nvml.DEVICE_MIG_DISABLE); return r }, notMIG, migCapable},
-				{"SetMigMode activation status", func() nvml.Return { r, _ := parent.SetMigMode(nvml.DEVICE_MIG_DISABLE); return r }, notMIG, migCapable},
-				{"SetPersistenceMode", func() nvml.Return { return other.SetPersistenceMode(nvml.FEATURE_ENABLED) }, nvml.ERROR_NOT_SUPPORTED, true},
-				{"DeviceSetComputeMode", func() nvml.Return { return lib.DeviceSetComputeMode(other, nvml.COMPUTEMODE_DEFAULT) }, nvml.ERROR_NOT_SUPPORTED, true},
-				{"ClearEccErrorCounts", func() nvml.Return { return other.ClearEccErrorCounts(nvml.VOLATILE_ECC) }, nvml.ERROR_NOT_SUPPORTED, true},
-				{"SetGpuLockedClocks", func() nvml.Return { return other.SetGpuLockedClocks(1000, 1500) }, nvml.ERROR_NOT_SUPPORTED, true},
+				{"CreateGpuInstance", func() nvml.Return { i := profileInfo(); _, r := mockOf(parent).CreateGpuInstance(&i); return r }, notMIG, migCapable},
+				{"SetMigMode", func() nvml.Return { _, r := mockOf(parent).SetMigMode(nvml.DEVICE_MIG_DISABLE); return r }, notMIG, migCapable},
+				{"SetMigMode activation status", func() nvml.Return { r, _ := mockOf(parent).SetMigMode(nvml.DEVICE_MIG_DISABLE); return r }, notMIG, migCapable},
+				{"SetPersistenceMode", func() nvml.Return { return mockOf(other).SetPersistenceMode(nvml.FEATURE_ENABLED) }, nvml.ERROR_NOT_SUPPORTED, true},
+				{"SetComputeMode", func() nvml.Return { return mockOf(other).SetComputeMode(nvml.COMPUTEMODE_DEFAULT) }, nvml.ERROR_NOT_SUPPORTED, true},
+				{"ClearEccErrorCounts", func() nvml.Return { return mockOf(other).ClearEccErrorCounts(nvml.VOLATILE_ECC) }, nvml.ERROR_NOT_SUPPORTED, true},
+				{"SetGpuLockedClocks", func() nvml.Return { return mockOf(other).SetGpuLockedClocks(1000, 1500) }, nvml.ERROR_NOT_SUPPORTED, true},
 				// nvml.h does not restrict page retirement queries.
 				{"GetRetiredPages", func() nvml.Return {
 					_, r := other.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)

@@ -5,12 +5,79 @@ import (
 )
 
 // callCounts counts the NVML calls made through a node's handles, by
-// method: one atomic counter per method of nvml.Interface and nvml.Device
-// (the generated direct_gen.go increments them), so counting costs an
+// method: one atomic counter per method of nvmlapi.Library, nvmlapi.Device
+// and nvmlapi.EventSet (direct.go increments them), so counting costs an
 // atomic add and its memory is fixed however long the agent runs.
 type callCounts struct {
 	lib [numLibCalls]atomic.Uint64
 	dev [numDeviceCalls]atomic.Uint64
+}
+
+// The library calls, counted under go-nvml's nvml.Interface names (an
+// event set's Wait and Free as EventSetWait and EventSetFree).
+const (
+	libInit = iota
+	libShutdown
+	libDeviceGetCount
+	libDeviceGetHandleByIndex
+	libDeviceGetHandleByUUID
+	libEventSetCreate
+	libEventSetWait
+	libEventSetFree
+	numLibCalls
+)
+
+var libCallNames = [numLibCalls]string{
+	"Init", "Shutdown", "DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetHandleByUUID",
+	"EventSetCreate", "EventSetWait", "EventSetFree",
+}
+
+// The device calls, counted under their nvml.Device names.
+const (
+	devGetUUID = iota
+	devGetPciInfo
+	devGetName
+	devGetMemoryInfo
+	devGetMinorNumber
+	devGetTopologyCommonAncestor
+	devGetNvLinkState
+	devGetNvLinkRemoteDeviceType
+	devGetNvLinkRemotePciInfo
+	devGetMigMode
+	devGetMaxMigDeviceCount
+	devGetMigDeviceHandleByIndex
+	devGetGpuInstanceId
+	devGetComputeInstanceId
+	devGetAttributes
+	devGetGpuInstanceById
+	devGetGpuInstanceProfileInfo
+	devRegisterEvents
+	devGetUtilizationRates
+	devGetClockInfo
+	devGetTemperature
+	devGetPowerUsage
+	devGetTotalEnergyConsumption
+	devGetPcieReplayCounter
+	devGetFieldValues
+	devGetEccMode
+	devGetTotalEccErrors
+	devGetRetiredPages
+	devGetRetiredPagesPendingStatus
+	devGetRemappedRows
+	devGetGpuFabricInfo
+	devGetNvLinkErrorCounter
+	numDeviceCalls
+)
+
+var deviceCallNames = [numDeviceCalls]string{
+	"GetUUID", "GetPciInfo", "GetName", "GetMemoryInfo", "GetMinorNumber", "GetTopologyCommonAncestor",
+	"GetNvLinkState", "GetNvLinkRemoteDeviceType", "GetNvLinkRemotePciInfo",
+	"GetMigMode", "GetMaxMigDeviceCount", "GetMigDeviceHandleByIndex", "GetGpuInstanceId",
+	"GetComputeInstanceId", "GetAttributes", "GetGpuInstanceById", "GetGpuInstanceProfileInfo",
+	"RegisterEvents",
+	"GetUtilizationRates", "GetClockInfo", "GetTemperature", "GetPowerUsage", "GetTotalEnergyConsumption",
+	"GetPcieReplayCounter", "GetFieldValues", "GetEccMode", "GetTotalEccErrors", "GetRetiredPages",
+	"GetRetiredPagesPendingStatus", "GetRemappedRows", "GetGpuFabricInfo", "GetNvLinkErrorCounter",
 }
 
 // count counts one call of library method k (an index into libCallNames).
@@ -78,10 +145,8 @@ func (g *gpuGate) setHang(on bool) {
 // NVML since New, by method name, for measurements: library calls under
 // their nvml.Interface names (DeviceGetCount, EventSetWait, ...), device
 // calls, of GPUs and MIG devices alike, under their nvml.Device names
-// (GetUUID, GetMemoryInfo, ...). A library call that takes a device
-// (DeviceGetUUID(d)) counts once, under its library name. Methods never
-// called are left out. GPU and compute instance methods (go-nvml's own mock
-// objects) are not counted.
+// (GetUUID, GetMemoryInfo, ...). Methods never called are left out. GPU
+// instance methods (go-nvml's own mock objects) are not counted.
 func (n *Node) NVMLCalls() map[string]uint64 {
 	out := map[string]uint64{}
 	for k := range n.calls.lib {

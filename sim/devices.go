@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -89,54 +88,6 @@ func pciInfo(busID string, deviceID uint32) nvml.PciInfo {
 func copyCString(dst []int8, s string) {
 	for i := 0; i < len(s) && i < len(dst)-1; i++ {
 		dst[i] = int8(s[i])
-	}
-}
-
-// normalizeBusID turns any NVML or sysfs spelling of a bus ID into
-// "dddd:bb:dd.f", lower case.
-func normalizeBusID(s string) string {
-	var dom, bus, dev, fn uint32
-	if _, err := fmt.Sscanf(strings.TrimSpace(s), "%x:%x:%x.%x", &dom, &bus, &dev, &fn); err != nil {
-		return strings.ToLower(s)
-	}
-	return fmt.Sprintf("%04x:%02x:%02x.%x", dom, bus, dev, fn)
-}
-
-// installServer replaces the lookups of the mock server that need to know
-// about bus ID spellings and MIG devices.
-func (n *Node) installServer() {
-	s := n.srv
-	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if i < 0 || i >= len(n.devices) {
-			return nil, nvml.ERROR_INVALID_ARGUMENT
-		}
-		return n.handle(i), nvml.SUCCESS
-	}
-	s.DeviceGetHandleByPciBusIdFunc = func(busID string) (nvml.Device, nvml.Return) {
-		want := normalizeBusID(busID)
-		for i, g := range n.gpus {
-			if g.busID == want {
-				return n.handle(i), nvml.SUCCESS
-			}
-		}
-		return nil, nvml.ERROR_NOT_FOUND
-	}
-	s.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
-		for i, d := range n.devices {
-			if d.UUID == uuid {
-				return n.handle(i), nvml.SUCCESS
-			}
-		}
-		n.mu.RLock()
-		defer n.mu.RUnlock()
-		for _, g := range n.gpus {
-			for _, m := range g.mig {
-				if m.info.UUID == uuid {
-					return n.migHandle(g.index, m.dev), nvml.SUCCESS
-				}
-			}
-		}
-		return nil, nvml.ERROR_NOT_FOUND
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
 // Fault kinds accepted by POST/DELETE /faults.
@@ -72,7 +74,7 @@ func pageAddress(k int) uint64 { return 0x7f000 + uint64(k)*0x1000 }
 // installFaults gives every GPU healthy readings for what the health
 // checks read (ECC on with zero counts, no remaps or retired pages, NVLink
 // error counters at zero) and the node an NVML event set fed by injected
-// faults. It wraps the library calls that an NVML failure breaks.
+// faults. The library calls that an NVML failure breaks are in direct.go.
 func (n *Node) installFaults() {
 	fs := &faultState{gpus: make([]gpuFaults, len(n.devices)), sets: map[*eventSet]struct{}{}, failed: make(chan struct{})}
 	n.faults = fs
@@ -82,7 +84,7 @@ func (n *Node) installFaults() {
 	// ERROR_INVALID_ARGUMENT (nvml.h: "if device is invalid").
 	null := &mock.Device{}
 	fillWith(null, nvml.ERROR_INVALID_ARGUMENT)
-	n.nullDevice = directDevice{m: null, g: &gpuGate{calls: n.calls, gpu: noDevice}}
+	n.nullDevice = device{m: null, g: &gpuGate{calls: n.calls, gpu: noDevice}}
 
 	for i, d := range n.devices {
 		read := func() (gpuFaults, bool) {
@@ -178,10 +180,11 @@ func (n *Node) installFaults() {
 			return 0, nvml.SUCCESS
 		}
 		d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
-			es, ok := set.(*eventSet)
+			s, ok := set.(nvmlSet)
 			if !ok {
 				return nvml.ERROR_INVALID_ARGUMENT
 			}
+			es := s.es
 			fs.mu.Lock()
 			defer fs.mu.Unlock()
 			if fs.nvmlFailed {
@@ -194,103 +197,6 @@ func (n *Node) installFaults() {
 			return nvml.EventTypeXidCriticalError | nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError, nvml.SUCCESS
 		}
 	}
-
-	s := n.srv
-	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		fs.mu.Lock()
-		defer fs.mu.Unlock()
-		if fs.nvmlFailed {
-			return nil, nvml.ERROR_UNKNOWN
-		}
-		es := &eventSet{fs: fs, calls: n.calls, ch: make(chan nvml.EventData, 256), masks: map[int]uint64{}}
-		fs.sets[es] = struct{}{}
-		return es, nvml.SUCCESS
-	}
-	// An NVML failure breaks the library itself: wrap the calls everything
-	// else starts from.
-	failing := func() bool {
-		fs.mu.Lock()
-		defer fs.mu.Unlock()
-		return fs.nvmlFailed
-	}
-	init, count := s.InitFunc, s.DeviceGetCountFunc
-	byIndex, byUUID, byBus := s.DeviceGetHandleByIndexFunc, s.DeviceGetHandleByUUIDFunc, s.DeviceGetHandleByPciBusIdFunc
-	s.InitFunc = func() nvml.Return {
-		if failing() {
-			return nvml.ERROR_UNKNOWN
-		}
-		return init()
-	}
-	s.DeviceGetCountFunc = func() (int, nvml.Return) {
-		if failing() {
-			return 0, nvml.ERROR_UNKNOWN
-		}
-		c, ret := count()
-		if ret == nvml.SUCCESS {
-			c = n.listedCount()
-		}
-		return c, ret
-	}
-	// The lookups see only the GPUs NVML lists (nvml.h
-	// nvmlDeviceGetHandleByIndex_v2: INVALID_ARGUMENT "if index is invalid";
-	// ByUUID and ByPciBusId: NOT_FOUND "if device doesn't exist"), and one
-	// that finds a hung GPU hangs with it.
-	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if failing() {
-			return nil, nvml.ERROR_UNKNOWN
-		}
-		gpu, ok := n.gpuAtListedIndex(i)
-		if !ok {
-			return nil, nvml.ERROR_INVALID_ARGUMENT
-		}
-		d, ret := byIndex(gpu)
-		return n.resolved(d, ret, nvml.ERROR_INVALID_ARGUMENT)
-	}
-	s.DeviceGetHandleByUUIDFunc = func(u string) (nvml.Device, nvml.Return) {
-		if failing() {
-			return nil, nvml.ERROR_UNKNOWN
-		}
-		d, ret := byUUID(u)
-		return n.resolved(d, ret, nvml.ERROR_NOT_FOUND)
-	}
-	s.DeviceGetHandleByPciBusIdFunc = func(b string) (nvml.Device, nvml.Return) {
-		if failing() {
-			return nil, nvml.ERROR_UNKNOWN
-		}
-		d, ret := byBus(b)
-		return n.resolved(d, ret, nvml.ERROR_NOT_FOUND)
-	}
-	// The library forms of the event set's calls, so that they are counted
-	// once, under their own names.
-	s.EventSetWaitFunc = func(set nvml.EventSet, timeoutms uint32) (nvml.EventData, nvml.Return) {
-		es, ok := set.(*eventSet)
-		if !ok {
-			return nvml.EventData{}, nvml.ERROR_INVALID_ARGUMENT
-		}
-		return es.wait(timeoutms)
-	}
-	s.EventSetFreeFunc = func(set nvml.EventSet) nvml.Return {
-		es, ok := set.(*eventSet)
-		if !ok {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		return es.free()
-	}
-}
-
-// resolved finishes a handle lookup that found d: a GPU that NVML does not
-// list is notFound, and a hung GPU (or a MIG device of one) holds the
-// lookup until the hang is cleared.
-func (n *Node) resolved(d nvml.Device, ret, notFound nvml.Return) (nvml.Device, nvml.Return) {
-	dd, ok := d.(directDevice)
-	if ret != nvml.SUCCESS || !ok || dd.g == nil || dd.g.gpu < 0 {
-		return d, ret
-	}
-	if !n.isListed(dd.g.gpu) {
-		return nil, notFound
-	}
-	dd.g.wait()
-	return d, ret
 }
 
 // setFieldUint32 stores v as an unsigned int field value.
@@ -306,24 +212,24 @@ func setFieldUint32(fv *nvml.FieldValue, v uint32) {
 type eventSet struct {
 	fs    *faultState
 	calls *callCounts
-	ch    chan nvml.EventData
+	ch    chan nvmlapi.EventData
 	masks map[int]uint64 // GPU index -> registered event types; fs.mu
 }
 
 // Wait returns the next event, ERROR_TIMEOUT after timeoutms, or
 // ERROR_UNKNOWN while NVML is failed. A hung GPU does not hold it: the
 // event set is the library's, not a GPU's.
-func (es *eventSet) Wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
-	es.calls.count(libCallEventSetWait)
+func (es *eventSet) Wait(timeoutms uint32) (nvmlapi.EventData, nvml.Return) {
+	es.calls.count(libEventSetWait)
 	return es.wait(timeoutms)
 }
 
-func (es *eventSet) wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
+func (es *eventSet) wait(timeoutms uint32) (nvmlapi.EventData, nvml.Return) {
 	es.fs.mu.Lock()
 	failed, failedCh := es.fs.nvmlFailed, es.fs.failed
 	es.fs.mu.Unlock()
 	if failed {
-		return nvml.EventData{}, nvml.ERROR_UNKNOWN
+		return nvmlapi.EventData{}, nvml.ERROR_UNKNOWN
 	}
 	t := time.NewTimer(time.Duration(timeoutms) * time.Millisecond)
 	defer t.Stop()
@@ -331,15 +237,15 @@ func (es *eventSet) wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
 	case e := <-es.ch:
 		return e, nvml.SUCCESS
 	case <-failedCh:
-		return nvml.EventData{}, nvml.ERROR_UNKNOWN
+		return nvmlapi.EventData{}, nvml.ERROR_UNKNOWN
 	case <-t.C:
-		return nvml.EventData{}, nvml.ERROR_TIMEOUT
+		return nvmlapi.EventData{}, nvml.ERROR_TIMEOUT
 	}
 }
 
 // Free unregisters the set.
 func (es *eventSet) Free() nvml.Return {
-	es.calls.count(libCallEventSetFree)
+	es.calls.count(libEventSetFree)
 	return es.free()
 }
 
@@ -349,8 +255,6 @@ func (es *eventSet) free() nvml.Return {
 	delete(es.fs.sets, es)
 	return nvml.SUCCESS
 }
-
-var _ nvml.EventSet = (*eventSet)(nil)
 
 // registered says whether the set takes events of type typ for gpu (for
 // noDevice: on any GPU). Caller holds fs.mu.
@@ -375,7 +279,7 @@ func (n *Node) deliver(fs *faultState, gpu int, typ, data uint64, gi, ci uint32)
 	if gpu != noDevice {
 		dev = n.handle(gpu)
 	}
-	e := nvml.EventData{Device: dev, EventType: typ, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci}
+	e := nvmlapi.EventData{Device: dev, EventType: typ, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	sent := false

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
 func newFaultNode(t *testing.T, opts ...ProfileOption) *Node {
@@ -41,7 +43,7 @@ func mustFault(t *testing.T, n *Node, method, body string) {
 
 // eventSetOn creates an event set with every health event registered on
 // GPU gpu.
-func eventSetOn(t *testing.T, lib nvml.Interface, gpu int) nvml.EventSet {
+func eventSetOn(t *testing.T, lib nvmlapi.Library, gpu int) nvmlapi.EventSet {
 	t.Helper()
 	set, ret := lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
@@ -52,7 +54,7 @@ func eventSetOn(t *testing.T, lib nvml.Interface, gpu int) nvml.EventSet {
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if ret := lib.DeviceRegisterEvents(dev, nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError, set); ret != nvml.SUCCESS {
+	if ret := dev.RegisterEvents(nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError, set); ret != nvml.SUCCESS {
 		t.Fatalf("RegisterEvents: %v", ret)
 	}
 	return set
@@ -87,35 +89,35 @@ func TestFaultReadings(t *testing.T) {
 		name  string
 		fault string
 		// bad reports whether the fault is visible through NVML on GPU 2.
-		bad func(lib nvml.Interface, dev nvml.Device) bool
+		bad func(lib nvmlapi.Library, dev nvmlapi.Device) bool
 		// profile is the node's profile when not dgx-h100.
 		profile string
 	}{
-		{"ecc-dbe", `{"kind":"ecc-dbe","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
+		{"ecc-dbe", `{"kind":"ecc-dbe","gpu":2}`, func(_ nvmlapi.Library, d nvmlapi.Device) bool {
 			c, _ := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
 			return c == 1
 		}, ""},
-		{"row-remap-pending", `{"kind":"row-remap-pending","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
+		{"row-remap-pending", `{"kind":"row-remap-pending","gpu":2}`, func(_ nvmlapi.Library, d nvmlapi.Device) bool {
 			_, _, p, _, _ := d.GetRemappedRows()
 			return p
 		}, ""},
-		{"row-remap-failure", `{"kind":"row-remap-failure","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
+		{"row-remap-failure", `{"kind":"row-remap-failure","gpu":2}`, func(_ nvmlapi.Library, d nvmlapi.Device) bool {
 			_, _, _, f, _ := d.GetRemappedRows()
 			return f
 		}, ""},
-		{"retired-pages-pending", `{"kind":"retired-pages-pending","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
+		{"retired-pages-pending", `{"kind":"retired-pages-pending","gpu":2}`, func(_ nvmlapi.Library, d nvmlapi.Device) bool {
 			s, _ := d.GetRetiredPagesPendingStatus()
 			return s == nvml.FEATURE_ENABLED
 		}, "dgx-1v"}, // page retirement is pre-Ampere (arch.go)
-		{"gpu-lost", `{"kind":"gpu-lost","gpu":2}`, func(_ nvml.Interface, d nvml.Device) bool {
+		{"gpu-lost", `{"kind":"gpu-lost","gpu":2}`, func(_ nvmlapi.Library, d nvmlapi.Device) bool {
 			_, ret := d.GetMemoryInfo()
 			return ret == nvml.ERROR_GPU_IS_LOST
 		}, ""},
-		{"nvlink-down", `{"kind":"nvlink-down","gpu":2,"link":5}`, func(_ nvml.Interface, d nvml.Device) bool {
+		{"nvlink-down", `{"kind":"nvlink-down","gpu":2,"link":5}`, func(_ nvmlapi.Library, d nvmlapi.Device) bool {
 			s, _ := d.GetNvLinkState(5)
 			return s == nvml.FEATURE_DISABLED
 		}, ""},
-		{"nvml-failure", `{"kind":"nvml-failure","gpu":0}`, func(lib nvml.Interface, _ nvml.Device) bool {
+		{"nvml-failure", `{"kind":"nvml-failure","gpu":0}`, func(lib nvmlapi.Library, _ nvmlapi.Device) bool {
 			_, ret := lib.DeviceGetCount()
 			_, ret2 := lib.EventSetCreate()
 			return ret == nvml.ERROR_UNKNOWN && ret2 == nvml.ERROR_UNKNOWN && lib.Init() == nvml.ERROR_UNKNOWN
@@ -260,9 +262,6 @@ func TestFaultEventAttribution(t *testing.T) {
 				// go-nvml wraps NVML's NULL handle: every call on it fails.
 				if _, ret := e.Device.GetUUID(); ret != nvml.ERROR_INVALID_ARGUMENT {
 					t.Errorf("GetUUID of the event's device: %v, want ERROR_INVALID_ARGUMENT", ret)
-				}
-				if _, ret := lib.DeviceGetUUID(e.Device); ret != nvml.ERROR_INVALID_ARGUMENT {
-					t.Errorf("DeviceGetUUID of the event's device: %v, want ERROR_INVALID_ARGUMENT", ret)
 				}
 				if _, ret := e.Device.GetMemoryInfo(); ret != nvml.ERROR_INVALID_ARGUMENT {
 					t.Errorf("GetMemoryInfo of the event's device: %v, want ERROR_INVALID_ARGUMENT", ret)

@@ -62,7 +62,6 @@ func TestHang(t *testing.T) {
 			}{
 				{"GetUUID", func() nvml.Return { _, r := dev1.GetUUID(); return r }},
 				{"GetMemoryInfo", func() nvml.Return { _, r := dev1.GetMemoryInfo(); return r }},
-				{"DeviceGetUUID", func() nvml.Return { _, r := lib.DeviceGetUUID(dev1); return r }},
 				{"MIG GetMemoryInfo", func() nvml.Return { _, r := mig.GetMemoryInfo(); return r }},
 				{"DeviceGetHandleByIndex", func() nvml.Return { _, r := lib.DeviceGetHandleByIndex(1); return r }},
 				{"DeviceGetHandleByUUID", func() nvml.Return { _, r := lib.DeviceGetHandleByUUID(spec.GPUs[1].UUID); return r }},
@@ -70,7 +69,6 @@ func TestHang(t *testing.T) {
 					_, r := lib.DeviceGetHandleByUUID(spec.GPUs[1].MIG[0].UUID)
 					return r
 				}},
-				{"DeviceGetHandleByPciBusId", func() nvml.Return { _, r := lib.DeviceGetHandleByPciBusId(spec.GPUs[1].PCIBusID); return r }},
 			}
 			type result struct {
 				name string

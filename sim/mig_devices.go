@@ -60,7 +60,8 @@ func (n *Node) installMIG(i int) {
 		if !g.migEnabled || idx >= len(g.mig) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
-		return n.migHandle(i, g.mig[idx].dev), nvml.SUCCESS
+		// The mock device; the handle wraps it (direct.go).
+		return g.mig[idx].dev, nvml.SUCCESS
 	}
 	d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 		if !capable {
@@ -140,12 +141,12 @@ func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, e
 		}
 		info.Index = k
 		gi := server.NewGpuInstanceFromInfo(nvml.GpuInstanceInfo{
-			Device:    n.handle(i),
+			Device:    &n.devices[i].Device,
 			Id:        uint32(info.GPUInstance),
 			ProfileId: p.gi.Id,
 		}, g.cfg.MIGProfiles)
 		ci := server.NewComputeInstanceFromInfo(nvml.ComputeInstanceInfo{
-			Device:      n.handle(i),
+			Device:      &n.devices[i].Device,
 			GpuInstance: gi,
 			Id:          uint32(info.ComputeInstance),
 			ProfileId:   p.ci.Id,
@@ -198,7 +199,7 @@ func (n *Node) installMIGDevice(i int, m *migDevice) {
 	info := m.info
 	d.GetUUIDFunc = func() (string, nvml.Return) { return info.UUID, nvml.SUCCESS }
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return true, nvml.SUCCESS }
-	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return n.handle(i), nvml.SUCCESS }
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return &n.devices[i].Device, nvml.SUCCESS }
 	d.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return info.GPUInstance, nvml.SUCCESS }
 	d.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return info.ComputeInstance, nvml.SUCCESS }
 	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) { return m.attrs, nvml.SUCCESS }

@@ -8,11 +8,13 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
 // recoveryAction reads FI_DEV_GET_GPU_RECOVERY_ACTION of d, together with
 // a field counters.go answers, so the field-values chain is checked too.
-func recoveryAction(t *testing.T, d nvml.Device) nvml.DeviceGpuRecoveryAction {
+func recoveryAction(t *testing.T, d nvmlapi.Device) nvml.DeviceGpuRecoveryAction {
 	t.Helper()
 	fvs := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}, {FieldId: nvml.FI_DEV_MEMORY_TEMP}}
 	if ret := d.GetFieldValues(fvs); ret != nvml.SUCCESS {
@@ -29,8 +31,8 @@ func recoveryAction(t *testing.T, d nvml.Device) nvml.DeviceGpuRecoveryAction {
 }
 
 func TestDriverVersionHasRecoveryAction(t *testing.T) {
-	lib := newFaultNode(t).NVML()
-	v, ret := lib.SystemGetDriverVersion()
+	// Not the agent's NVML: the mock server's own answer.
+	v, ret := newFaultNode(t).srv.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
@@ -93,41 +95,41 @@ func TestGPUReset(t *testing.T) {
 		faults  []string
 		// before and after check GPU 1 with the faults in place and after
 		// a gpu-reset.
-		before, after func(t *testing.T, d nvml.Device)
+		before, after func(t *testing.T, d nvmlapi.Device)
 	}{
 		{
 			name: "volatile ecc back to zero, aggregate kept", profile: "dgx-h100",
 			faults: []string{`{"kind":"ecc-dbe","gpu":1}`, `{"kind":"ecc-dbe","gpu":1}`},
-			before: func(t *testing.T, d nvml.Device) { wantECC(t, d, 2, 2) },
-			after:  func(t *testing.T, d nvml.Device) { wantECC(t, d, 0, 2) },
+			before: func(t *testing.T, d nvmlapi.Device) { wantECC(t, d, 2, 2) },
+			after:  func(t *testing.T, d nvmlapi.Device) { wantECC(t, d, 0, 2) },
 		},
 		{
 			name: "pending row remap carried out", profile: "dgx-h100",
 			faults: []string{`{"kind":"row-remap-pending","gpu":1}`},
-			before: func(t *testing.T, d nvml.Device) { wantRemap(t, d, 1, true, false) },
-			after:  func(t *testing.T, d nvml.Device) { wantRemap(t, d, 1, false, false) },
+			before: func(t *testing.T, d nvmlapi.Device) { wantRemap(t, d, 1, true, false) },
+			after:  func(t *testing.T, d nvmlapi.Device) { wantRemap(t, d, 1, false, false) },
 		},
 		{
 			name: "row remap failure is permanent", profile: "dgx-h100",
 			faults: []string{`{"kind":"row-remap-failure","gpu":1}`},
-			before: func(t *testing.T, d nvml.Device) { wantRemap(t, d, 1, false, true) },
-			after:  func(t *testing.T, d nvml.Device) { wantRemap(t, d, 1, false, true) },
+			before: func(t *testing.T, d nvmlapi.Device) { wantRemap(t, d, 1, false, true) },
+			after:  func(t *testing.T, d nvmlapi.Device) { wantRemap(t, d, 1, false, true) },
 		},
 		{
 			name: "pending page retired", profile: "dgx-1v",
 			faults: []string{`{"kind":"retired-pages-pending","gpu":1}`},
-			before: func(t *testing.T, d nvml.Device) { wantRetired(t, d, nvml.FEATURE_ENABLED, 1) },
-			after:  func(t *testing.T, d nvml.Device) { wantRetired(t, d, nvml.FEATURE_DISABLED, 1) },
+			before: func(t *testing.T, d nvmlapi.Device) { wantRetired(t, d, nvml.FEATURE_ENABLED, 1) },
+			after:  func(t *testing.T, d nvmlapi.Device) { wantRetired(t, d, nvml.FEATURE_DISABLED, 1) },
 		},
 		{
 			name: "lost gpu answers again", profile: "dgx-h100",
 			faults: []string{`{"kind":"gpu-lost","gpu":1}`},
-			before: func(t *testing.T, d nvml.Device) {
+			before: func(t *testing.T, d nvmlapi.Device) {
 				if _, ret := d.GetMemoryInfo(); ret != nvml.ERROR_GPU_IS_LOST {
 					t.Errorf("GetMemoryInfo on a lost gpu: %v", ret)
 				}
 			},
-			after: func(t *testing.T, d nvml.Device) {
+			after: func(t *testing.T, d nvmlapi.Device) {
 				if _, ret := d.GetMemoryInfo(); ret != nvml.SUCCESS {
 					t.Errorf("GetMemoryInfo after reset: %v", ret)
 				}
@@ -136,8 +138,8 @@ func TestGPUReset(t *testing.T) {
 		{
 			name: "nvlinks up again", profile: "dgx-h100",
 			faults: []string{`{"kind":"nvlink-down","gpu":1,"link":3}`, `{"kind":"nvlink-down","gpu":1,"link":7}`},
-			before: func(t *testing.T, d nvml.Device) { wantLinks(t, d, nvml.FEATURE_DISABLED) },
-			after:  func(t *testing.T, d nvml.Device) { wantLinks(t, d, nvml.FEATURE_ENABLED) },
+			before: func(t *testing.T, d nvmlapi.Device) { wantLinks(t, d, nvml.FEATURE_DISABLED) },
+			after:  func(t *testing.T, d nvmlapi.Device) { wantLinks(t, d, nvml.FEATURE_ENABLED) },
 		},
 	}
 	for _, tc := range tests {
@@ -162,7 +164,7 @@ func TestGPUResetIsNotClearable(t *testing.T) {
 	}
 }
 
-func wantECC(t *testing.T, d nvml.Device, volatile, aggregate uint64) {
+func wantECC(t *testing.T, d nvmlapi.Device, volatile, aggregate uint64) {
 	t.Helper()
 	v, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
 	a, ret2 := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC)
@@ -174,7 +176,7 @@ func wantECC(t *testing.T, d nvml.Device, volatile, aggregate uint64) {
 	}
 }
 
-func wantRemap(t *testing.T, d nvml.Device, unc int, pending, failed bool) {
+func wantRemap(t *testing.T, d nvmlapi.Device, unc int, pending, failed bool) {
 	t.Helper()
 	_, u, p, f, ret := d.GetRemappedRows()
 	if ret != nvml.SUCCESS || u != unc || p != pending || f != failed {
@@ -182,7 +184,7 @@ func wantRemap(t *testing.T, d nvml.Device, unc int, pending, failed bool) {
 	}
 }
 
-func wantRetired(t *testing.T, d nvml.Device, pending nvml.EnableState, pages int) {
+func wantRetired(t *testing.T, d nvmlapi.Device, pending nvml.EnableState, pages int) {
 	t.Helper()
 	st, ret := d.GetRetiredPagesPendingStatus()
 	got, ret2 := d.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
@@ -191,7 +193,7 @@ func wantRetired(t *testing.T, d nvml.Device, pending nvml.EnableState, pages in
 	}
 }
 
-func wantLinks(t *testing.T, d nvml.Device, want nvml.EnableState) {
+func wantLinks(t *testing.T, d nvmlapi.Device, want nvml.EnableState) {
 	t.Helper()
 	var got []nvml.EnableState
 	for _, l := range []int{3, 7} {

@@ -15,11 +15,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-// Node is a simulated GPU node: an nvml.Interface and a host root whose
-// sysfs and /dev agree with it.
+// Node is a simulated GPU node: the agent's NVML (nvmlapi.Library) and a
+// host root whose sysfs and /dev agree with it.
 //
 // Concurrency: NVML calls may come from any goroutine while the layout
 // changes. All mutable simulator state is guarded by mu. The XxxFunc fields
@@ -52,7 +53,7 @@ type Node struct {
 	// NVML raises without one (faults.go).
 	calls      *callCounts
 	gates      []*gpuGate
-	nullDevice nvml.Device
+	nullDevice nvmlapi.Device
 	arch       *archState // set by installArch (arch.go)
 }
 
@@ -172,7 +173,6 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 		})
 	}
 	n.wireNVLinks()
-	n.installServer()
 	for i := range n.devices {
 		n.installDevice(i)
 	}
@@ -201,14 +201,13 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 		fillUnsupported(&d.Device)
 		n.wrapLost(&d.Device, i)
 	}
-	fillInterface(&srv.Interface)
 	log.Info("simulated node ready", "gpus", len(spec.GPUs), "links", len(spec.Links), "nics", len(spec.NICs), "hostRoot", hostRoot)
 	return n, nil
 }
 
 // NVML returns the simulated NVML library. Init and Shutdown succeed and may
 // be called any number of times.
-func (n *Node) NVML() nvml.Interface { return directLib{m: &n.srv.Interface, c: n.calls} }
+func (n *Node) NVML() nvmlapi.Library { return library{n} }
 
 // HostRoot is the directory holding the simulated /sys and /dev.
 func (n *Node) HostRoot() string { return n.hostRoot }
@@ -284,7 +283,8 @@ func (n *Node) gpuSpec(i int) topology.GPU {
 // It is not the NVML handle: NVML() hands out handles that call these
 // functions directly (n.handle(i) inside the package), and anything that
 // gives a device back to NVML callers (an event's Device, say) should use
-// that handle so that it compares equal to theirs.
+// that handle so that it compares equal to theirs. Tests read the calls
+// the agent does not make (nvmlapi.Device) from here.
 func (n *Node) Device(i int) *server.Device {
 	if i < 0 || i >= len(n.devices) {
 		return nil

@@ -298,7 +298,7 @@ func TestMIGInstancesConsistent(t *testing.T) {
 		if ret != nvml.SUCCESS {
 			continue
 		}
-		gis, ret := d.GetGpuInstances(&info)
+		gis, ret := mockOf(d).GetGpuInstances(&info)
 		if ret != nvml.SUCCESS {
 			t.Fatalf("GetGpuInstances(profile %d) = %v", id, ret)
 		}
@@ -312,10 +312,10 @@ func TestMIGInstancesConsistent(t *testing.T) {
 		if ret != nvml.SUCCESS {
 			t.Fatalf("mig %d: %v", i, ret)
 		}
-		if isMIG, _ := m.IsMigDeviceHandle(); !isMIG {
+		if isMIG, _ := mockOf(m).IsMigDeviceHandle(); !isMIG {
 			t.Errorf("mig %d: IsMigDeviceHandle false", i)
 		}
-		if parent, ret := m.GetDeviceHandleFromMigDeviceHandle(); ret != nvml.SUCCESS || parent != d {
+		if parent, ret := mockOf(m).GetDeviceHandleFromMigDeviceHandle(); ret != nvml.SUCCESS || parent != nvml.Device(mockOf(d)) {
 			t.Errorf("mig %d: parent handle %v, %v", i, parent, ret)
 		}
 		giID, _ := m.GetGpuInstanceId()
@@ -330,7 +330,7 @@ func TestMIGInstancesConsistent(t *testing.T) {
 		if profile.SliceCount != attrs.GpuInstanceSliceCount || profile.MemorySizeMB != attrs.MemorySizeMB {
 			t.Errorf("mig %d: gi profile %d slices/%d MiB, attributes %d/%d", i, profile.SliceCount, profile.MemorySizeMB, attrs.GpuInstanceSliceCount, attrs.MemorySizeMB)
 		}
-		ci, ret := gi.GetComputeInstanceById(ciID)
+		ci, ret := gi.(nvml.GpuInstance).GetComputeInstanceById(ciID)
 		if ret != nvml.SUCCESS {
 			t.Fatalf("mig %d: GetComputeInstanceById(%d) = %v", i, ciID, ret)
 		}
@@ -346,7 +346,7 @@ func TestMIGInstancesConsistent(t *testing.T) {
 	if _, ret := d.GetMigDeviceHandleByIndex(4); ret != nvml.ERROR_NOT_FOUND {
 		t.Errorf("GetMigDeviceHandleByIndex(4) = %v, want ERROR_NOT_FOUND", ret)
 	}
-	if _, ret := d.CreateGpuInstance(&nvml.GpuInstanceProfileInfo{}); ret != nvml.ERROR_NOT_SUPPORTED {
+	if _, ret := mockOf(d).CreateGpuInstance(&nvml.GpuInstanceProfileInfo{}); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("CreateGpuInstance = %v; layouts change only through SetMIGLayout", ret)
 	}
 }

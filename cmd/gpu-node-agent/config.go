@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -22,7 +21,6 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
-	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
 // envPrefix prefixes every option's environment variable: --mig-strategy is
@@ -95,7 +93,7 @@ type MetricsSection struct {
 // defaults is the configuration before any file, env or flag.
 func defaults() Config {
 	return Config{
-		SimControlAddress:  "127.0.0.1:9402",
+		SimControlAddress:  defaultSimControlAddress,
 		DevicePluginDir:    "/var/lib/kubelet/device-plugins",
 		HostRoot:           "/",
 		StateDir:           defaultStateDir,
@@ -282,22 +280,7 @@ func (c *Config) Validate() error {
 	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
 		add("state-dir", "%q is not an absolute path", c.StateDir)
 	}
-	if c.Simulate != "" {
-		if spec, err := parseSimulate(c.Simulate); err != nil {
-			add("simulate", "%v", err)
-		} else if spec.file != "" {
-			if _, err := os.Stat(spec.file); err != nil {
-				add("simulate", "snapshot %v", err)
-			}
-		} else if !slices.Contains(sim.Profiles(), spec.profile) {
-			add("simulate", "unknown profile %q (known: %s)", spec.profile, strings.Join(sim.Profiles(), ", "))
-		}
-		if c.SimControlAddress != "" {
-			if err := loopbackAddress(c.SimControlAddress); err != nil {
-				add("sim-control-address", "%v", err)
-			}
-		}
-	}
+	c.validateSimulate(add)
 	if c.NVMLCallTimeout.Duration < 10*time.Millisecond {
 		add("nvml-call-timeout", "%s is below 10ms", c.NVMLCallTimeout.Duration)
 	}
@@ -327,16 +310,6 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// gpuConfig is the part of the configuration package gpu needs.
-func (c *Config) gpuConfig(hostRoot string) gpu.Config {
-	return gpu.Config{
-		MIGStrategy:        c.MIGStrategy,
-		DeviceListStrategy: c.DeviceListStrategy,
-		PassDeviceSpecs:    c.PassDeviceSpecs,
-		HostRoot:           hostRoot,
-	}
-}
-
 // defaultStateDir is --state-dir's default.
 const defaultStateDir = "/var/lib/gpu-node-agent"
 
@@ -357,15 +330,6 @@ func (c *Config) healthConfig(hostRoot string) health.Config {
 // kubeClient is the API client's rate limit.
 func (c *Config) kubeClient() kubeapi.ClientConfig {
 	return kubeapi.ClientConfig{QPS: c.KubeAPIQPS, Burst: c.KubeAPIBurst}
-}
-
-// taintMode is the tainter's mode after defaults (on when unset).
-func (c *Config) taintMode() string { return c.Taint.WithDefaults().Mode }
-
-// needsAPI says whether anything talks to the API server: only with a
-// node name, and only for tainting or labels.
-func (c *Config) needsAPI() bool {
-	return c.NodeName != "" && (c.taintMode() != kubeapi.TaintOff || c.NodeLabels)
 }
 
 func parseLevel(s string) (slog.Level, error) {

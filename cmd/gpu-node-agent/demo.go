@@ -1,3 +1,5 @@
+//go:build simulator
+
 package main
 
 import (

@@ -1,6 +1,8 @@
 // Command gpu-node-agent serves a node's GPUs (whole and MIG) to the
-// kubelet as device-plugin resources, on real NVML or a simulated node.
-// main only wires: configuration, logging, hardware, resources, servers.
+// kubelet as device-plugin resources, on real NVML. Built with -tags
+// simulator (gpu-node-agent-sim) it also runs on a simulated node
+// (--simulate, demo); the product binary has no simulator code. main only
+// wires: configuration, logging, hardware, then package agent runs it all.
 package main
 
 import (

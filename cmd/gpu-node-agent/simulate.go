@@ -1,10 +1,18 @@
+//go:build simulator
+
 package main
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/gpu-node-agent/gpu-node-agent/agent"
+	"github.com/gpu-node-agent/gpu-node-agent/agent/simhw"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -102,4 +110,56 @@ func (s simSpec) String() string {
 		return "snapshot " + s.file
 	}
 	return s.profile
+}
+
+// defaultSimControlAddress is --sim-control-address's default.
+const defaultSimControlAddress = "127.0.0.1:9402"
+
+// validateSimulate checks --simulate and --sim-control-address.
+func (c *Config) validateSimulate(add func(name, format string, a ...any)) {
+	if c.Simulate == "" {
+		return
+	}
+	if spec, err := parseSimulate(c.Simulate); err != nil {
+		add("simulate", "%v", err)
+	} else if spec.file != "" {
+		if _, err := os.Stat(spec.file); err != nil {
+			add("simulate", "snapshot %v", err)
+		}
+	} else if !slices.Contains(sim.Profiles(), spec.profile) {
+		add("simulate", "unknown profile %q (known: %s)", spec.profile, strings.Join(sim.Profiles(), ", "))
+	}
+	if c.SimControlAddress != "" {
+		if err := loopbackAddress(c.SimControlAddress); err != nil {
+			add("sim-control-address", "%v", err)
+		}
+	}
+}
+
+// openHardware opens what cfg says: a simulated node with --simulate, real
+// NVML otherwise. With the default host root the simulated tree goes into
+// a new temporary directory that Close removes. Errors are configuration
+// errors (a bad profile or snapshot).
+func openHardware(cfg *Config, log *slog.Logger) (agent.Hardware, error) {
+	if cfg.Simulate == "" {
+		return openNVML(cfg, log), nil
+	}
+	spec, err := parseSimulate(cfg.Simulate)
+	if err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	// Build the model first: a bad profile or layout fails before any
+	// directory is created.
+	model, err := spec.node()
+	if err != nil {
+		return nil, err
+	}
+	return simhw.Open(simhw.Options{
+		Model:          model,
+		Name:           spec.String(),
+		HostRoot:       cfg.HostRoot,
+		NVML:           nvmlowner.Config{CallTimeout: cfg.NVMLCallTimeout.Duration},
+		ControlAddress: cfg.SimControlAddress,
+		Logger:         log,
+	})
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 
+	"github.com/gpu-node-agent/gpu-node-agent/agent"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -21,6 +24,9 @@ func runTopology(args []string, stdout, stderr io.Writer) int {
 				return 0
 			}
 			fmt.Fprintf(stderr, "gpu-node-agent topology dump: %v\n", err)
+			if errors.Is(err, errNoSimulator) {
+				return 2
+			}
 			return 1
 		}
 		return 0
@@ -61,14 +67,15 @@ func runTopologyDump(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer hw.close()
-	node, err := hw.discover()
+	defer hw.Close()
+	node, err := hw.Discover()
 	if err != nil {
 		return err
 	}
 	// The NICs and their distance to each GPU, as the agent models them.
-	nics := openNICs(cfg.RDMA, hw, log)
-	defer nics.close()
-	nics.addToNode(node)
+	s, ok := hw.(agent.Simulator)
+	nics := rdma.OpenNICs(cfg.RDMA, rdma.NICsOptions{Root: hw.HostRoot(), Simulated: ok && s.Simulated(), Logger: log})
+	defer nics.Close()
+	nics.AddToNode(node)
 	return topology.WriteSnapshot(stdout, node)
 }

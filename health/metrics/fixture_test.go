@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -168,10 +169,18 @@ func testLogger(tb testing.TB) *slog.Logger { return slog.New(slog.NewTextHandle
 // depends on how fast the machine is.
 const patientTimeout = time.Minute
 
-// newSampler initialises lib through an NVML owner with call timeout
-// callTimeout and returns a sampler targeting node's GPUs and MIG devices.
-// Tests drive it with SampleNow, never Run, so cycles are deterministic.
+// newSampler initialises lib (go-nvml's mocks, as the real library through
+// nvmlapi.Wrap) through an NVML owner with call timeout callTimeout and
+// returns a sampler targeting node's GPUs and MIG devices. Tests drive it
+// with SampleNow, never Run, so cycles are deterministic.
 func newSampler(tb testing.TB, lib nvml.Interface, node *topology.Node, callTimeout time.Duration) *nvmlowner.Sampler {
+	tb.Helper()
+	return newLibSampler(tb, nvmlapi.Wrap(lib), node, callTimeout)
+}
+
+// newLibSampler is newSampler over the agent's NVML interface (a simulated
+// node's).
+func newLibSampler(tb testing.TB, lib nvmlowner.Library, node *topology.Node, callTimeout time.Duration) *nvmlowner.Sampler {
 	tb.Helper()
 	owner := nvmlowner.New(lib, nvmlowner.Config{CallTimeout: callTimeout}, discardLogger())
 	if err := owner.Init(context.Background()); err != nil {

@@ -35,7 +35,7 @@ func newSimCollector(tb testing.TB, reg prometheus.Registerer) (*Collector, *sim
 	if err != nil {
 		tb.Fatalf("sim.New: %v", err)
 	}
-	c, err := NewCollector(newSampler(tb, node.NVML(), node.Spec(), patientTimeout), Config{Hostname: "sim-node"}, reg, testLogger(tb))
+	c, err := NewCollector(newLibSampler(tb, node.NVML(), node.Spec(), patientTimeout), Config{Hostname: "sim-node"}, reg, testLogger(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}

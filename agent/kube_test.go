@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"io"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -32,13 +33,19 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	cfg.DevicePluginDir = dir
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = freeAddr(t)
-	cfg.RescanInterval.Duration = 0
+	cfg.RescanInterval = 0
 	cfg.NodeName = "gpu-node-1"
 	cfg.Taint.Mode = kubeapi.TaintOn
 	cfg.Health.RecoveryPeriod = time.Second
 	cfg.Health.DCGMMode = "off"
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	tries := 0
+	cfg.KubeRetry = 50 * time.Millisecond
+	cfg.KubeClients = func() (kubeapi.Clients, error) {
+		if tries++; tries == 1 {
+			return kubeapi.Clients{}, os.ErrNotExist // no API access at start
+		}
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
@@ -46,15 +53,6 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	}
 	if a.node == nil {
 		t.Fatal("no node object with a node name and tainting on")
-	}
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
-	tries := 0
-	a.node.retry = 50 * time.Millisecond
-	a.node.newClient = func() (kubeapi.Clients, error) {
-		if tries++; tries == 1 {
-			return kubeapi.Clients{}, os.ErrNotExist // no API access at start
-		}
-		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	ctx, _ := startAgent(t, a)
 
@@ -79,7 +77,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		n := getNode()
 		return n.Annotations[kubeapi.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
 	})
-	want := topology.Labels(a.rec.current().node, cfg.MIGStrategy)
+	want := topology.Labels(a.rec.current().node, cfg.GPU.MIGStrategy)
 	n := getNode()
 	for k, v := range want {
 		if n.Labels[k] != v {
@@ -140,8 +138,7 @@ func TestNoteNVML(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hw := &hardware{hostRoot: tc.root}
-			noteNVML(mon, hw, errNVMLUnavailable)
+			noteNVML(mon, health.Config{}, tc.root, nil, nvmlowner.ErrUnavailable, nil)
 			fit, why := mon.NodeFit()
 			if fit != tc.wantFit {
 				t.Fatalf("fit = %v (%v), want %v", fit, why, tc.wantFit)
@@ -150,8 +147,8 @@ func TestNoteNVML(t *testing.T) {
 				t.Errorf("reasons %v", why)
 			}
 			// Discovery works and lists the GPU on the bus.
-			hw.last = &topology.Node{GPUs: []topology.GPU{{UUID: "GPU-0", PCIBusID: "0000:17:00.0"}}}
-			noteNVML(mon, hw, nil)
+			last := &topology.Node{GPUs: []topology.GPU{{UUID: "GPU-0", PCIBusID: "0000:17:00.0"}}}
+			noteNVML(mon, health.Config{}, tc.root, last, nil, nil)
 			// Recovery takes the recovery period; the cause itself is gone.
 			if st := mon.Status(health.NodeID); !fit && !strings.Contains(strings.Join(st.Reasons, ";"), "cleared") {
 				t.Errorf("after discovery works: node reasons %v, want the cause cleared", st.Reasons)

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func TestStateDirKeepsGPUUnhealthyAcrossRestart(t *testing.T) {
 			t.Fatalf("fresh state dir: device %s is %s before any fault", d.ID, d.Health)
 		}
 	}
-	faulty := a1.hw.sim.Spec().GPUs[gpuIndex].UUID
+	faulty := simOf(a1).Spec().GPUs[gpuIndex].UUID
 	// NVML, like the simulator, drops an XID raised before the event set
 	// is registered.
 	waitFor(t, "the health monitor's XID event set", a1.mon.Listening)
@@ -53,7 +53,7 @@ func TestStateDirKeepsGPUUnhealthyAcrossRestart(t *testing.T) {
 
 	// The second agent, on the same state dir.
 	a2, dir2, _ := openStateDirAgent(t, stateDir)
-	if got := a2.hw.sim.Spec().GPUs[gpuIndex].UUID; got != faulty {
+	if got := simOf(a2).Spec().GPUs[gpuIndex].UUID; got != faulty {
 		t.Fatalf("the new simulated node's GPU %d is %s, was %s: the profile's UUIDs are not stable", gpuIndex, got, faulty)
 	}
 	ctx, _ = startAgent(t, a2)
@@ -74,7 +74,7 @@ func TestStateDirKeepsGPUUnhealthyAcrossRestart(t *testing.T) {
 
 // openStateDirAgent opens a simulated DGX H100 agent with the given health
 // state dir, its device-plugin dir and simulator control address.
-func openStateDirAgent(t *testing.T, stateDir string) (a *agent, pluginDir, control string) {
+func openStateDirAgent(t *testing.T, stateDir string) (a *Agent, pluginDir, control string) {
 	t.Helper()
 	pluginDir = shortTempDir(t)
 	control = freeAddr(t)
@@ -83,11 +83,8 @@ func openStateDirAgent(t *testing.T, stateDir string) (a *agent, pluginDir, cont
 	cfg.DevicePluginDir = pluginDir
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = control
-	cfg.RescanInterval.Duration = 0
-	cfg.StateDir = stateDir // --state-dir
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	cfg.RescanInterval = 0
+	cfg.Health.StateDir = stateDir // --state-dir
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"fmt"
@@ -28,11 +28,11 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 	dir := shortTempDir(b)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
-	cfg.MIGStrategy = gpu.MIGStrategyMixed
+	cfg.GPU.MIGStrategy = gpu.MIGStrategyMixed
 	cfg.DevicePluginDir = dir
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = ""
-	cfg.RescanInterval.Duration = 0
+	cfg.RescanInterval = 0
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		b.Fatal(err)
@@ -45,7 +45,7 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
-		if err := a.hw.sim.SetMIGLayout(0, layouts[i%2]); err != nil {
+		if err := simOf(a).SetMIGLayout(0, layouts[i%2]); err != nil {
 			b.Fatal(err)
 		}
 		for {
@@ -79,7 +79,7 @@ func BenchmarkFaultToListAndWatch(b *testing.B) {
 	ctx, _ := startAgent(b, a)
 	stream, _ := watchFirst(b, ctx, dir, "nvidia.com/gpu")
 	node := a.rec.current().node
-	ctl := a.hw.sim.ControlHandler()
+	ctl := simOf(a).ControlHandler()
 	until := func(id, health string) { recvUntilHealth(b, stream, id, health) }
 	var samples []time.Duration
 	b.ResetTimer()
@@ -130,7 +130,7 @@ func BenchmarkPortDownToListAndWatch(b *testing.B) {
 			if len(first.Devices) != 8 {
 				b.Fatalf("rdma/ib serves %d ports, want 8", len(first.Devices))
 			}
-			ctl := a.hw.sim.ControlHandler()
+			ctl := simOf(a).ControlHandler()
 			send := func(method, nic string) {
 				req := httptest.NewRequest(method, "/faults", strings.NewReader(fmt.Sprintf(`{"kind":"port-down","nic":%q}`, nic)))
 				rec := httptest.NewRecorder()
@@ -165,13 +165,13 @@ func BenchmarkPortDownToListAndWatch(b *testing.B) {
 // faultBenchConfig is the fault benchmarks' agent: a simulated DGX H100
 // serving into dir, without metrics, control endpoint, rescans or DCGM,
 // whose devices recover 20 ms after their fault clears.
-func faultBenchConfig(dir string) Config {
+func faultBenchConfig(dir string) testConfig {
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = dir
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = ""
-	cfg.RescanInterval.Duration = 0
+	cfg.RescanInterval = 0
 	cfg.Health.RecoveryPeriod = 20 * time.Millisecond
 	cfg.Health.MaxRecoveryPeriod = 20 * time.Millisecond
 	cfg.Health.DCGMMode = "off"
@@ -214,8 +214,8 @@ func BenchmarkXIDWhileGPUHangs(b *testing.B) {
 	dir := shortTempDir(b)
 	cfg := faultBenchConfig(dir)
 	cfg.Health.PollInterval = time.Second
-	cfg.Metrics.Interval.Duration = time.Second
-	cfg.NVMLCallTimeout.Duration = time.Second
+	cfg.MetricsInterval = time.Second
+	cfg.NVMLCallTimeout = time.Second
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		b.Fatal(err)
@@ -223,7 +223,7 @@ func BenchmarkXIDWhileGPUHangs(b *testing.B) {
 	ctx, _ := startAgent(b, a)
 	stream, _ := watchFirst(b, ctx, dir, "nvidia.com/gpu")
 	node := a.rec.current().node
-	ctl := a.hw.sim.ControlHandler()
+	ctl := simOf(a).ControlHandler()
 	send := func(method, body string) {
 		rec := httptest.NewRecorder()
 		ctl.ServeHTTP(rec, httptest.NewRequest(method, "/faults", strings.NewReader(body)))

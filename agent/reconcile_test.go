@@ -1,7 +1,6 @@
-package main
+package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,11 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -211,47 +207,6 @@ func TestReconcileSignals(t *testing.T) {
 	<-done
 	if len(rec.syncs) != 3 {
 		t.Errorf("%d syncs, want 3", len(rec.syncs))
-	}
-}
-
-// TestNVMLUnavailable: an NVML that can't load is one error line, no GPU
-// node, and is retried on every discovery until it loads.
-func TestNVMLUnavailable(t *testing.T) {
-	var mu sync.Mutex
-	loaded := false
-	lib := &mock.Interface{
-		InitFunc: func() nvml.Return {
-			mu.Lock()
-			defer mu.Unlock()
-			if !loaded {
-				return nvml.ERROR_LIBRARY_NOT_FOUND
-			}
-			return nvml.SUCCESS
-		},
-		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
-		DeviceGetCountFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
-		ErrorStringFunc:    func(r nvml.Return) string { return "library not found" },
-	}
-	var logs bytes.Buffer
-	h := nvmlHardware(lib, nvmlowner.Config{}, t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
-	defer h.close()
-	for i := 0; i < 3; i++ {
-		if _, err := h.discover(); !errors.Is(err, errNVMLUnavailable) {
-			t.Fatalf("discovery %d: error = %v, want errNVMLUnavailable", i, err)
-		}
-	}
-	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
-		t.Errorf("%d error lines for a failing NVML, want 1:\n%s", n, logs.String())
-	}
-	mu.Lock()
-	loaded = true
-	mu.Unlock()
-	node, err := h.discover()
-	if err != nil {
-		t.Fatalf("after NVML loads: %v", err)
-	}
-	if len(node.GPUs) != 0 {
-		t.Errorf("gpus = %d, want 0", len(node.GPUs))
 	}
 }
 

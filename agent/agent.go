@@ -1,0 +1,366 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// Config is what the agent serves and how: a validated configuration with
+// defaults already applied (cmd/gpu-node-agent builds it from its flags).
+type Config struct {
+	// Version is reported in the build-info metric, the start log line
+	// and the API client's user agent.
+	Version string
+	// DevicePluginDir is the kubelet's device-plugin directory.
+	DevicePluginDir string
+	// GPU configures the GPU resources; Open sets its HostRoot (the
+	// hardware's) and Recorder.
+	GPU gpu.Config
+	// RescanInterval is how often the hardware is rediscovered (0: only on
+	// Rescan and the hardware's own change signal).
+	RescanInterval time.Duration
+	// Health configures the health monitor; Open sets its HostRoot (the
+	// hardware's) and MIGDevicesServed.
+	Health health.Config
+	// RDMA configures the RDMA resources and port watcher.
+	RDMA rdma.Config
+
+	// MetricsAddress is the /metrics, /healthz and /readyz listen address
+	// (empty: none); MetricsWebConfigFile its exporter-toolkit web config.
+	MetricsAddress       string
+	MetricsWebConfigFile string
+	// MetricsInterval is the metrics' NVML sampling interval (0: the
+	// default); the sampler reads at the shorter of it and the health poll.
+	MetricsInterval time.Duration
+	// PodAttribution labels GPU series with the pod using the GPU, from
+	// the kubelet's pod-resources socket under the host root.
+	PodAttribution bool
+
+	// NodeName is this node's Kubernetes name; without it nothing talks to
+	// the API server.
+	NodeName string
+	// Taint configures the node taint and condition (mode off: none).
+	Taint kubeapi.TaintConfig
+	// NodeLabels keeps the topology labels and annotations on the Node.
+	NodeLabels bool
+	// KubeClients builds the API clients; nil builds them from Kubeconfig
+	// with KubeClient's rate limit.
+	KubeClients func() (kubeapi.Clients, error)
+	Kubeconfig  string
+	KubeClient  kubeapi.ClientConfig
+	// KubeRetry is the first delay between failed client builds (0: one
+	// second).
+	KubeRetry time.Duration
+
+	// PrintInventory prints what is served at start and on every change.
+	PrintInventory bool
+}
+
+// needsAPI says whether anything talks to the API server: only with a
+// node name, and only for tainting or labels.
+func (c Config) needsAPI() bool {
+	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels)
+}
+
+// sampleInterval is the NVML sampling period: the shorter of the health
+// poll and metrics intervals, so each counter is read once for both.
+func (c Config) sampleInterval() time.Duration {
+	h := c.Health.PollInterval
+	if h == 0 {
+		h = health.Config{}.WithDefaults().PollInterval
+	}
+	if m := c.MetricsInterval; m > 0 && m < h {
+		return m
+	}
+	return h
+}
+
+// Agent is an opened agent: every part built, nothing served until Run.
+type Agent struct {
+	cfg       Config
+	log       *slog.Logger
+	hw        Hardware
+	nics      *rdma.NICs
+	reg       *prometheus.Registry
+	mgr       *plugin.Manager
+	mon       *health.Monitor
+	collector *metrics.Collector
+	sampler   *nvmlowner.Sampler
+	watcher   *rdma.Watcher
+	// node is nil unless a node name and tainting or labels are set.
+	node   *kubeapi.NodeObject
+	rec    *reconciler
+	rescan chan struct{}
+
+	closeOnce sync.Once
+}
+
+// Open builds every part of the agent on hw, which it owns from here on:
+// Run, Close or a failing Open closes it. stdout gets the inventory. It
+// fails only on errors that leave nothing to serve.
+func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, log: log, hw: hw, rescan: make(chan struct{}, 1)}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	hostRoot := hw.HostRoot()
+	// One registry for everything: Go/process collectors, build info, the
+	// plugin manager, health, the GPU collector and the tainter.
+	a.reg = metrics.NewRegistry(cfg.Version)
+	a.mgr, err = plugin.NewManager(plugin.Options{
+		Dir:        cfg.DevicePluginDir,
+		Logger:     log.With("component", "plugin"),
+		Registerer: a.reg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device-plugin manager: %w", err)
+	}
+	hcfg := cfg.Health
+	hcfg.HostRoot = hostRoot
+	// Under --mig-strategy none the kubelet knows whole GPUs only: XIDs
+	// tagged with a MIG instance go to the GPU.
+	hcfg.MIGDevicesServed = cfg.GPU.MIGStrategy != gpu.MIGStrategyNone
+	if a.mon, err = health.NewMonitor(hcfg, hw.Owner(), log.With("component", "health"), a.reg); err != nil {
+		return nil, err
+	}
+	// One sampler reads every GPU counter once per interval for health
+	// and metrics alike, on the NVML owner's per-GPU lanes.
+	a.sampler = nvmlowner.NewSampler(hw.Owner(), nvmlowner.SamplerConfig{Interval: cfg.sampleInterval()})
+	a.mon.SetSampler(a.sampler)
+	if a.collector, err = a.newCollector(hostRoot); err != nil {
+		return nil, err
+	}
+	rlog := log.With("component", "rdma")
+	a.nics = rdma.OpenNICs(cfg.RDMA, rdma.NICsOptions{Root: hostRoot, Simulated: simulated(hw), Logger: rlog})
+	if a.watcher, err = a.nics.Watcher(a.observePort, rlog); err != nil {
+		return nil, err
+	}
+	if cfg.GPU.DeviceListStrategy == gpu.DeviceListCDICRI {
+		if err := a.nics.WriteCDISpec(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.needsAPI() {
+		a.node = kubeapi.NewNodeObject(a.nodeConfig(), a.mon, a.reg, log.With("component", "node"))
+	}
+
+	// The GPU resources record what they allocate so that an RDMA
+	// allocation for the same container can prefer the NICs next to it.
+	recent := rdma.NewRecent(0)
+	gcfg := cfg.GPU
+	gcfg.HostRoot = hostRoot
+	gcfg.Recorder = recent
+	sources := []source{{
+		name: "gpu",
+		build: func(n *topology.Node) ([]plugin.Resource, error) {
+			if n == nil {
+				return nil, nil
+			}
+			// The solver is built per discovery, not per request.
+			return gpu.Resources(n, gcfg, a.mon, topology.NewAllocator(n))
+		},
+	}}
+	if a.nics.Served() {
+		cdi := cfg.GPU.DeviceListStrategy == gpu.DeviceListCDICRI
+		sources = append(sources, source{name: "rdma", build: func(n *topology.Node) ([]plugin.Resource, error) {
+			return a.nics.Resources(n, a.mon, cdi, recent)
+		}})
+	}
+	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode,
+		func(n *topology.Node) { a.sampler.SetTargets(nvmlowner.TargetsOf(n)) }}
+	if a.node != nil {
+		onDiscover = append(onDiscover, a.node.SetNode)
+	}
+	a.rec = &reconciler{
+		log: log.With("component", "reconcile"),
+		discover: func() (*topology.Node, error) {
+			n, err := hw.Discover()
+			noteNVML(a.mon, cfg.Health, hostRoot, hw.LastNode(), err, log)
+			a.nics.AddToNode(n)
+			return n, err
+		},
+		onDiscover: onDiscover,
+		sources:    sources,
+		sync:       a.mgr.Sync,
+		rescan:     cfg.RescanInterval,
+		rediscover: []<-chan struct{}{changed(hw), a.sampler.LayoutChanged(), a.rescan},
+		// Health changes re-sync the plugin manager without rediscovery.
+		resync: []<-chan struct{}{a.mon.Changes()},
+	}
+	if cfg.PrintInventory {
+		a.rec.report = (&inventory{out: stdout, what: describe(hw), fit: a.mon.NodeFit}).report
+	}
+	return a, nil
+}
+
+// observePort reports an RDMA port's state to the health monitor, so a
+// port going down makes its device unhealthy in ListAndWatch.
+func (a *Agent) observePort(id string, ok bool, reason string) {
+	a.mon.Observe(health.Observation{DeviceID: id, Kind: health.KindNIC, Check: "rdma-port", Fatal: !ok, Cleared: ok, Reason: reason})
+}
+
+// nodeConfig is the node object's configuration.
+func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
+	cfg := a.cfg
+	newClients := cfg.KubeClients
+	if newClients == nil {
+		newClients = func() (kubeapi.Clients, error) {
+			return kubeapi.NewClients(cfg.Kubeconfig, "gpu-node-agent/"+cfg.Version, cfg.KubeClient)
+		}
+	}
+	return kubeapi.NodeObjectConfig{
+		NodeName:    cfg.NodeName,
+		Taint:       cfg.Taint,
+		Labels:      cfg.NodeLabels,
+		MIGStrategy: cfg.GPU.MIGStrategy,
+		NewClients:  newClients,
+		Retry:       cfg.KubeRetry,
+	}
+}
+
+// newCollector builds the dcgm-exporter compatible GPU collector, serving
+// the sampler's readings (it calls no NVML itself). Its XID metric comes
+// from the health monitor, which owns the NVML event set (two event sets
+// would each see only some of the events).
+func (a *Agent) newCollector(hostRoot string) (*metrics.Collector, error) {
+	mc := metrics.Config{Hostname: a.cfg.NodeName}
+	if mc.Hostname == "" {
+		mc.Hostname, _ = os.Hostname()
+	}
+	if a.cfg.PodAttribution {
+		mc.PodResourcesSocket = metrics.PodResourcesSocketPath(hostRoot)
+	}
+	mc.XIDs = a.mon
+	c, err := metrics.NewCollector(a.sampler, mc, a.reg, a.log.With("component", "metrics"))
+	if err != nil {
+		return nil, fmt.Errorf("metrics collector: %w", err)
+	}
+	return c, nil
+}
+
+// Rescan asks for a rediscovery of the hardware (SIGHUP). Requests while
+// one is pending coalesce.
+func (a *Agent) Rescan() {
+	select {
+	case a.rescan <- struct{}{}:
+	default:
+	}
+}
+
+// Close releases the hardware and the netlink handle. Run closes them
+// itself; Close is for an agent that is opened but never run. Later calls
+// do nothing.
+func (a *Agent) Close() {
+	a.closeOnce.Do(func() {
+		if a.nics != nil {
+			a.nics.Close()
+		}
+		a.hw.Close()
+	})
+}
+
+// Run serves until ctx is done or a part fails, then stops every server
+// (removing the sockets), closes the hardware and returns the parts'
+// errors.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.Close()
+	cfg, log := a.cfg, a.log
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	log.Info("gpu-node-agent starting", "version", cfg.Version, "hardware", describe(a.hw), "hostRoot", a.hw.HostRoot(),
+		"devicePluginDir", cfg.DevicePluginDir, "migStrategy", cfg.GPU.MIGStrategy, "deviceListStrategy", cfg.GPU.DeviceListStrategy)
+
+	// Listen before anything is served, so a port in use fails the start.
+	var srv *metrics.Server
+	if cfg.MetricsAddress != "" {
+		var err error
+		srv, err = metrics.Listen(metrics.ServerConfig{Address: cfg.MetricsAddress, WebConfigFile: cfg.MetricsWebConfigFile},
+			a.reg, a.ready, log.With("component", "metrics"))
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		log.Info("metrics endpoint listening", "addr", srv.Addr().String())
+	}
+
+	// Every long-running part gets the same ctx; the first to fail stops
+	// the rest.
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	start := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				mu.Unlock()
+				cancel()
+			}
+		}()
+	}
+	start("device-plugin manager", func() error { return a.mgr.Run(ctx) })
+	start("reconcile", func() error { a.rec.run(ctx); return nil })
+	start("health monitor", func() error { return a.mon.Run(ctx) })
+	start("nvml sampler", func() error { return a.sampler.Run(ctx) })
+	start("metrics collector", func() error { return a.collector.Run(ctx) })
+	if a.watcher != nil {
+		start("rdma watcher", func() error { return a.watcher.Run(ctx) })
+	}
+	if a.node != nil {
+		start("node object", func() error { return a.node.Run(ctx) })
+	}
+	if srv != nil {
+		start("metrics", func() error { return srv.Serve(ctx) })
+	}
+	if r, ok := a.hw.(Runner); ok {
+		start(describe(a.hw), func() error { return r.Run(ctx) })
+	}
+	wg.Wait()
+	if len(errs) == 0 {
+		log.Info("gpu-node-agent stopped")
+	}
+	return errors.Join(errs...)
+}
+
+// ready is /readyz: ready once devices were discovered and every served
+// resource is registered with the kubelet (or nothing is served). A node
+// whose NVML cannot load is not ready, so the failure shows on the pod.
+func (a *Agent) ready() error {
+	st := a.rec.current()
+	if err := st.errs["discovery"]; err != nil {
+		return fmt.Errorf("device discovery failed: %w", err)
+	}
+	registered := a.mgr.Registered()
+	for _, r := range st.resources {
+		if !registered[r.Name()] {
+			return fmt.Errorf("%s is not registered with the kubelet", r.Name())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package kubeapi
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// NodeObjectConfig configures a NodeObject.
+type NodeObjectConfig struct {
+	// NodeName is this node's Node object.
+	NodeName string
+	// Taint configures the tainter; Mode off (after defaults) runs none.
+	Taint TaintConfig
+	// Labels keeps the topology labels and annotations on the Node.
+	Labels bool
+	// MIGStrategy is the served MIG strategy, which the labels describe.
+	MIGStrategy string
+	// NewClients builds the API clients; it is retried until it succeeds.
+	NewClients func() (Clients, error)
+	// Retry is the first delay between failed client builds (jittered,
+	// doubling); one second when zero.
+	Retry time.Duration
+}
+
+// NodeObject keeps this node's Node object in step with the agent: the
+// health taint and condition (Tainter) and the topology labels and
+// annotations (Labeler), both reading the Node from one informer scoped to
+// it (NodeWatch). The agent serves devices whether or not the API server is
+// reachable: the client is built, and every write retried, in the
+// background.
+type NodeObject struct {
+	cfg    NodeObjectConfig
+	health Health
+	reg    prometheus.Registerer
+	log    *slog.Logger
+
+	node atomic.Pointer[topology.Node]
+	kick chan struct{}
+}
+
+// NewNodeObject returns the node object for cfg; the tainter follows
+// health. Nothing talks to the API server until Run.
+func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registerer, log *slog.Logger) *NodeObject {
+	if cfg.Retry <= 0 {
+		cfg.Retry = time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, kick: make(chan struct{}, 1)}
+}
+
+// SetNode is told every discovered node; the labels and annotations follow
+// it.
+func (o *NodeObject) SetNode(n *topology.Node) {
+	o.node.Store(n)
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+}
+
+// want is what the labeler applies: the latest discovered node's labels
+// and annotations.
+func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
+	n := o.node.Load()
+	if n == nil {
+		return nil, nil, false
+	}
+	return topology.Labels(n, o.cfg.MIGStrategy), topology.Annotations(n), true
+}
+
+// Run builds the client (retrying until it can), starts the node informer
+// once, then runs the tainter and the labeler on it until ctx ends. It
+// never fails the agent: it returns nil.
+func (o *NodeObject) Run(ctx context.Context) error {
+	var clients Clients
+	backoff := RetryBackoff()
+	backoff.Duration = o.cfg.Retry
+	for {
+		c, err := o.cfg.NewClients()
+		if err == nil {
+			clients = c
+			break
+		}
+		d := backoff.Step()
+		o.log.Error("no Kubernetes API access: node taint and labels not updated; retrying", "err", err, "retry", d)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(d):
+		}
+	}
+	taint := o.cfg.Taint.WithDefaults()
+	watch, err := NewNodeWatch(clients.Core, o.cfg.NodeName, taint.Resync)
+	if err != nil {
+		o.log.Error("node taint and labels not updated", "err", err)
+		return nil
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { watch.Run(ctx) })
+	if taint.Mode != TaintOff {
+		if t, err := NewTainter(clients, watch, taint, o.log.With("component", "taint"), o.reg); err != nil {
+			o.log.Error("node tainter not started", "err", err)
+		} else {
+			wg.Go(func() { _ = t.Run(ctx, o.health) })
+		}
+	}
+	if o.cfg.Labels {
+		l := NewLabeler(clients.Core, watch, o.log.With("component", "labels"))
+		wg.Go(func() { l.Run(ctx, o.kick, o.want) })
+	}
+	wg.Wait()
+	return nil
+}

@@ -1,0 +1,91 @@
+// Package nvmlapi is the part of NVML the agent calls: 41 methods of
+// go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
+// with go-nvml's signatures except that handles are of these narrow types.
+// The real library is go-nvml behind Wrap; the simulator (package sim)
+// implements these interfaces and nothing more.
+//
+// It is a package of its own, below nvmlowner (which re-exports its types),
+// so that the simulator can implement it while nvmlowner's own tests use
+// the simulator.
+package nvmlapi
+
+import "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+// Library is the library-wide NVML calls the agent makes: lifecycle,
+// device enumeration and event sets.
+type Library interface {
+	Init() nvml.Return
+	Shutdown() nvml.Return
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(int) (Device, nvml.Return)
+	DeviceGetHandleByUUID(string) (Device, nvml.Return)
+	EventSetCreate() (EventSet, nvml.Return)
+}
+
+// Device is the NVML calls the agent makes on a GPU or MIG device handle.
+// Handles of one device compare equal (the event watcher finds an event's
+// GPU by comparing handles).
+type Device interface {
+	// Identity and discovery.
+	GetUUID() (string, nvml.Return)
+	GetPciInfo() (nvml.PciInfo, nvml.Return)
+	GetName() (string, nvml.Return)
+	GetMemoryInfo() (nvml.Memory, nvml.Return)
+	GetMinorNumber() (int, nvml.Return)
+	GetTopologyCommonAncestor(Device) (nvml.GpuTopologyLevel, nvml.Return)
+	GetNvLinkState(int) (nvml.EnableState, nvml.Return)
+	GetNvLinkRemoteDeviceType(int) (nvml.IntNvLinkDeviceType, nvml.Return)
+	GetNvLinkRemotePciInfo(int) (nvml.PciInfo, nvml.Return)
+
+	// MIG.
+	GetMigMode() (int, int, nvml.Return)
+	GetMaxMigDeviceCount() (int, nvml.Return)
+	GetMigDeviceHandleByIndex(int) (Device, nvml.Return)
+	GetGpuInstanceId() (int, nvml.Return)
+	GetComputeInstanceId() (int, nvml.Return)
+	GetAttributes() (nvml.DeviceAttributes, nvml.Return)
+	GetGpuInstanceById(int) (GpuInstance, nvml.Return)
+	GetGpuInstanceProfileInfo(int) (nvml.GpuInstanceProfileInfo, nvml.Return)
+
+	// Events.
+	RegisterEvents(uint64, EventSet) nvml.Return
+
+	// Sampled readings.
+	GetUtilizationRates() (nvml.Utilization, nvml.Return)
+	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
+	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return)
+	GetPowerUsage() (uint32, nvml.Return)
+	GetTotalEnergyConsumption() (uint64, nvml.Return)
+	GetPcieReplayCounter() (int, nvml.Return)
+	GetFieldValues([]nvml.FieldValue) nvml.Return
+	GetEccMode() (nvml.EnableState, nvml.EnableState, nvml.Return)
+	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
+	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
+	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
+	GetRemappedRows() (int, int, bool, bool, nvml.Return)
+	GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return)
+	GetNvLinkErrorCounter(int, nvml.NvLinkErrorCounter) (uint64, nvml.Return)
+}
+
+// GpuInstance is the one call the agent makes on a MIG GPU instance: its
+// info, to tell the instance's profile. go-nvml's nvml.GpuInstance
+// satisfies it as it is.
+type GpuInstance interface {
+	GetInfo() (nvml.GpuInstanceInfo, nvml.Return)
+}
+
+// EventSet is an NVML event set.
+type EventSet interface {
+	Wait(timeoutms uint32) (EventData, nvml.Return)
+	Free() nvml.Return
+}
+
+// EventData is nvml.EventData (nvml.h, nvmlEventData_t) with the device as
+// a Device handle.
+type EventData struct {
+	Device            Device
+	EventType         uint64
+	EventData         uint64
+	GpuInstanceId     uint32
+	ComputeInstanceId uint32
+}
