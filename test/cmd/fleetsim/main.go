@@ -80,7 +80,7 @@ func run() int {
 	flag.DurationVar(&o.resync, "resync", 5*time.Minute, "level 1: taint.resync (node informer resync)")
 	flag.DurationVar(&o.settle, "settle", 3*time.Minute, "longest wait for a fault or recovery wave to settle")
 	flag.DurationVar(&o.clearWait, "clear-wait", time.Minute, "level 2: wait after DELETE of the fault before the clear-faults annotation is used")
-	flag.StringVar(&o.agentBin, "agent-bin", os.Getenv("GPU_NODE_AGENT_BIN"), "agent binary (default <repo>/bin/gpu-node-agent)")
+	flag.StringVar(&o.agentBin, "agent-bin", os.Getenv("GPU_NODE_AGENT_BIN"), "agent binary built with the simulator (default <repo>/bin/gpu-node-agent-sim)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown report to this file")
 	flag.StringVar(&o.identity, "identity", identityToken, "level 1: the agents' identity: token (per node a service-account token bound to a Pod on it,"+
 		" under the chart's RBAC and admission policy) or cert (the admin client certificate)")
@@ -97,7 +97,7 @@ func run() int {
 		return 2
 	}
 	if o.agentBin == "" {
-		o.agentBin = filepath.Join(cluster.RepoRoot(), "bin", "gpu-node-agent")
+		o.agentBin = filepath.Join(cluster.RepoRoot(), "bin", "gpu-node-agent-sim")
 	}
 	// client-go's own logs (throttling notes) would drown the progress.
 	klog.SetOutput(io.Discard)

@@ -31,7 +31,7 @@ import (
 )
 
 func main() {
-	agent := flag.String("agent", "bin/gpu-node-agent", "the gpu-node-agent binary")
+	agent := flag.String("agent", "bin/gpu-node-agent-sim", "the gpu-node-agent binary built with the simulator (make build-sim)")
 	warmup := flag.Duration("warmup", 60*time.Second, "time after the agent starts at which the first count is read (start-up and discovery are left out)")
 	duration := flag.Duration("duration", 300*time.Second, "time after the agent starts at which the last count is read and the agent is stopped")
 	top := flag.Int("top", 10, "methods to list, most called first (0: all)")

@@ -33,16 +33,17 @@ func RepoRoot() string {
 }
 
 // Binary returns the agent binary path ($GPU_NODE_AGENT_BIN or
-// <repo>/bin/gpu-node-agent) and fails the test when it does not exist:
-// `make build` (or `make e2e`) builds it.
+// <repo>/bin/gpu-node-agent-sim, the agent built with the simulator that
+// the tests run in simulate mode) and fails the test when it does not
+// exist: `make build-sim` (or `make e2e`) builds it.
 func Binary(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv(BinaryEnv)
 	if p == "" {
-		p = filepath.Join(RepoRoot(), "bin", "gpu-node-agent")
+		p = filepath.Join(RepoRoot(), "bin", "gpu-node-agent-sim")
 	}
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("agent binary: %v (run `make build` first, or set %s)", err, BinaryEnv)
+		t.Fatalf("agent binary: %v (run `make build-sim` first, or set %s)", err, BinaryEnv)
 	}
 	return p
 }
