@@ -140,6 +140,7 @@ func mergePatch(t *testing.T, v any) []byte {
 // write with a token that names no node is refused by the policy. Other
 // users are unaffected.
 func TestAdmissionPolicyNodeScoped(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	ctx := t.Context()
 	admin := c.Client

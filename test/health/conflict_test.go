@@ -23,6 +23,7 @@ import (
 // 409 Conflict (the patch carries the resourceVersion read), the tainter
 // reads again, and both taints end up on the Node.
 func TestTainterConflictRetry(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-conflict"
 	createNode(t, c.Client, name)

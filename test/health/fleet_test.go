@@ -152,6 +152,7 @@ func fleetAgentClients(t *testing.T, cfg *rest.Config, node string) kubeapi.Clie
 // it. Then all turn fit, and every taint and slot Lease is gone before the
 // next of 20 repetitions.
 func TestFleetSafeguardUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	const (
 		fleetSize   = 40
 		faulting    = 20

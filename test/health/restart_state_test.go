@@ -34,6 +34,7 @@ import (
 // the same restart removes it, which shows the recording can see a gap.
 // Either way a GPU reset then ends the fault and the taint.
 func TestRunTaintSurvivesAgentRestart(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	tests := []struct {
 		name    string

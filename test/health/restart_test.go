@@ -19,6 +19,7 @@ import (
 // server again on the same address, and expects the taint, condition and
 // event to land from the tainter's retry, without a new health change.
 func TestRunAPIServerRestartMidFault(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-restart"
 	createNode(t, c.Client, name)

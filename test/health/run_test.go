@@ -22,6 +22,7 @@ import (
 // is held past the recovery period until the GPU is reset, then the taint
 // goes, the condition is True again and a Normal event is posted.
 func TestRunFaultAndRecovery(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-run"
 	createNode(t, c.Client, name)
@@ -126,6 +127,7 @@ func checkEvent(t *testing.T, ev corev1.Event, node, typ, device string) {
 //
 //	go test -count=1 -run TestRunFaultToTaintLatency -v ./health/
 func TestRunFaultToTaintLatency(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-latency"
 	createNode(t, c.Client, name)

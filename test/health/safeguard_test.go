@@ -23,6 +23,7 @@ import (
 // its own fleet (label, and namespace for its slots) on one API server,
 // so NodeSelector is exercised too.
 func TestTainterFleetSafeguardLimit(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	tests := []struct {
 		name        string

@@ -106,6 +106,7 @@ func newSlotAgent(t *testing.T, cfg *rest.Config, node string) *slotAgent {
 // The losers asking again make one LIST each and no write. Repeated with
 // a fresh slot prefix per repetition on one API server.
 func TestSlotsHoldUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	const (
 		fleetSize   = 40
 		faulting    = 20
@@ -295,4 +296,59 @@ func countTainted(ctx context.Context, t *testing.T, c kubernetes.Interface, fle
 		}
 	}
 	return n
+}
+
+// TestSlotsFleetSizeCounted: with no node selector the real API server
+// tells the fleet size through remainingItemCount, so measuring it is one
+// metadata LIST of limit 1 however large the fleet (kubeapi.Slots.measure).
+func TestSlotsFleetSizeCounted(t *testing.T) {
+	t.Parallel()
+	const fleetSize, ns = 30, "gpu-node-agent-count"
+	c := cluster.Start(t, cluster.Options{})
+	ctx := t.Context()
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+	for i := range fleetSize {
+		createNode(t, c.Client, fmt.Sprintf("count-%02d", i))
+	}
+	nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var nodeLists []string
+	cfg := rest.CopyConfig(c.RESTConfig)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes" {
+				mu.Lock()
+				nodeLists = append(nodeLists, r.URL.RawQuery)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	kubeapi.ConfigureREST(cfg, "count-test", kubeapi.ClientConfig{})
+	clients, err := kubeapi.ClientsForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := kubeapi.SlotConfig{Namespace: ns, MaxFraction: 0.2, TaintKey: taintKey}.WithDefaults()
+	if err := scfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := kubeapi.NewSlots(clients.Core, clients.Meta, "count-00", scfg, discard())
+	d, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(nodes.Items); d.Fleet != want || d.Limit != kubeapi.SlotLimit(want, 0.2) || !d.Held {
+		t.Errorf("decision %+v, want a slot of a fleet of %d (limit %d)", d, want, kubeapi.SlotLimit(want, 0.2))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(nodeLists) != 1 || !strings.Contains(nodeLists[0], "limit=1") || strings.Contains(nodeLists[0], "continue=") {
+		t.Errorf("node LISTs %q, want one of limit 1 (the count in remainingItemCount)", nodeLists)
+	}
 }

@@ -25,6 +25,7 @@ import (
 // logged: the informer's LIST and WATCH (or one watch-list WATCH) and the
 // two writes, and no GET of the Node.
 func TestSteadyStateNoPolling(t *testing.T) {
+	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
 	const name = "gpu-no-polling"
 	createNode(t, c.Client, name)

@@ -26,6 +26,7 @@ const steadyStateEnv = "GNA_STEADY_STATE"
 //
 //	GNA_STEADY_STATE=10m go test -count=1 -timeout 20m -run TestRunSteadyStateWrites -v ./health/
 func TestRunSteadyStateWrites(t *testing.T) {
+	t.Parallel()
 	period := 30 * time.Second
 	if v := os.Getenv(steadyStateEnv); v != "" {
 		d, err := time.ParseDuration(v)

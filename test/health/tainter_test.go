@@ -74,6 +74,7 @@ func condition(n *corev1.Node, typ string) *corev1.NodeCondition {
 // TestTainterAgainstAPIServer walks one node through unfit -> unfit again
 // (no write) -> fit, with a foreign taint that must survive.
 func TestTainterAgainstAPIServer(t *testing.T) {
+	t.Parallel()
 	cs := newClients(t)
 	c := cs.Core
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -134,6 +135,7 @@ func TestTainterAgainstAPIServer(t *testing.T) {
 // holding one of the K = 2 slots) and MaxFraction 0.2, an unfit node is
 // not tainted (the condition still says why).
 func TestTainterFleetSafeguard(t *testing.T) {
+	t.Parallel()
 	cs := newClients(t)
 	c := cs.Core
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
