@@ -192,7 +192,11 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		return nil, err
 	}
 
-	cfg := kubeapi.TaintConfig{MaxFraction: o.maxFraction, NodeSelector: fleetLabel + "=l1", LeaseNamespace: res.leaseNS,
+	// No node selector, as the chart's default: the fleet is every Node of
+	// the cluster, which holds only level 1's Nodes while level 1 runs
+	// (level 2 creates its own after), and the agents learn its size from
+	// remainingItemCount (kubeapi.Slots.measure).
+	cfg := kubeapi.TaintConfig{MaxFraction: o.maxFraction, LeaseNamespace: res.leaseNS,
 		EventNamespace: res.eventNS, Resync: o.resync}
 	res.eventNS = cfg.WithDefaults().EventNamespace
 	if err := cfg.Validate(); err != nil {

@@ -1,6 +1,6 @@
 // Command fleetsim measures the node agents' load on a real kube-apiserver
 // and checks the fleet safeguard at fleet scale, on loopback (Debian etcd
-// and kube-apiserver v1.34.4, as the e2e harness runs them):
+// and the kube-apiserver the e2e harness builds, cluster.KubeVersion):
 //
 //   - Level 1: N agents' API side in this process (per node its own
 //     clients and TLS transport, NodeWatch and Tainter, a fitness it

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
 // perNodeHour extrapolates n requests by nodes over window to one node
@@ -23,14 +25,14 @@ func notWatch(k string) bool { return !strings.HasPrefix(k, "WATCH") }
 func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	w("# fleetsim: gpu-node-agent fleet simulation (kube-apiserver v1.34.4 + etcd on loopback)\n\n")
+	w("# fleetsim: gpu-node-agent fleet simulation (kube-apiserver " + cluster.KubeVersion + " + etcd on loopback)\n\n")
 	if l1 != nil {
 		w("## Level 1: %d agents' API side in one process\n\n", l1.nodes)
 		w("Identity (`-identity=%s`): %s.\n\n", l1.identity, identityText(l1))
 		w("Per agent: own rest.Config (user agent `fleetsim/<node>`, QPS 5 / burst 10 as the agent),"+
 			" own TLS transport (a Proxy func keeps client-go from sharing one) with a counting RoundTripper, NodeWatch (resync %s) + Tainter"+
-			" (maxFraction %g, nodeSelector %s=l1, slot Leases in %s, Events in %s) + a fake Health. Limit K = max(1, floor(%g x %d)) = %d.\n\n",
-			o.resync, o.maxFraction, fleetLabel, l1.leaseNS, l1.eventNS, o.maxFraction, l1.nodes, l1.limit)
+			" (maxFraction %g, no nodeSelector as the chart's default: the fleet is every Node, here level 1's; slot Leases in %s, Events in %s) + a fake Health. Limit K = max(1, floor(%g x %d)) = %d.\n\n",
+			o.resync, o.maxFraction, l1.leaseNS, l1.eventNS, o.maxFraction, l1.nodes, l1.limit)
 		w("Start-up (all informers synced, every Node's condition written): %s; requests: %s.\n\n",
 			fmtDur(l1.startupTime), l1.startup.describe(func(string) bool { return true }))
 		w("Requests refused over the whole run (agents' transports; a refusal is a bug): %d", l1.total.deniedTotal())
