@@ -1,6 +1,13 @@
 // Package conformance drives the built gpu-node-agent binary in simulate
-// mode against the kubelet's own device-manager registration server and
-// plugin client (k8s.io/kubernetes v1.34.4), as a kubelet would.
+// mode against the kubelet's own device-manager code, as a kubelet would:
+// its registration server and plugin client, and its topology manager with
+// the device manager as hint provider.
+//
+// The same test sources run against two Kubernetes versions: this
+// directory's module (test/, k8s.io/kubernetes v1.37) and
+// test/conformance/kubelet134 (its own go.mod, v1.34), whose test files
+// are symlinks to these. Only version_test.go differs between the two: it
+// adapts that version's kubelet API to what the shared tests call.
 package conformance
 
 import (
@@ -41,13 +48,8 @@ type node struct {
 // on it with the given --simulate and --mig-strategy values.
 func startNode(t *testing.T, simulate, strategy string, extra ...string) *node {
 	t.Helper()
-	// Unix socket paths are limited to 108 bytes: t.TempDir can be longer.
-	dir, err := os.MkdirTemp("", "gna-conf-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	k, err := devicemanager.Start(dir)
+	dir := pluginDir(t)
+	k, err := devicemanager.Start(dir, newRegistrationServer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +58,27 @@ func startNode(t *testing.T, simulate, strategy string, extra ...string) *node {
 			t.Errorf("stop registration server: %v", err)
 		}
 	})
+	a, control := startAgent(t, dir, simulate, strategy, extra...)
+	return &node{kubelet: k, agent: a, control: control}
+}
+
+// pluginDir makes a fresh device-plugin directory, removed when the test
+// ends.
+func pluginDir(t *testing.T) string {
+	t.Helper()
+	// Unix socket paths are limited to 108 bytes: t.TempDir can be longer.
+	dir, err := os.MkdirTemp("", "gna-conf-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// startAgent starts the agent in simulate mode on the device-plugin
+// directory dir, where a kubelet already serves kubelet.sock.
+func startAgent(t *testing.T, dir, simulate, strategy string, extra ...string) (*agentproc.Agent, agentproc.SimControl) {
+	t.Helper()
 	ctlAddr := "127.0.0.1:" + strconv.Itoa(agentproc.FreePort(t))
 	args := append([]string{
 		"--simulate", simulate,
@@ -64,8 +87,7 @@ func startNode(t *testing.T, simulate, strategy string, extra ...string) *node {
 		"--sim-control-address", ctlAddr,
 		"--metrics-address", "127.0.0.1:" + strconv.Itoa(agentproc.FreePort(t)),
 	}, extra...)
-	a := agentproc.Start(t, args...)
-	return &node{kubelet: k, agent: a, control: agentproc.SimControl{Base: "http://" + ctlAddr}}
+	return agentproc.Start(t, args...), agentproc.SimControl{Base: "http://" + ctlAddr}
 }
 
 // served is the kubelet's view: resource -> devices, for the resources
@@ -149,11 +171,21 @@ type simState struct {
 			Profile string `json:"profile"`
 		} `json:"mig"`
 	} `json:"gpus"`
+	NICs []struct {
+		Name     string `json:"name"`
+		NUMANode int    `json:"numaNode"`
+	} `json:"nics"`
 }
 
 func (n *node) state(t *testing.T) simState {
 	t.Helper()
-	resp, err := http.Get(n.control.Base + "/state")
+	return getState(t, n.control)
+}
+
+// getState reads the simulated node's topology from its control endpoint.
+func getState(t *testing.T, c agentproc.SimControl) simState {
+	t.Helper()
+	resp, err := http.Get(c.Base + "/state")
 	if err != nil {
 		t.Fatalf("get simulator state: %v", err)
 	}

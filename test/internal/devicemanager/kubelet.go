@@ -1,6 +1,12 @@
 // Package devicemanager runs the kubelet's own device-plugin registration
 // server and plugin clients (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/
 // plugin/v1beta1) in the test process and records what every plugin told it.
+//
+// The package itself depends only on the device-plugin API
+// (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1), so one source compiles
+// against every Kubernetes version the conformance tests cover; the
+// registration server of a given version comes in through a ServerFunc,
+// which each conformance module writes against its own k8s.io/kubernetes.
 package devicemanager
 
 import (
@@ -15,11 +21,39 @@ import (
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	dm "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 )
 
 // KubeletSocket is the registration socket name the kubelet serves.
 const KubeletSocket = "kubelet.sock"
+
+// Server is the kubelet's device-plugin registration server
+// (plugin/v1beta1.Server) of one Kubernetes version.
+type Server interface {
+	Start() error
+	Stop() error
+}
+
+// ServerFunc creates the kubelet's registration server on socketPath with h
+// as its registration and client handler. Its signature differs between
+// Kubernetes versions (1.37 adds a logger to NewServer, Start, Stop and the
+// callbacks, a context to PluginConnected and the socket path to
+// PluginDisconnected), so it is supplied per version.
+type ServerFunc func(socketPath string, h Handler) (Server, error)
+
+// Handler is the version-neutral form of the device manager's
+// RegistrationHandler and ClientHandler callbacks that a ServerFunc wires
+// the version's server to.
+type Handler interface {
+	// CleanupPluginDirectory is called when the server starts.
+	CleanupPluginDirectory(dir string) error
+	// PluginConnected is called when a plugin registered and the kubelet
+	// dialled it back; an error refuses the plugin.
+	PluginConnected(ctx context.Context, resource string, api pluginapi.DevicePluginClient) error
+	// PluginDisconnected is called when the plugin's connection ends.
+	PluginDisconnected(resource string)
+	// PluginListAndWatchReceiver is called for every ListAndWatch response.
+	PluginListAndWatchReceiver(resource string, resp *pluginapi.ListAndWatchResponse)
+}
 
 // Plugin is what the kubelet knows about one registered resource.
 type Plugin struct {
@@ -42,18 +76,20 @@ type Plugin struct {
 // way the device manager does (options fetched on connect, plugin directory
 // cleaned of sockets on start).
 type Kubelet struct {
-	dir string
+	dir       string
+	newServer ServerFunc
 
 	mu         sync.Mutex
-	server     dm.Server
+	server     Server
 	generation int
 	plugins    map[string]*Plugin
 	changed    chan struct{}
 }
 
-// Start serves <dir>/kubelet.sock.
-func Start(dir string) (*Kubelet, error) {
-	k := &Kubelet{dir: dir, plugins: map[string]*Plugin{}, changed: make(chan struct{})}
+// Start serves <dir>/kubelet.sock with the registration server newServer
+// creates.
+func Start(dir string, newServer ServerFunc) (*Kubelet, error) {
+	k := &Kubelet{dir: dir, newServer: newServer, plugins: map[string]*Plugin{}, changed: make(chan struct{})}
 	if err := k.Serve(); err != nil {
 		return nil, err
 	}
@@ -73,7 +109,7 @@ func (k *Kubelet) Generation() int {
 // Serve starts a new generation of the registration server (after Stop):
 // the plugin directory is cleaned of sockets and kubelet.sock created anew.
 func (k *Kubelet) Serve() error {
-	s, err := dm.NewServer(filepath.Join(k.dir, KubeletSocket), cleaner{}, (*handler)(k))
+	s, err := k.newServer(filepath.Join(k.dir, KubeletSocket), (*handler)(k))
 	if err != nil {
 		return fmt.Errorf("create registration server in %s: %w", k.dir, err)
 	}
@@ -174,16 +210,18 @@ func (k *Kubelet) notify() {
 	k.mu.Unlock()
 }
 
-// handler implements the device manager's ClientHandler callbacks.
+// handler implements the device manager's callbacks.
 type handler Kubelet
 
-func (h *handler) PluginConnected(resource string, p dm.DevicePlugin) error {
+var _ Handler = (*handler)(nil)
+
+func (h *handler) PluginConnected(ctx context.Context, resource string, api pluginapi.DevicePluginClient) error {
 	k := (*Kubelet)(h)
 	// The device manager asks for the options as part of the connection
 	// and refuses the plugin when that fails; do the same.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	opts, err := p.API().GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	opts, err := api.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
 	if err != nil {
 		return fmt.Errorf("get device plugin options of %s: %w", resource, err)
 	}
@@ -194,7 +232,7 @@ func (h *handler) PluginConnected(resource string, p dm.DevicePlugin) error {
 		Connected:   true,
 		Options:     opts,
 		ConnectedAt: time.Now(),
-		client:      p.API(),
+		client:      api,
 	}
 	k.mu.Unlock()
 	k.notify()
@@ -222,12 +260,11 @@ func (h *handler) PluginListAndWatchReceiver(resource string, resp *pluginapi.Li
 	k.notify()
 }
 
-// cleaner removes every socket but kubelet.sock from the plugin directory,
-// which is what the kubelet's device manager does when it starts: a plugin
-// must notice and re-create its socket before re-registering.
-type cleaner struct{}
-
-func (cleaner) CleanupPluginDirectory(dir string) error {
+// CleanupPluginDirectory removes every socket but kubelet.sock from the
+// plugin directory, which is what the kubelet's device manager does when it
+// starts: a plugin must notice and re-create its socket before
+// re-registering.
+func (h *handler) CleanupPluginDirectory(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("read plugin directory: %w", err)

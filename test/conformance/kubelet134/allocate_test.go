@@ -1,0 +1,1 @@
+../allocate_test.go

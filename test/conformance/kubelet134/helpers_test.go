@@ -1,0 +1,1 @@
+../helpers_test.go

@@ -1,0 +1,1 @@
+../numa_test.go

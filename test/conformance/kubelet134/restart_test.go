@@ -1,0 +1,1 @@
+../restart_test.go
