@@ -15,6 +15,10 @@ SIM_BIN := $(BIN_DIR)/gpu-node-agent-sim
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 IMAGE   ?= gpu-node-agent:$(VERSION)
+# CACHE_DIR holds what is slow to make and keyed by version: the kube and
+# containerd binaries, the image bases (mk/e2e.mk, mk/image.mk). .ci/run
+# points it outside the clone, so a fresh clone reuses them.
+CACHE_DIR ?= $(CURDIR)/.build
 STATICCHECK_VERSION ?= v0.8.2
 
 # go-nvml is cgo; its headers use deprecated declarations that would warn

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
@@ -24,7 +26,7 @@ var (
 // mode; a failure is reported by every test that needs the agent.
 func installAgent(ctx context.Context) {
 	start := time.Now()
-	if agentErr = shared.LoadAgentImage(ctx, os.Getenv("GPU_NODE_AGENT_BIN")); agentErr != nil {
+	if agentErr = shared.ImportAgentImage(ctx, ""); agentErr != nil {
 		return
 	}
 	if agent, agentErr = agentdeploy.Install(ctx, shared, agentdeploy.Options{
@@ -79,6 +81,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "e2e cluster: up in %s, dir %s\n", time.Since(start).Round(time.Millisecond), c.Dir)
+	logVersions(ctx, c)
 	shared = c
 	installAgent(ctx)
 	code := m.Run()
@@ -92,4 +95,15 @@ func run(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// logVersions prints the versions the run used (apiserver, kubelet,
+// container runtime), so a log says what was tested.
+func logVersions(ctx context.Context, c *cluster.Cluster) {
+	if v, err := c.Client.Discovery().ServerVersion(); err == nil {
+		fmt.Fprintf(os.Stderr, "e2e cluster: kube-apiserver %s\n", v.GitVersion)
+	}
+	if n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{}); err == nil {
+		fmt.Fprintf(os.Stderr, "e2e cluster: node %s: kubelet %s, runtime %s\n", n.Name, n.Status.NodeInfo.KubeletVersion, n.Status.NodeInfo.ContainerRuntimeVersion)
+	}
 }

@@ -81,8 +81,8 @@ Component logs are in %s. Ctrl-C stops everything.
 
 // deploy installs the agent and the sample pod and waits for both.
 func deploy(ctx context.Context, c *cluster.Cluster) (*agentdeploy.Agent, error) {
-	if err := c.LoadAgentImage(ctx, os.Getenv("GPU_NODE_AGENT_BIN")); err != nil {
-		return nil, fmt.Errorf("load agent image: %w", err)
+	if err := c.ImportAgentImage(ctx, ""); err != nil {
+		return nil, fmt.Errorf("import agent image: %w", err)
 	}
 	if err := c.LoadWorkloadImage(ctx); err != nil {
 		return nil, fmt.Errorf("load workload image: %w", err)

@@ -85,7 +85,7 @@ type Agent struct {
 }
 
 // Install renders the chart with simulate values and applies it. The agent
-// image must already be loaded (Cluster.LoadAgentImage).
+// image must already be loaded (Cluster.ImportAgentImage).
 func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, error) {
 	if opts.Namespace == "" {
 		opts.Namespace = "gpu-node-agent"

@@ -1,6 +1,7 @@
 // Package cluster starts a real single-node Kubernetes cluster on loopback
 // for tests and the demo: Debian's etcd, kube-apiserver, controller-manager,
-// scheduler and kubelet built from k8s.io/kubernetes, containerd and runc.
+// scheduler and kubelet built from k8s.io/kubernetes, containerd 2.x built
+// from the Go module proxy, and Debian's runc.
 package cluster
 
 import (

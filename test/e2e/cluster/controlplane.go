@@ -162,18 +162,37 @@ type binaries struct {
 	etcd       string
 	containerd string
 	ctr        string
+	// containerdDir holds containerd, ctr and containerd-shim-runc-v2;
+	// the runc runtime names this shim by path (runtime_path), so a shim
+	// of another containerd on the host's PATH is never started.
+	containerdDir string
 }
 
+// Versions the Makefile builds (mk/e2e.mk: KUBE_VERSION,
+// CONTAINERD_VERSION); they only choose the default directories, which
+// are keyed by version so a version change never reuses old binaries.
+const (
+	KubeVersion       = "v1.37.2"
+	ContainerdVersion = "v2.2.3"
+)
+
 // KubeBinDirEnv overrides where kube-apiserver, kube-controller-manager,
-// kube-scheduler and kubelet are found (default <repo>/.build/kube).
+// kube-scheduler and kubelet are found (default
+// <repo>/.build/kube/<KubeVersion>).
 const KubeBinDirEnv = "KUBE_BIN_DIR"
+
+// ContainerdBinDirEnv overrides where containerd, ctr and
+// containerd-shim-runc-v2 (containerd 2.x, built from the Go module
+// proxy by `make containerd-bins`) are found (default
+// <repo>/.build/containerd/<ContainerdVersion>).
+const ContainerdBinDirEnv = "CONTAINERD_BIN_DIR"
 
 func (b binaries) path(name string) string { return filepath.Join(b.kubeDir, name) }
 
 func findBinaries(withNode bool) (binaries, error) {
 	b := binaries{kubeDir: os.Getenv(KubeBinDirEnv)}
 	if b.kubeDir == "" {
-		b.kubeDir = filepath.Join(repoRoot(), ".build", "kube")
+		b.kubeDir = filepath.Join(repoRoot(), ".build", "kube", KubeVersion)
 	}
 	need := []string{"kube-apiserver"}
 	if withNode {
@@ -189,12 +208,16 @@ func findBinaries(withNode bool) (binaries, error) {
 		return b, err
 	}
 	if withNode {
-		if b.containerd, err = lookPath("containerd", "containerd"); err != nil {
-			return b, err
+		if b.containerdDir = os.Getenv(ContainerdBinDirEnv); b.containerdDir == "" {
+			b.containerdDir = filepath.Join(repoRoot(), ".build", "containerd", ContainerdVersion)
 		}
-		if b.ctr, err = lookPath("ctr", "containerd"); err != nil {
-			return b, err
+		for _, n := range []string{"containerd", "ctr", "containerd-shim-runc-v2"} {
+			if _, err := os.Stat(filepath.Join(b.containerdDir, n)); err != nil {
+				return b, fmt.Errorf("containerd binary %s: %w (run `make containerd-bins`, or set %s)", n, err, ContainerdBinDirEnv)
+			}
 		}
+		b.containerd = filepath.Join(b.containerdDir, "containerd")
+		b.ctr = filepath.Join(b.containerdDir, "ctr")
 		if _, err = lookPath("runc", "runc"); err != nil {
 			return b, err
 		}

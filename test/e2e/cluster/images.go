@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -147,44 +146,6 @@ func GoImage(ctx context.Context, ref, pkg, outDir string) (ImageSpec, error) {
 	return ImageSpec{Ref: ref, Files: []ImageFile{{Src: bin, Dst: dst}}, Entrypoint: []string{dst}}, nil
 }
 
-// BinaryImage returns a spec holding a dynamically linked binary at dst
-// plus every shared library ldd says it needs (at the same paths), on an
-// empty base.
-func BinaryImage(ref, bin, dst string, entrypoint ...string) (ImageSpec, error) {
-	spec := ImageSpec{Ref: ref, Files: []ImageFile{{Src: bin, Dst: dst}}, Entrypoint: append([]string{dst}, entrypoint...)}
-	libs, err := sharedLibs(bin)
-	if err != nil {
-		return ImageSpec{}, err
-	}
-	for _, l := range libs {
-		spec.Files = append(spec.Files, ImageFile{Src: l, Dst: l})
-	}
-	return spec, nil
-}
-
-// sharedLibs lists the absolute library paths (and the loader) ldd prints.
-func sharedLibs(bin string) ([]string, error) {
-	out, err := exec.Command("ldd", bin).CombinedOutput()
-	if err != nil {
-		if strings.Contains(string(out), "not a dynamic executable") {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("ldd %s: %w: %s", bin, err, out)
-	}
-	var libs []string
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		for _, f := range fields {
-			if strings.HasPrefix(f, "/") {
-				libs = append(libs, f)
-				break
-			}
-		}
-	}
-	return libs, nil
-}
-
 // LoadImage writes spec as an archive in the cluster directory and imports
 // it into the cluster's containerd (namespace k8s.io, where the kubelet's
 // images live).
@@ -222,15 +183,41 @@ func (c *Cluster) LoadWorkloadImage(ctx context.Context) error {
 	return c.LoadImage(ctx, spec)
 }
 
-// LoadAgentImage imports the agent binary (default bin/gpu-node-agent) as
-// AgentImage, entrypoint the binary at /usr/bin/gpu-node-agent.
-func (c *Cluster) LoadAgentImage(ctx context.Context, bin string) error {
-	if bin == "" {
-		bin = filepath.Join(repoRoot(), "bin", "gpu-node-agent")
+// AgentImageArchiveEnv names the agent image archive: a docker-archive
+// tagged AgentImage, built from the repository's Dockerfile with buildah by
+// `make image-local` (mk/image.mk). The e2e cluster runs that image, so
+// what is tested is what users deploy.
+const AgentImageArchiveEnv = "GNA_AGENT_IMAGE_ARCHIVE"
+
+// DefaultAgentImageArchive is where `make image-local` writes the archive.
+func DefaultAgentImageArchive() string {
+	return filepath.Join(repoRoot(), ".build", "image", "gpu-node-agent-e2e.tar")
+}
+
+// ImportAgentImage imports the agent image archive (default
+// $GNA_AGENT_IMAGE_ARCHIVE, else DefaultAgentImageArchive) into the
+// cluster's containerd and checks it is there as AgentImage.
+func (c *Cluster) ImportAgentImage(ctx context.Context, archive string) error {
+	if archive == "" {
+		archive = os.Getenv(AgentImageArchiveEnv)
 	}
-	spec, err := BinaryImage(AgentImage, bin, "/usr/bin/gpu-node-agent")
+	if archive == "" {
+		archive = DefaultAgentImageArchive()
+	}
+	if _, err := os.Stat(archive); err != nil {
+		return fmt.Errorf("agent image archive: %w (run `make image-local`, or set %s)", err, AgentImageArchiveEnv)
+	}
+	if _, err := c.ctrCommand(ctx, "images", "import", archive); err != nil {
+		return fmt.Errorf("import agent image %s: %w", archive, err)
+	}
+	out, err := c.ctrCommand(ctx, "images", "ls", "-q")
 	if err != nil {
-		return err
+		return fmt.Errorf("list images: %w", err)
 	}
-	return c.LoadImage(ctx, spec)
+	for _, ref := range strings.Fields(out) {
+		if ref == AgentImage {
+			return nil
+		}
+	}
+	return fmt.Errorf("import agent image %s: containerd has no %s afterwards (images: %s)", archive, AgentImage, strings.Join(strings.Fields(out), ", "))
 }

@@ -130,29 +130,40 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 			cniBin = "/opt/cni/bin"
 		}
 	}
-	config := fmt.Sprintf(`version = 2
+	// Configuration version 3 (containerd 2.x): the CRI plugin is split
+	// into io.containerd.cri.v1.images (snapshotter, sandbox image) and
+	// io.containerd.cri.v1.runtime (runtimes, CNI, CDI). CDI is on, as by
+	// default in 2.x, reading the host's spec directories, so an agent
+	// answering Allocate with CDI device names (device-list-strategy
+	// cdi-cri) gets them resolved as on a real node.
+	config := fmt.Sprintf(`version = 3
 root = %q
 state = %q
 [grpc]
   address = %q
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %q
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %q
+[plugins."io.containerd.cri.v1.runtime"]
   enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      runtime_path = %q
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
         BinaryName = %q
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %q
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%q]
     conf_dir = %q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.ContainerdSocket, filepath.Join(dir, "opt"),
-		PauseImage, runc, cniBin, cniDir)
+		PauseImage, filepath.Join(c.bins.containerdDir, "containerd-shim-runc-v2"), runc, cniBin, cniDir)
 	configPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
