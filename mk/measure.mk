@@ -6,10 +6,11 @@ RSS_WAIT    ?= 5
 .PHONY: measure-rss measure-rss-real measure-devices measure-served measure-fault
 
 # The demo command wires everything: health monitor, GPU metrics collector
-# and endpoint, RDMA (rdma/ib from the demo config) and mixed MIG.
+# and endpoint, RDMA (rdma/ib from the demo config) and mixed MIG. Like
+# measure-rss-real below, it runs a copy of the binary.
 measure-rss: build-sim ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_PROFILE), everything wired (no kubelet)
-	@dir=$$(mktemp -d); \
-	$(SIM_BIN) demo --simulate '$(RSS_PROFILE)' --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 \
+	@dir=$$(mktemp -d); cp $(SIM_BIN) "$$dir/agent"; \
+	"$$dir/agent" demo --simulate '$(RSS_PROFILE)' --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 \
 		--sim-control-address 127.0.0.1:0 --log-level error >/dev/null 2>&1 & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "simulate=$(RSS_PROFILE) after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ')"; \

@@ -19,6 +19,8 @@ bench-metrics: deps ## scrape and collection benchmarks on a simulated dgx-h100 
 # soak-metrics runs bin/gpu-node-agent-sim on a simulated dgx-h100 with 14 MIG
 # devices, collecting every second and scraped every SOAK_SCRAPE seconds,
 # for SOAK_SECONDS, sampling VmRSS and CPU time from /proc every second.
+# It runs a copy of the binary, as measure-rss does (mk/measure.mk): the
+# file the Go linker has just written maps with ~20 MB more resident pages.
 SOAK_SECONDS ?= 600
 SOAK_SCRAPE  ?= 15
 SOAK_PORT    ?= 19400
@@ -26,8 +28,8 @@ SOAK_MIG     := 1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb
 SOAK_ARGS    ?= --metrics-interval 1s
 
 soak-metrics: build-sim ## run the agent SOAK_SECONDS (default 600) and print max RSS and average CPU%
-	@dir=$$(mktemp -d); \
-	$(SIM_BIN) demo --simulate "dgx-h100,mig=0:$(SOAK_MIG),mig=1:$(SOAK_MIG)" \
+	@dir=$$(mktemp -d); cp $(SIM_BIN) "$$dir/agent"; \
+	"$$dir/agent" demo --simulate "dgx-h100,mig=0:$(SOAK_MIG),mig=1:$(SOAK_MIG)" \
 		--device-plugin-dir "$$dir" --metrics-address 127.0.0.1:$(SOAK_PORT) \
 		--sim-control-address "" --log-level warn $(SOAK_ARGS) >"$$dir/agent.log" 2>&1 & \
 	pid=$$!; trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf "$$dir"' EXIT; \
