@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -75,21 +74,6 @@ func waitResetRequested(t *testing.T, mon interface{ Status(string) health.Statu
 	waitFor(t, "the driver's reset request for "+id, func() bool {
 		return strings.Contains(strings.Join(mon.Status(id).Reasons, " "), "driver requests a gpu reset")
 	})
-}
-
-// simCalls reads the simulator's NVML call counts.
-func simCalls(t *testing.T, addr string) map[string]uint64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/calls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var calls map[string]uint64
-	if err := json.NewDecoder(resp.Body).Decode(&calls); err != nil {
-		t.Fatalf("GET /calls: %v", err)
-	}
-	return calls
 }
 
 func simFault(t *testing.T, addr, method, body string) {

@@ -341,22 +341,6 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, fmt.Errorf("unknown log level %q", s)
 }
 
-// loopbackAddress refuses anything but a loopback host: the simulator's
-// control endpoint changes the node and has no authentication.
-func loopbackAddress(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("%q is not host:port", addr)
-	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("%q is not a loopback address", addr)
-	}
-	return nil
-}
-
 // Duration is a time.Duration written as "30s" in YAML and flags.
 type Duration struct{ time.Duration }
 

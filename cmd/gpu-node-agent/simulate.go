@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -162,4 +163,20 @@ func openHardware(cfg *Config, log *slog.Logger) (agent.Hardware, error) {
 		ControlAddress: cfg.SimControlAddress,
 		Logger:         log,
 	})
+}
+
+// loopbackAddress refuses anything but a loopback host: the simulator's
+// control endpoint changes the node and has no authentication.
+func loopbackAddress(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address", addr)
+	}
+	return nil
 }
