@@ -64,6 +64,10 @@ const recordQuorum = 2
 // sizes the first holders recorded rather than each measuring.
 const coldSpread = 2 * time.Second
 
+// probeSlots is how many slots a node that knows it holds none tries to
+// create blind, at random indices under K, before it lists the slots.
+const probeSlots = 2
+
 // retrySpread bounds the random delay before listing the slots again
 // after losing every race, so that the losers do not all race again for
 // the same few free slots at one instant.
@@ -240,8 +244,11 @@ type Decision struct {
 // that size was measured, so it is made at most once in a row: the next
 // Acquire that still finds no fresh size measures.
 //
-// Request economy (at 7,500 nodes, 1,500 may fault at once): Acquire makes
-// one LIST of the slot Leases; a holder then renews with one PUT. A node
+// Request economy (at 7,500 nodes, 1,500 may fault at once): a node that
+// knows it holds no slot first creates up to probeSlots random slots
+// blind (see probe), so a node that finds a free slot reads no Lease; a
+// node whose probes miss, or that does not know what it holds, makes one
+// LIST of the slot Leases; a holder then renews with one PUT. A node
 // refused because all K slots are occupied makes no write, and its only
 // other reads are a GET of the holder's Node for each expired Lease under
 // K and, at most once per FleetSizeTTL and only when neither its own
@@ -282,6 +289,10 @@ type Slots struct {
 	// staleRefused says the last decision was a refusal on a size that
 	// was not fresh: the next Acquire without a fresh size measures.
 	staleRefused bool
+	// refused says the last Acquire was refused (every slot under K
+	// occupied, or every race for a free one lost): the next Acquire
+	// lists at once instead of probing (see probe).
+	refused bool
 }
 
 // NewSlots returns the slots of node. cfg is used with its defaults
@@ -342,6 +353,12 @@ func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 			return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
 		}
 	}
+	if s.held == nil && s.known && !s.refused {
+		d, err := s.probe(ctx)
+		if err != nil || d.Held {
+			return d, err
+		}
+	}
 	d := Decision{Slot: -1}
 	for round := range 2 {
 		if round > 0 {
@@ -368,6 +385,7 @@ func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 			return Decision{Slot: -1}, err
 		}
 		if len(free) == 0 {
+			s.refused = true
 			return d, nil
 		}
 		start := s.randIntN(len(free))
@@ -385,7 +403,86 @@ func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 		}
 		s.log.Debug("lost the race for taint slots", "node", s.node, "round", round)
 	}
+	s.refused = true
 	return d, nil
+}
+
+// probe tries to take a slot without listing them: it creates the Leases
+// of up to probeSlots distinct random slots under K, and the first Create
+// that succeeds holds that slot. It is Acquire's first step when this node
+// knows it holds no slot (a previous listing or Release said so) and its
+// last Acquire was not refused (a refused node asking again would only
+// find the slots held again: it lists at once, one request, no write).
+//
+// It is as safe as the listing path: an absent Lease is a free slot (see
+// Slots), and Create is create-if-absent, so a probe can only win a slot
+// no one holds. A probe that finds its slot's Lease present (AlreadyExists)
+// learns nothing about whether that Lease has expired, so when every
+// probe misses, Acquire lists the slots as before, to take an expired
+// slot or to refuse.
+//
+// Why: in a mass fault most of the nodes that will get a slot find one
+// free, and listing the slots reads up to K Leases (at K = 1,500 about
+// 1 MB in protobuf) per node. Probing makes a node that finds a free slot
+// read no Lease at all; only the nodes that miss, mostly the ones to be
+// refused once the slots fill, list them. K needs a fresh fleet size:
+// this node's own, or, with no node selector, one measured now (a LIST of
+// limit 1 counted by the API server, see measure). With a selector and no
+// fresh size of its own, measuring reads every selected Node, so the node
+// lists the slots instead to adopt the sizes other holders recorded.
+//
+// The Decision's Occupied counts only the probed slots found held.
+func (s *Slots) probe(ctx context.Context) (Decision, error) {
+	n := s.fleet
+	if !s.freshCache() {
+		if s.cfg.NodeSelector != "" {
+			return Decision{Slot: -1}, nil
+		}
+		var err error
+		if n, err = s.measure(ctx); err != nil {
+			return Decision{Slot: -1}, err
+		}
+	}
+	s.staleRefused = false
+	k := SlotLimit(n, s.cfg.MaxFraction)
+	d := Decision{Slot: -1, Limit: k, Fleet: n}
+	for i, idx := range s.probeIndices(k) {
+		won, err := s.take(ctx, slotState{index: idx})
+		if err != nil {
+			return Decision{Slot: -1}, err
+		}
+		if won {
+			d.Held, d.Slot = true, idx
+			s.log.Info("took taint slot", "node", s.node, "slot", idx, "limit", k, "fleet", n, "probed", i+1)
+			return d, nil
+		}
+		d.Occupied++
+	}
+	s.log.Debug("probed taint slots held, listing them", "node", s.node, "limit", k, "probed", d.Occupied)
+	return d, nil
+}
+
+// probeIndices is min(probeSlots, k) distinct slot indices under k, each
+// uniform at random.
+func (s *Slots) probeIndices(k int) []int {
+	out := make([]int, 0, min(probeSlots, k))
+	for len(out) < cap(out) {
+		// The i-th pick is uniform over the k-i indices not yet picked:
+		// the r-th index in order that is not taken.
+		r := s.randIntN(k - len(out))
+		idx := 0
+		for ; ; idx++ {
+			if slices.Contains(out, idx) {
+				continue
+			}
+			if r == 0 {
+				break
+			}
+			r--
+		}
+		out = append(out, idx)
+	}
+	return out
 }
 
 // Renew extends this node's claim on its slot; call it right before each
@@ -442,7 +539,8 @@ func (s *Slots) Release(ctx context.Context) error {
 		}
 		s.log.Info("released taint slot", "node", s.node, "slot", slotIndex(s.cfg.Prefix, l.Name))
 	}
-	s.held, s.known = nil, true
+	// A refusal is old news by the next fault.
+	s.held, s.known, s.refused = nil, true, false
 	return nil
 }
 

@@ -942,3 +942,145 @@ func (r listMetaResource) Namespace(string) metadata.ResourceInterface { return 
 func (r listMetaResource) List(_ context.Context, o metav1.ListOptions) (*metav1.PartialObjectMetadataList, error) {
 	return r.list(o)
 }
+
+// TestSlotsProbe: a node that knows it holds no slot tries to create up
+// to two random slots under K before it lists them; only when both are
+// held does it list (to take an expired slot or to refuse), and after a
+// listing that found every slot held it lists at once.
+func TestSlotsProbe(t *testing.T) {
+	expired := 16 * time.Minute
+	type ask struct {
+		want         Decision
+		wantRequests map[string]int
+	}
+	tests := []struct {
+		name  string
+		fleet int
+		// noSelector makes the whole cluster the fleet (counted, not
+		// listed); freshSize gives the node a fresh cached size.
+		noSelector bool
+		freshSize  int
+		tainted    []string
+		leases     []slotLease
+		// releaseBetween releases (nothing held) between the asks.
+		releaseBetween bool
+		asks           []ask
+	}{
+		{
+			name: "fresh size, probed slot free: one Create, no listing", fleet: 9, freshSize: 10,
+			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10}, map[string]int{"create leases": 1}}},
+		},
+		{
+			name: "first probe held, second wins", fleet: 9, freshSize: 10,
+			leases: []slotLease{{0, "fleet-1", time.Minute}},
+			asks:   []ask{{Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1}, map[string]int{"create leases": 2}}},
+		},
+		{
+			name: "both probes held: the listing takes the expired slot", fleet: 14, freshSize: 15,
+			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}, {2, "fleet-3", expired}},
+			asks: []ask{{Decision{Held: true, Slot: 2, Limit: 3, Fleet: 15, Occupied: 2},
+				map[string]int{"create leases": 2, "list leases": 1, "get nodes": 1, "update leases": 1}}},
+		},
+		{
+			name: "all held: probes miss and the listing refuses; asking again only lists", fleet: 9, freshSize: 10,
+			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			asks: []ask{
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"create leases": 2, "list leases": 1}},
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"list leases": 1}},
+			},
+		},
+		{
+			name: "all held, then released: the next fault probes again", fleet: 9, freshSize: 10, releaseBetween: true,
+			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
+			asks: []ask{
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"create leases": 2, "list leases": 1}},
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"create leases": 2, "list leases": 1}},
+			},
+		},
+		{
+			// fleet-0..8, self and the outsider: 11 Nodes in the cluster.
+			name: "no selector, no fresh size: the fleet is counted, then probed", fleet: 9, noSelector: true,
+			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 11}, map[string]int{"metadata list nodes": 1, "create leases": 1}}},
+		},
+		{
+			name: "selector, no fresh size: lists to adopt recorded sizes instead of reading every Node", fleet: 9,
+			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10}, map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1}}},
+		},
+		{
+			name: "K = 1: one probe", fleet: 3, freshSize: 4,
+			leases: []slotLease{{0, "fleet-1", time.Minute}},
+			asks:   []ask{{Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1}, map[string]int{"create leases": 1, "list leases": 1}}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newSlotFixture(t, tc.fleet, true, tc.tainted, tc.leases, SlotConfig{MaxFraction: 0.2})
+			if tc.noSelector {
+				f.slots.cfg.NodeSelector = ""
+			}
+			if tc.freshSize > 0 {
+				f.slots.fleet, f.slots.fleetAt = tc.freshSize, slotT0.Add(-time.Minute)
+			}
+			// As after the tainter's Release at start: nothing held.
+			f.slots.known = true
+			for i, a := range tc.asks {
+				if i > 0 && tc.releaseBetween {
+					if err := f.slots.Release(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				f.clearRequests()
+				got, err := f.slots.Acquire(context.Background())
+				if err != nil {
+					t.Fatalf("ask %d: %v", i, err)
+				}
+				if got != a.want {
+					t.Errorf("ask %d: decision %+v, want %+v", i, got, a.want)
+				}
+				if reqs := f.requests(); !sameCounts(reqs, a.wantRequests) {
+					t.Errorf("ask %d: requests %v, want %v", i, reqs, a.wantRequests)
+				}
+				if got.Held {
+					if l := f.lease(t, got.Slot); leaseHolder(l) != slotSelf {
+						t.Errorf("ask %d: slot %d held by %q, want %q", i, got.Slot, leaseHolder(l), slotSelf)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestSlotsProbeIndices: the probed slots are distinct, under K, and
+// every pair is reachable.
+func TestSlotsProbeIndices(t *testing.T) {
+	s := &Slots{}
+	for k := 1; k <= 4; k++ {
+		seen := map[[2]int]bool{}
+		for r0 := range k {
+			for r1 := range max(1, k-1) {
+				rs := []int{r0, r1}
+				s.randIntN = func(n int) int {
+					r := rs[0]
+					rs = rs[1:]
+					if r >= n {
+						t.Fatalf("k=%d: draw %d out of [0,%d)", k, r, n)
+					}
+					return r
+				}
+				got := s.probeIndices(k)
+				if len(got) != min(probeSlots, k) {
+					t.Fatalf("k=%d: %v, want %d indices", k, got, min(probeSlots, k))
+				}
+				if len(got) == 2 {
+					if got[0] == got[1] || got[1] >= k {
+						t.Fatalf("k=%d: %v not distinct under k", k, got)
+					}
+					seen[[2]int{got[0], got[1]}] = true
+				}
+			}
+		}
+		if k >= 2 && len(seen) != k*(k-1) {
+			t.Errorf("k=%d: %d ordered pairs reachable, want %d", k, len(seen), k*(k-1))
+		}
+	}
+}

@@ -104,7 +104,12 @@ func newSlotAgent(t *testing.T, cfg *rest.Config, node string) *slotAgent {
 // Node. Whatever the interleaving, at least 1 and at most 8 hold a slot,
 // no slot has two holders, and exactly the holders' Nodes are tainted.
 // The losers asking again make one LIST each and no write. Repeated with
-// a fresh slot prefix per repetition on one API server.
+// a fresh slot prefix per repetition on one API server. Even repetitions
+// select the fleet by label and start cold (the slots listed, the fleet
+// size read from the Nodes); odd ones take the chart's default (no
+// selector: the whole cluster, counted by the API server) and start as
+// the tainter does, after a Release at start, so they probe: create two
+// random slots blind before listing.
 func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	const (
@@ -133,11 +138,25 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	// Tainted Nodes outside the fleet count neither in N nor in K.
 	createNode(t, c.Client, "slots-outsider", corev1.Taint{Key: taintKey, Value: "xid", Effect: corev1.TaintEffectNoSchedule})
 
+	// With no selector the fleet is every Node: the 40, the outsider.
+	all, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := kubeapi.SlotLimit(len(all.Items), 0.2); k != limit {
+		t.Fatalf("a cluster of %d Nodes has K = %d, want %d", len(all.Items), k, limit)
+	}
+
 	heldCounts := map[int]int{}
-	granted, refused, again := map[requestShape]int{}, map[requestShape]int{}, map[requestShape]int{}
+	granted, refused, again := map[string]int{}, map[string]int{}, map[requestShape]int{}
 	for rep := range repetitions {
+		probing := rep%2 == 1
 		cfg := kubeapi.SlotConfig{Namespace: ns, Prefix: fmt.Sprintf("slot-r%d", rep), MaxFraction: 0.2,
 			NodeSelector: "fleet=" + fleet, TaintKey: taintKey}.WithDefaults()
+		wantFleet := fleetSize
+		if probing {
+			cfg.NodeSelector, wantFleet = "", len(all.Items)
+		}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -154,6 +173,12 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 		for i, idx := range rand.Perm(fleetSize)[:faulting] {
 			a := agents[idx]
 			s := kubeapi.NewSlots(a.client, a.meta, a.node, cfg, discard())
+			if probing {
+				// As the tainter at start: nothing held (one LIST).
+				if err := s.Release(ctx); err != nil {
+					t.Fatalf("repetition %d: release at start %s: %v", rep, a.node, err)
+				}
+			}
 			wg.Go(func() {
 				<-start
 				before := a.reqs.count()
@@ -173,25 +198,39 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 
 		var holders []result
 		slotOf := map[int]string{}
+		unlisted := 0
 		for _, r := range results {
 			if r.err != nil {
 				t.Fatalf("repetition %d: node %s: %v", rep, r.agent.node, r.err)
 			}
+			mode := "cold"
+			if probing {
+				mode = "probing"
+			}
 			if !r.decision.Held {
-				refused[shapeOf(r.reqs)]++
+				refused[fmt.Sprintf("%s %+v", mode, shapeOf(r.reqs))]++
 				continue
 			}
-			granted[shapeOf(r.reqs)]++
+			granted[fmt.Sprintf("%s %+v", mode, shapeOf(r.reqs))]++
+			if !listsLeases(r.reqs) {
+				unlisted++
+			}
 			holders = append(holders, r)
 			if other, dup := slotOf[r.decision.Slot]; dup {
 				t.Errorf("repetition %d: slot %d held by both %s and %s", rep, r.decision.Slot, other, r.agent.node)
 			}
 			slotOf[r.decision.Slot] = r.agent.node
-			if r.decision.Slot < 0 || r.decision.Slot >= limit || r.decision.Limit != limit || r.decision.Fleet != fleetSize {
-				t.Errorf("repetition %d: node %s decision %+v, want a slot under %d of a fleet of %d", rep, r.agent.node, r.decision, limit, fleetSize)
+			if r.decision.Slot < 0 || r.decision.Slot >= limit || r.decision.Limit != limit || r.decision.Fleet != wantFleet {
+				t.Errorf("repetition %d: node %s decision %+v, want a slot under %d of a fleet of %d", rep, r.agent.node, r.decision, limit, wantFleet)
 			}
 		}
 		heldCounts[len(holders)]++
+		// The first Create to reach the API server wins whatever slot it
+		// names, so in a probing repetition at least one holder took its
+		// slot without reading the slots.
+		if probing && unlisted == 0 {
+			t.Errorf("repetition %d: every holder listed the slots, want at least one probe to win", rep)
+		}
 		if len(holders) < 1 || len(holders) > limit {
 			t.Errorf("repetition %d: %d of %d nodes hold a slot, want 1..%d", rep, len(holders), faulting, limit)
 		}
@@ -254,6 +293,17 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	t.Logf("granted Acquire (first ask, fleet size measured): %v", granted)
 	t.Logf("refused Acquire (first ask, fleet size measured): %v", refused)
 	t.Logf("refused Acquire (asking again, all slots held): %v", again)
+}
+
+// listsLeases says whether reqs hold a LIST of Leases.
+func listsLeases(reqs []string) bool {
+	for _, r := range reqs {
+		method, path, _ := strings.Cut(r, " ")
+		if method == http.MethodGet && strings.HasSuffix(path, "/leases") {
+			return true
+		}
+	}
+	return false
 }
 
 func atoi(t *testing.T, s string) int {
