@@ -410,7 +410,7 @@ func waitQuiet(ctx context.Context, ctrs []*counter) {
 
 // without drops the kinds starting with prefix.
 func (s snapshot) without(prefix string) snapshot {
-	out := snapshot{kinds: map[string]int{}, kindBytes: s.kindBytes, bytes: s.bytes, watchBytes: s.watchBytes, denied: s.denied, samples: s.samples}
+	out := snapshot{kinds: map[string]int{}, kindBytes: s.kindBytes, bytes: s.bytes, watchBytes: s.watchBytes, denied: s.denied, samples: s.samples, answers: s.answers}
 	for k, v := range s.kinds {
 		if !strings.HasPrefix(k, prefix) {
 			out.kinds[k] = v

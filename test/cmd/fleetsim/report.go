@@ -63,9 +63,9 @@ func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 		}
 		w("\nRequests by kind (agents' transports):\n\n")
 		for i, wv := range l1.waves {
-			w("- rep %d fault: %s\n  - LISTs: %s\n  - bytes received: %s\n", i+1, wv[0].agents.describe(notWatch),
-				wv[0].agents.describe(isList), wv[0].agents.describeBytes())
-			w("- rep %d recovery: %s\n", i+1, wv[1].agents.describe(notWatch))
+			w("- rep %d fault: %s\n  - LISTs: %s\n  - bytes received: %s\n  - answers other than success (409: Conflict, or AlreadyExists on a create): %s\n", i+1, wv[0].agents.describe(notWatch),
+				wv[0].agents.describe(isList), wv[0].agents.describeBytes(), wv[0].agents.describeAnswers())
+			w("- rep %d recovery: %s\n  - answers other than success: %s\n", i+1, wv[1].agents.describe(notWatch), wv[1].agents.describeAnswers())
 		}
 		w("\n")
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,10 +32,14 @@ type counter struct {
 	// forbidden, unauthorized); samples keeps the first refusals' bodies.
 	denied  map[string]int
 	samples []string
+	// answers counts the other answers that were not a success, by
+	// "<status code> <kind>" (a 409 is a Conflict on an update or patch,
+	// or AlreadyExists on a create: a slot probe that missed).
+	answers map[string]int
 }
 
 func newCounter() *counter {
-	return &counter{kinds: map[string]int{}, kindBytes: map[string]*atomic.Int64{}, denied: map[string]int{}}
+	return &counter{kinds: map[string]int{}, kindBytes: map[string]*atomic.Int64{}, denied: map[string]int{}, answers: map[string]int{}}
 }
 
 // maxSamples is how many refusal bodies a counter keeps.
@@ -106,6 +111,10 @@ func (c *counter) wrap(rt http.RoundTripper) http.RoundTripper {
 					c.samples = append(c.samples, body)
 				}
 				c.mu.Unlock()
+			} else if resp.StatusCode >= 300 {
+				c.mu.Lock()
+				c.answers[strconv.Itoa(resp.StatusCode)+" "+kind]++
+				c.mu.Unlock()
 			}
 		}
 		if err == nil && resp.Body != nil {
@@ -176,10 +185,16 @@ type snapshot struct {
 	// samples some refusal bodies (in a sum, not in a difference).
 	denied  map[string]int
 	samples []string
+	// answers are the non-success answers that were not refusals, by
+	// "<status code> <kind>" (counter.answers).
+	answers map[string]int
 }
 
 func (c *counter) addTo(s *snapshot) {
 	c.mu.Lock()
+	for k, v := range c.answers {
+		s.answers[k] += v
+	}
 	for k, v := range c.kinds {
 		s.kinds[k] += v
 	}
@@ -200,7 +215,7 @@ func (c *counter) addTo(s *snapshot) {
 }
 
 func sum(cs []*counter) snapshot {
-	s := snapshot{kinds: map[string]int{}, kindBytes: map[string]int64{}, denied: map[string]int{}}
+	s := snapshot{kinds: map[string]int{}, kindBytes: map[string]int64{}, denied: map[string]int{}, answers: map[string]int{}}
 	for _, c := range cs {
 		c.addTo(&s)
 	}
@@ -210,7 +225,16 @@ func sum(cs []*counter) snapshot {
 // minus is s - before.
 func (s snapshot) minus(before snapshot) snapshot {
 	d := snapshot{kinds: maps.Clone(s.kinds), kindBytes: maps.Clone(s.kindBytes), bytes: s.bytes - before.bytes,
-		watchBytes: s.watchBytes - before.watchBytes, denied: maps.Clone(s.denied)}
+		watchBytes: s.watchBytes - before.watchBytes, denied: maps.Clone(s.denied), answers: maps.Clone(s.answers)}
+	if d.answers == nil {
+		d.answers = map[string]int{}
+	}
+	for k, v := range before.answers {
+		d.answers[k] -= v
+		if d.answers[k] == 0 {
+			delete(d.answers, k)
+		}
+	}
 	if d.kindBytes == nil {
 		d.kindBytes = map[string]int64{}
 	}
@@ -256,6 +280,12 @@ func (s snapshot) deniedTotal() int {
 		n += v
 	}
 	return n
+}
+
+// describeAnswers lists the non-success answers by status code and kind,
+// most first.
+func (s snapshot) describeAnswers() string {
+	return snapshot{kinds: s.answers}.describe(func(string) bool { return true })
 }
 
 // describeDenied lists the refused requests by why and kind, most first.
