@@ -124,6 +124,7 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	if spec.Host.DriverVersion != "" && spec.Host.CUDADriverVersion != 0 {
 		driver, cuda = spec.Host.DriverVersion, spec.Host.CUDADriverVersion
 	}
+	spec.Host.DriverVersion, spec.Host.CUDADriverVersion = driver, cuda
 	srv, err := server.New(
 		server.WithGPUs(cfgs...),
 		server.WithDriverVersion(driver),
