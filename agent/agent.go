@@ -105,9 +105,12 @@ type Agent struct {
 	sampler   *nvmlowner.Sampler
 	watcher   *rdma.Watcher
 	// node is nil unless a node name and tainting or labels are set.
-	node   *kubeapi.NodeObject
-	rec    *reconciler
-	rescan chan struct{}
+	node *kubeapi.NodeObject
+	rec  *reconciler
+	// labelsHeld is why the last discovery was not labelled ("" when it
+	// was); reconciler goroutine only.
+	labelsHeld string
+	rescan     chan struct{}
 
 	closeOnce sync.Once
 }
@@ -191,13 +194,17 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode,
 		func(n *topology.Node) { a.sampler.SetTargets(nvmlowner.TargetsOf(n)) }}
 	if a.node != nil {
-		onDiscover = append(onDiscover, a.node.SetNode)
+		onDiscover = append(onDiscover, a.labelNode)
 	}
 	a.rec = &reconciler{
 		log: log.With("component", "reconcile"),
 		discover: func() (*topology.Node, error) {
 			n, err := hw.Discover()
-			noteNVML(a.mon, cfg.Health, hostRoot, hw.LastNode(), err, log)
+			if o := noteNVML(a.mon, cfg.Health, hostRoot, hw.LastNode(), err, log); o.Fatal && n != nil {
+				// GPUs the bus shows and NVML does not list make the
+				// discovery incomplete: the labels must not shrink.
+				n.Unread = append(n.Unread, "gpu-missing: "+o.Reason)
+			}
 			a.nics.AddToNode(n)
 			return n, err
 		},
@@ -213,6 +220,29 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		a.rec.report = (&inventory{out: stdout, what: describe(hw), fit: a.mon.NodeFit}).report
 	}
 	return a, nil
+}
+
+// labelNode hands a discovered node to the node object, whose labels and
+// annotations follow it, only when the discovery was complete
+// (topology.LabelsComplete): a GPU lost or hung, a read failing this time
+// or a GPU missing from NVML would otherwise remove or change labels that
+// node selectors rely on, and put them back a rescan later. The Node then
+// keeps what the last complete discovery (of this run or an earlier one)
+// wrote; only a complete discovery that differs changes it, in one patch.
+// It runs on the reconciler's goroutine.
+func (a *Agent) labelNode(n *topology.Node) {
+	why := topology.LabelsComplete(n)
+	if why != a.labelsHeld {
+		if why != "" {
+			a.log.Warn("node labels kept as they are: discovery incomplete", "reason", why)
+		} else if a.labelsHeld != "" {
+			a.log.Info("node labels follow discovery again")
+		}
+		a.labelsHeld = why
+	}
+	if why == "" {
+		a.node.SetNode(n)
+	}
 }
 
 // observePort reports an RDMA port's state to the health monitor, so a

@@ -14,8 +14,8 @@ import (
 // the node unfit (tainted, every device unhealthy) instead of quietly
 // smaller or empty. The health monitor alone treats "no library, no GPUs"
 // as a node without GPUs. A simulated node has its GPUs on its own host
-// root's bus, so the check runs there too.
-func noteNVML(mon *health.Monitor, cfg health.Config, hostRoot string, last *topology.Node, err error, log *slog.Logger) {
+// root's bus, so the check runs there too. It returns the observation.
+func noteNVML(mon *health.Monitor, cfg health.Config, hostRoot string, last *topology.Node, err error, log *slog.Logger) health.Observation {
 	onBus, busErr := health.GPUsOnPCI(hostRoot)
 	if busErr != nil && log != nil {
 		// Without the bus the check can only count against expectedGPUs.
@@ -24,5 +24,7 @@ func noteNVML(mon *health.Monitor, cfg health.Config, hostRoot string, last *top
 	if err != nil {
 		last = nil
 	}
-	mon.Observe(health.MissingGPUs(cfg, onBus, last))
+	o := health.MissingGPUs(cfg, onBus, last)
+	mon.Observe(o)
+	return o
 }

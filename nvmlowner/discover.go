@@ -88,6 +88,9 @@ func (x *Discoverer) Discover(ctx context.Context, previous *topology.Node) (*to
 		wg.Go(func() { d.node.GPUs[i] = d.gpu(i) })
 	}
 	wg.Wait()
+	d.node.Host = d.host()
+	slices.Sort(d.unread)
+	d.node.Unread = d.unread
 	reused := previous != nil && sameGPUs(previous.GPUs, d.node.GPUs)
 	if reused {
 		// The wiring of an unchanged GPU set does not change: skipping
@@ -120,6 +123,10 @@ type discovery struct {
 	x    *Discoverer
 	ctx  context.Context
 	node *topology.Node
+
+	// unread collects Node.Unread from every GPU's goroutine.
+	mu     sync.Mutex
+	unread []string
 }
 
 // finished says whether a call ran to its end: its fn's writes may be
@@ -209,8 +216,25 @@ func (d *discovery) check(g *topology.GPU, what string, err error) (ok, more boo
 		return false, false
 	default:
 		d.x.log.Debug("gpu query failed", "index", g.Index, "call", what, "err", r.Error())
+		if !noData(r) {
+			d.noteUnread(fmt.Sprintf("gpu %d: %s: %s", g.Index, what, r.Error()))
+		}
 		return false, true
 	}
+}
+
+// noData says whether r means the hardware does not give a reading
+// (NOT_SUPPORTED, NO_PERMISSION): no data, which stays so, rather than a
+// read that failed this time.
+func noData(r nvml.Return) bool {
+	return r == nvml.ERROR_NOT_SUPPORTED || r == nvml.ERROR_NO_PERMISSION
+}
+
+// noteUnread records a read that failed this time (Node.Unread).
+func (d *discovery) noteUnread(what string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.unread = append(d.unread, what)
 }
 
 // gpu reads GPU i: its identity by index, then the rest by UUID.
@@ -244,6 +268,7 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 		g.PCIBusID = busIDFromPciInfo(pci)
 		g.NUMANode = d.numaNode(g.PCIBusID)
 		g.PCIPath = d.pciPath(g.PCIBusID)
+		g.PCIClass = pciClass(d.x.hostRoot, g.PCIBusID)
 	} else {
 		d.lost(&g, strings.TrimPrefix(err.Error(), "nvml "))
 	}
@@ -270,6 +295,15 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 	} else if !more {
 		return g
 	}
+	cc, err := call(d, uuid, "GetCudaComputeCapability", func(dev Device) ([2]int, nvml.Return) {
+		major, minor, r := dev.GetCudaComputeCapability()
+		return [2]int{major, minor}, r
+	})
+	if ok, more := d.check(&g, "GetCudaComputeCapability", err); ok {
+		g.ComputeMajor, g.ComputeMinor = cc[0], cc[1]
+	} else if !more {
+		return g
+	}
 	d.mig(&g, totalMemory)
 	return g
 }
@@ -280,6 +314,8 @@ type migRead struct {
 	devices          []topology.MIGDevice
 	// lost is the call that reported the GPU lost, if one did.
 	lost string
+	// unread are the calls that failed otherwise (Node.Unread).
+	unread []string
 }
 
 // mig reads MIG mode and, when enabled, the MIG devices, in one batch on
@@ -301,6 +337,9 @@ func (d *discovery) mig(g *topology.GPU, parentMemory uint64) {
 	if r.lost != "" {
 		d.lost(g, r.lost)
 	}
+	for _, u := range r.unread {
+		d.noteUnread(fmt.Sprintf("gpu %d: %s", g.Index, u))
+	}
 }
 
 // readMIG runs on the GPU's lane and touches nothing but its result.
@@ -310,6 +349,8 @@ func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead 
 	if ret != nvml.SUCCESS {
 		if ret == nvml.ERROR_GPU_IS_LOST {
 			r.lost = "GetMigMode: " + ret.Error()
+		} else if !noData(ret) {
+			r.unread = append(r.unread, "GetMigMode: "+ret.Error())
 		}
 		return r
 	}
@@ -324,6 +365,7 @@ func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead 
 			r.lost = "GetMaxMigDeviceCount: " + ret.Error()
 		}
 		d.x.log.Debug("gpu query failed", "index", index, "call", "GetMaxMigDeviceCount", "err", ret.Error())
+		r.unread = append(r.unread, "GetMaxMigDeviceCount: "+ret.Error())
 		return r
 	}
 	for idx := 0; idx < maxCount; idx++ {
@@ -337,6 +379,7 @@ func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead 
 		}
 		if ret != nvml.SUCCESS {
 			d.x.log.Debug("gpu query failed", "index", index, "call", "GetMigDeviceHandleByIndex", "err", ret.Error())
+			r.unread = append(r.unread, fmt.Sprintf("GetMigDeviceHandleByIndex(%d): %s", idx, ret.Error()))
 			continue
 		}
 		m, err := migDevice(dev, md, idx, parentMemory)
@@ -346,6 +389,7 @@ func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead 
 				return r
 			}
 			d.x.log.Warn("skipping unreadable mig device", "gpu", index, "index", idx, "err", err)
+			r.unread = append(r.unread, err.Error())
 			continue
 		}
 		r.devices = append(r.devices, m)

@@ -35,6 +35,16 @@ func migDevice(parent, md Device, idx int, parentMemory uint64) (topology.MIGDev
 		return m, fmt.Errorf("mig device %s: %w", m.UUID, err)
 	}
 	m.MemoryMiB = attrs.MemorySizeMB
+	m.Attributes = topology.MIGAttributes{
+		Multiprocessors:       attrs.MultiprocessorCount,
+		GPUInstanceSlices:     attrs.GpuInstanceSliceCount,
+		ComputeInstanceSlices: attrs.ComputeInstanceSliceCount,
+		CopyEngines:           attrs.SharedCopyEngineCount,
+		Decoders:              attrs.SharedDecoderCount,
+		Encoders:              attrs.SharedEncoderCount,
+		JPEGs:                 attrs.SharedJpegCount,
+		OFAs:                  attrs.SharedOfaCount,
+	}
 	m.Profile, err = topology.MIGProfileNameOf(profile, int(attrs.GpuInstanceSliceCount), int(attrs.ComputeInstanceSliceCount),
 		attrs.MemorySizeMB, parentMemory)
 	if err != nil {

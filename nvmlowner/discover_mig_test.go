@@ -112,7 +112,8 @@ func TestMIGDeviceProfileVariants(t *testing.T) {
 			if err != nil {
 				t.Fatalf("migDevice: %v", err)
 			}
-			want := topology.MIGDevice{UUID: testMIGUUID, Profile: tc.want, GPUInstance: testGI, MemoryMiB: tc.memMiB, Index: 3}
+			want := topology.MIGDevice{UUID: testMIGUUID, Profile: tc.want, GPUInstance: testGI, MemoryMiB: tc.memMiB, Index: 3,
+				Attributes: topology.MIGAttributes{GPUInstanceSlices: uint32(tc.giSlices), ComputeInstanceSlices: uint32(tc.ciSlices)}}
 			if got != want {
 				t.Errorf("migDevice = %+v, want %+v", got, want)
 			}

@@ -43,6 +43,10 @@ const (
 	FieldRemapFailure                    // GetRemappedRows() failureOccurred: 1 failed
 	FieldFabricState                     // GetGpuFabricInfo().State (nvml.GPU_FABRIC_STATE_*)
 	FieldFabricStatus                    // GetGpuFabricInfo().Status (an nvml.Return)
+	FieldEncUtil                         // GetEncoderUtilization(), %
+	FieldDecUtil                         // GetDecoderUtilization(), %
+	FieldFBReserved                      // GetMemoryInfo_v2().Reserved, bytes
+	FieldVGPULicense                     // GetGridLicensableFeatures(): 1 a licensable feature is licensed
 	NumFields
 )
 
@@ -57,6 +61,7 @@ var fieldNames = [NumFields]string{
 	FieldRemapCorrectable: "remap-correctable", FieldRemapUncorrectable: "remap-uncorrectable",
 	FieldRemapPending: "remap-pending", FieldRemapFailure: "remap-failure",
 	FieldFabricState: "fabric-state", FieldFabricStatus: "fabric-status",
+	FieldEncUtil: "enc-util", FieldDecUtil: "dec-util", FieldFBReserved: "fb-reserved", FieldVGPULicense: "vgpu-license",
 }
 
 // String is the field's name as used in logs and the no-data metric.

@@ -319,6 +319,14 @@ func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
 	note(ret)
 	v[FieldFBUsed], v[FieldFBFree], v[FieldFBTotal] = valueOf(m.Used, ret), valueOf(m.Free, ret), valueOf(m.Total, ret)
 	u32 := func(f Field, val uint32, ret nvml.Return) { v[f] = valueOf(uint64(val), note(ret)) }
+	m2, ret := dev.GetMemoryInfo_v2()
+	v[FieldFBReserved] = valueOf(m2.Reserved, note(ret))
+	enc, _, ret := dev.GetEncoderUtilization()
+	u32(FieldEncUtil, enc, ret)
+	dec, _, ret := dev.GetDecoderUtilization()
+	u32(FieldDecUtil, dec, ret)
+	lic, ret := dev.GetGridLicensableFeatures()
+	v[FieldVGPULicense] = valueOf(boolValue(licensed(lic)), note(ret))
 	c, ret := dev.GetClockInfo(nvml.CLOCK_SM)
 	u32(FieldSMClock, c, ret)
 	c, ret = dev.GetClockInfo(nvml.CLOCK_MEM)
@@ -400,6 +408,23 @@ func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
 		return nvml.ERROR_GPU_IS_LOST
 	}
 	return nvml.SUCCESS
+}
+
+// licensed says whether vGPU software licensing is supported and one of
+// the licensable features is licensed (nvml.h nvmlGridLicensableFeature_t
+// featureState: "Non-zero if feature is currently licensed"); a GPU
+// without vGPU licensing reads 0, as dcgm-exporter's
+// DCGM_FI_DEV_VGPU_LICENSE_STATUS does on bare metal.
+func licensed(f nvml.GridLicensableFeatures) bool {
+	if f.IsGridLicenseSupported == 0 {
+		return false
+	}
+	for i := range min(int(f.LicensableFeaturesCount), len(f.GridLicensableFeatures)) {
+		if f.GridLicensableFeatures[i].FeatureState != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // readFieldValues reads, in one call, what NVML exposes only as field

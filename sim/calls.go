@@ -24,12 +24,14 @@ const (
 	libEventSetCreate
 	libEventSetWait
 	libEventSetFree
+	libSystemGetDriverVersion
+	libSystemGetCudaDriverVersion
 	numLibCalls
 )
 
 var libCallNames = [numLibCalls]string{
 	"Init", "Shutdown", "DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetHandleByUUID",
-	"EventSetCreate", "EventSetWait", "EventSetFree",
+	"EventSetCreate", "EventSetWait", "EventSetFree", "SystemGetDriverVersion", "SystemGetCudaDriverVersion",
 }
 
 // The device calls, counted under their nvml.Device names.
@@ -66,6 +68,11 @@ const (
 	devGetRemappedRows
 	devGetGpuFabricInfo
 	devGetNvLinkErrorCounter
+	devGetCudaComputeCapability
+	devGetEncoderUtilization
+	devGetDecoderUtilization
+	devGetMemoryInfoV2
+	devGetGridLicensableFeatures
 	numDeviceCalls
 )
 
@@ -78,6 +85,8 @@ var deviceCallNames = [numDeviceCalls]string{
 	"GetUtilizationRates", "GetClockInfo", "GetTemperature", "GetPowerUsage", "GetTotalEnergyConsumption",
 	"GetPcieReplayCounter", "GetFieldValues", "GetEccMode", "GetTotalEccErrors", "GetRetiredPages",
 	"GetRetiredPagesPendingStatus", "GetRemappedRows", "GetGpuFabricInfo", "GetNvLinkErrorCounter",
+	"GetCudaComputeCapability", "GetEncoderUtilization", "GetDecoderUtilization", "GetMemoryInfo_v2",
+	"GetGridLicensableFeatures",
 }
 
 // count counts one call of library method k (an index into libCallNames).

@@ -115,6 +115,39 @@ func (n *Node) installCounters() {
 			used := total / 100 * uint64(s.util(s.step(readMemory))-10)
 			return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 		}
+		// nvml.h nvmlDeviceGetEncoderUtilization/DecoderUtilization: "For
+		// Kepler or newer fully supported devices", and "On MIG-enabled
+		// GPUs, querying encoder/decoder utilization is not currently
+		// supported". The simulated workloads decode video (a data loader)
+		// and never encode. The sampling period is NVML's usual ~167 ms.
+		d.GetEncoderUtilizationFunc = func() (uint32, uint32, nvml.Return) {
+			if migEnabled() {
+				return 0, 0, nvml.ERROR_NOT_SUPPORTED
+			}
+			return 0, 166667, nvml.SUCCESS
+		}
+		d.GetDecoderUtilizationFunc = func() (uint32, uint32, nvml.Return) {
+			if migEnabled() {
+				return 0, 0, nvml.ERROR_NOT_SUPPORTED
+			}
+			return s.util(s.step(readUtil)) / 4, 166667, nvml.SUCCESS
+		}
+		// nvml.h nvmlDeviceGetMemoryInfo_v2 (nvmlMemory_v2_t): total =
+		// reserved + used + free, reserved being what the driver keeps
+		// for itself; simulated as 1/256 of the memory.
+		d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+			total := d.MemoryInfo.Total
+			reserved := total >> 8
+			used := total / 100 * uint64(s.util(s.step(readMemory))-10)
+			return nvml.Memory_v2{Version: nvml.STRUCT_VERSION(nvml.Memory_v2{}, 2), Total: total,
+				Reserved: reserved, Used: used, Free: total - reserved - used}, nvml.SUCCESS
+		}
+		// nvml.h nvmlDeviceGetGridLicensableFeatures_v4 documents only
+		// SUCCESS, INVALID_ARGUMENT and UNKNOWN: a bare-metal GPU answers
+		// with isGridLicenseSupported 0 and no licensable feature.
+		d.GetGridLicensableFeaturesFunc = func() (nvml.GridLicensableFeatures, nvml.Return) {
+			return nvml.GridLicensableFeatures{}, nvml.SUCCESS
+		}
 		d.GetClockInfoFunc = func(t nvml.ClockType) (uint32, nvml.Return) {
 			switch t {
 			case nvml.CLOCK_SM, nvml.CLOCK_GRAPHICS:

@@ -124,6 +124,27 @@ func (l library) DeviceGetHandleByUUID(uuid string) (nvmlapi.Device, nvml.Return
 	return n.resolved(d, nvml.ERROR_NOT_FOUND)
 }
 
+// SystemGetDriverVersion answers the simulated driver's version (New:
+// R570); it fails while an NVML failure is injected.
+func (l library) SystemGetDriverVersion() (string, nvml.Return) {
+	l.n.calls.count(libSystemGetDriverVersion)
+	if l.n.failing() {
+		return "", nvml.ERROR_UNKNOWN
+	}
+	return l.n.srv.SystemGetDriverVersionFunc()
+}
+
+// SystemGetCudaDriverVersion answers the CUDA version of the simulated
+// driver (nvml.h: "1000 * major + 10 * minor"); it fails while an NVML
+// failure is injected.
+func (l library) SystemGetCudaDriverVersion() (int, nvml.Return) {
+	l.n.calls.count(libSystemGetCudaDriverVersion)
+	if l.n.failing() {
+		return 0, nvml.ERROR_UNKNOWN
+	}
+	return l.n.srv.SystemGetCudaDriverVersionFunc()
+}
+
 func (n *Node) byUUID(uuid string) nvmlapi.Device {
 	for i, d := range n.devices {
 		if d.UUID == uuid {
@@ -369,4 +390,31 @@ func (d device) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
 func (d device) GetNvLinkErrorCounter(l int, c nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 	d.g.enter(devGetNvLinkErrorCounter)
 	return d.m.GetNvLinkErrorCounterFunc(l, c)
+}
+
+// GetCudaComputeCapability answers go-nvml's mock configuration of the
+// model (9.0 for H100, 8.0 for A100).
+func (d device) GetCudaComputeCapability() (int, int, nvml.Return) {
+	d.g.enter(devGetCudaComputeCapability)
+	return d.m.GetCudaComputeCapabilityFunc()
+}
+
+func (d device) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	d.g.enter(devGetEncoderUtilization)
+	return d.m.GetEncoderUtilizationFunc()
+}
+
+func (d device) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	d.g.enter(devGetDecoderUtilization)
+	return d.m.GetDecoderUtilizationFunc()
+}
+
+func (d device) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	d.g.enter(devGetMemoryInfoV2)
+	return d.m.GetMemoryInfo_v2Func()
+}
+
+func (d device) GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return) {
+	d.g.enter(devGetGridLicensableFeatures)
+	return d.m.GetGridLicensableFeaturesFunc()
 }

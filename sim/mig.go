@@ -117,6 +117,7 @@ func planMIG(cfg gpus.Config, parentUUID string, generation int, names []string)
 			ComputeInstance: 0,
 			MemoryMiB:       p.gi.MemorySizeMB,
 			Index:           i,
+			Attributes:      migAttributes(p.gi, p.ci),
 		}
 	}
 	return out, nil
@@ -240,4 +241,22 @@ func realisticMIG(cfg gpus.Config) gpus.Config {
 	}
 	cfg.MIGProfiles.GpuInstanceProfiles = dst
 	return cfg
+}
+
+// migAttributes is what nvmlDeviceGetAttributes answers for a MIG device of
+// GPU instance profile gi and compute instance profile ci (nvml.h
+// nvmlDeviceAttributes_t): the compute instance's multiprocessors and
+// slices, the GPU instance's slices and the engines it shares among its
+// compute instances.
+func migAttributes(gi nvml.GpuInstanceProfileInfo, ci nvml.ComputeInstanceProfileInfo) topology.MIGAttributes {
+	return topology.MIGAttributes{
+		Multiprocessors:       ci.MultiprocessorCount,
+		GPUInstanceSlices:     gi.SliceCount,
+		ComputeInstanceSlices: ci.SliceCount,
+		CopyEngines:           gi.CopyEngineCount,
+		Decoders:              gi.DecoderCount,
+		Encoders:              gi.EncoderCount,
+		JPEGs:                 gi.JpegCount,
+		OFAs:                  gi.OfaCount,
+	}
 }

@@ -164,18 +164,29 @@ func (n *Node) newMIGDevices(i int, infos []topology.MIGDevice) ([]*migDevice, e
 		fillUnsupported(&gi.GpuInstance)
 		fillUnsupported(&ci.ComputeInstance)
 
+		// A snapshot of a real node keeps what its GPU answered.
+		a := info.Attributes
+		if a == (topology.MIGAttributes{}) {
+			a = migAttributes(p.gi, p.ci)
+			info.Attributes = a
+		}
 		m := &migDevice{
 			dev:  &mock.Device{},
 			info: info,
+			// nvml.h nvmlDeviceAttributes_t: the shared* counts are the
+			// engines of the GPU instance, which its compute instances
+			// share; go-nvml's mock compute instance profiles leave them
+			// zero, so they come from the GPU instance profile
+			// (migAttributes).
 			attrs: nvml.DeviceAttributes{
-				MultiprocessorCount:       p.ci.MultiprocessorCount,
-				SharedCopyEngineCount:     p.ci.SharedCopyEngineCount,
-				SharedDecoderCount:        p.ci.SharedDecoderCount,
-				SharedEncoderCount:        p.ci.SharedEncoderCount,
-				SharedJpegCount:           p.ci.SharedJpegCount,
-				SharedOfaCount:            p.ci.SharedOfaCount,
-				GpuInstanceSliceCount:     p.gi.SliceCount,
-				ComputeInstanceSliceCount: p.ci.SliceCount,
+				MultiprocessorCount:       a.Multiprocessors,
+				SharedCopyEngineCount:     a.CopyEngines,
+				SharedDecoderCount:        a.Decoders,
+				SharedEncoderCount:        a.Encoders,
+				SharedJpegCount:           a.JPEGs,
+				SharedOfaCount:            a.OFAs,
+				GpuInstanceSliceCount:     a.GPUInstanceSlices,
+				ComputeInstanceSliceCount: a.ComputeInstanceSlices,
 				MemorySizeMB:              info.MemoryMiB,
 			},
 			gi:      gi,

@@ -62,6 +62,10 @@ type profileDef struct {
 	// storageNICs are extra NICs after the compute ones, outside the GPU
 	// switch tree.
 	storageNICs []topology.NIC
+	// machine is the DMI product name (/sys/class/dmi/id/product_name) the
+	// simulated host's firmware reports: the system's name, not copied
+	// from any real firmware.
+	machine string
 }
 
 // dgxA100Storage is the DGX A100's storage NIC: one dual-port ConnectX
@@ -87,35 +91,42 @@ var profiles = map[string]profileDef{
 		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 2, subtreesPerHostBridge: 1},
 		nicLinkLayer: "InfiniBand",
 		storageNICs:  dgxA100Storage,
+		machine:      "DGX A100",
 	},
 	"dgx-h100": {
 		gpu: realisticMIG(gpus.H100_SXM5_80GB), count: 8, nvswitchLinks: 18, nvswitches: 4,
 		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
+		machine:      "DGX H100",
 	},
 	"dgx-h200": {
 		gpu: realisticMIG(gpus.H200_SXM5_141GB), count: 8, nvswitchLinks: 18, nvswitches: 4,
 		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
+		machine:      "DGX H200",
 	},
 	"dgx-b200": {
 		gpu: realisticMIG(gpus.B200_SXM5_180GB), count: 8, nvswitchLinks: 18, nvswitches: 2,
 		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
+		machine:      "DGX B200",
 	},
 	"dgx-1v": {
 		gpu: v100SXM2, count: 8, direct: dgx1vLinks,
 		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 1, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
+		machine:      "DGX-1",
 	},
 	"dgx-2": {
 		gpu: v100SXM3, count: 16, nvswitchLinks: 6, nvswitches: 12,
 		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 1, leavesPerTop: 2, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
+		machine:      "DGX-2",
 	},
 	"pcie-8gpu": {
 		gpu: realisticMIG(gpus.A100_PCIE_80GB), count: 8,
-		shape: treeShape{gpusPerLeaf: 2, leavesPerTop: 2, subtreesPerHostBridge: 1},
+		shape:   treeShape{gpusPerLeaf: 2, leavesPerTop: 2, subtreesPerHostBridge: 1},
+		machine: "PCIe GPU Server (simulated)",
 	},
 }
 
@@ -167,18 +178,24 @@ func Profile(name string, opts ...ProfileOption) (*topology.Node, error) {
 		}
 	}
 	tree := buildTree(def.count, def.shape)
-	node := &topology.Node{}
+	node := &topology.Node{Host: topology.Host{MachineType: def.machine}}
 	for i := 0; i < def.count; i++ {
 		g := topology.GPU{
-			Index:      i,
-			UUID:       deterministicUUID("GPU", name, "gpu", i),
-			PCIBusID:   tree.gpuPaths[i][len(tree.gpuPaths[i])-1],
-			NUMANode:   tree.gpuNUMA[i],
-			Model:      def.gpu.Name,
+			Index:    i,
+			UUID:     deterministicUUID("GPU", name, "gpu", i),
+			PCIBusID: tree.gpuPaths[i][len(tree.gpuPaths[i])-1],
+			NUMANode: tree.gpuNUMA[i],
+			// go-nvml names some mocks "Mock NVIDIA ..."; the GPU names
+			// itself "NVIDIA ..." (configFor maps it back).
+			Model:      strings.TrimPrefix(def.gpu.Name, "Mock "),
 			MemoryMiB:  def.gpu.MemoryMB,
 			Minor:      i,
 			PCIPath:    tree.gpuPaths[i],
 			MIGCapable: len(def.gpu.MIGProfiles.GpuInstanceProfiles) > 0,
+			// A GPU is a PCI 3D controller (class 0x030200) in compute mode.
+			PCIClass:     0x030200,
+			ComputeMajor: def.gpu.CudaMajor,
+			ComputeMinor: def.gpu.CudaMinor,
 		}
 		node.GPUs = append(node.GPUs, g)
 	}
@@ -273,6 +290,8 @@ func configFor(g topology.GPU) gpus.Config {
 		Architecture: nvml.DEVICE_ARCH_UNKNOWN,
 		Brand:        nvml.BRAND_NVIDIA,
 		MemoryMB:     g.MemoryMiB,
+		CudaMajor:    g.ComputeMajor,
+		CudaMinor:    g.ComputeMinor,
 		PciDeviceId:  0x000010DE,
 	}
 	if c.Name == "" {

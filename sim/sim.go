@@ -119,11 +119,17 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	// the simulator answers (go-nvml commit f420a32 "Bump to NVML version
 	// 12.8" added it; its 12.6 header, R560, lacks it). 550.54.15, the
 	// version simulated before, predates the field.
+	// A snapshot of a real node keeps its driver's versions.
+	driver, cuda := "570.172.08", 12080
+	if spec.Host.DriverVersion != "" && spec.Host.CUDADriverVersion != 0 {
+		driver, cuda = spec.Host.DriverVersion, spec.Host.CUDADriverVersion
+	}
+	spec.Host.DriverVersion, spec.Host.CUDADriverVersion = driver, cuda
 	srv, err := server.New(
 		server.WithGPUs(cfgs...),
-		server.WithDriverVersion("570.172.08"),
-		server.WithNVMLVersion("12.570.172.08"),
-		server.WithCUDADriverVersion(12080),
+		server.WithDriverVersion(driver),
+		server.WithNVMLVersion("12."+driver),
+		server.WithCUDADriverVersion(cuda),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("simulated node: mock server: %w", err)
@@ -342,6 +348,11 @@ func cloneNode(in *topology.Node) *topology.Node {
 		GPUs:  slices.Clone(in.GPUs),
 		Links: slices.Clone(in.Links),
 		NICs:  slices.Clone(in.NICs),
+		Host:  in.Host,
+	}
+	if in.Host.VGPU != nil {
+		v := *in.Host.VGPU
+		out.Host.VGPU = &v
 	}
 	for i := range out.GPUs {
 		out.GPUs[i].PCIPath = slices.Clone(out.GPUs[i].PCIPath)

@@ -1,12 +1,15 @@
 package sim
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // pciFunction is what the simulator writes for one PCI function in sysfs.
@@ -37,6 +40,19 @@ func (n *Node) writeHostTree() error {
 		gpuFn := pciFunction{vendor: 0x10de, device: n.gpus[i].cfg.PciDeviceId >> 16, class: 0x030200}
 		if err := n.addPCIDevice(path, g.NUMANode, gpuFn); err != nil {
 			return fmt.Errorf("gpu %d: %w", i, err)
+		}
+		cfg := pciConfig(gpuFn, n.spec.Host.VGPU)
+		if err := os.WriteFile(filepath.Join(n.hostRoot, "sys", "bus", "pci", "devices", g.PCIBusID, "config"), cfg, 0o644); err != nil {
+			return fmt.Errorf("gpu %d: %w", i, err)
+		}
+	}
+	if m := n.spec.Host.MachineType; m != "" {
+		dmi := filepath.Join(n.hostRoot, "sys", "class", "dmi", "id")
+		if err := os.MkdirAll(dmi, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dmi, "product_name"), []byte(m+"\n"), 0o444); err != nil {
+			return err
 		}
 	}
 	for i, nic := range n.spec.NICs {
@@ -115,6 +131,36 @@ func (n *Node) addPCIDevice(path []string, numa int, fn pciFunction) error {
 		}
 	}
 	return nil
+}
+
+// pciConfig is the first 256 bytes of a GPU's PCI configuration space, as
+// root reads /sys/bus/pci/devices/<bdf>/config (PCI Local Bus 3.0, 6.1 and
+// 6.7): vendor and device IDs, the status register's capabilities-list bit
+// (0x10 at 0x06), the capabilities pointer (0x34) and a list of power
+// management (ID 0x01), MSI (0x05) and PCI Express (0x10). A vGPU (a GPU
+// passed to a guest by NVIDIA's vGPU manager) also carries a
+// vendor-specific capability (ID 0x09) whose bytes 3-4 are "VF", followed
+// by records of which ID 0 holds the host driver's version and branch, 10
+// bytes each (how gpu-feature-discovery v0.20.0 internal/vgpu reads it).
+func pciConfig(fn pciFunction, vgpu *topology.VGPU) []byte {
+	c := make([]byte, 256)
+	binary.LittleEndian.PutUint16(c[0x00:], uint16(fn.vendor))
+	binary.LittleEndian.PutUint16(c[0x02:], uint16(fn.device))
+	c[0x06] = 0x10
+	c[0x09], c[0x0a], c[0x0b] = byte(fn.class), byte(fn.class>>8), byte(fn.class>>16)
+	c[0x34] = 0x60
+	c[0x60], c[0x61] = 0x01, 0x68 // power management
+	c[0x68], c[0x69] = 0x05, 0x78 // MSI
+	c[0x78], c[0x79] = 0x10, 0x00 // PCI Express, last
+	if vgpu != nil && vgpu.Present {
+		c[0x79] = 0xc8
+		v := c[0xc8:]
+		v[0], v[1], v[2], v[3], v[4] = 0x09, 0x00, 27, 'V', 'F'
+		v[5], v[6] = 0, 22 // record 0: host driver version and branch
+		copy(v[7:17], vgpu.HostDriverVersion)
+		copy(v[17:27], vgpu.HostDriverBranch)
+	}
+	return c
 }
 
 func placeholder(path string) error {

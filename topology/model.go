@@ -16,6 +16,39 @@ type Node struct {
 	Links []Link `json:"links,omitempty"`
 	// NICs are RDMA-capable network devices (filled by package rdma).
 	NICs []NIC `json:"nics,omitempty"`
+	// Host is what the node's labels say beyond its devices: driver and
+	// CUDA versions, machine type, vGPU.
+	Host Host `json:"host,omitzero"`
+	// Unread lists what this discovery could not read for a reason other
+	// than the hardware not having it (NOT_SUPPORTED), e.g. "gpu 3:
+	// GetCudaComputeCapability: Unknown Error". A node with any is
+	// incomplete: labels computed from it could drop what is only
+	// momentarily unreadable (see LabelsComplete).
+	Unread []string `json:"unread,omitempty"`
+}
+
+// Host is the node-wide part of what gpu-feature-discovery labels.
+type Host struct {
+	// DriverVersion is nvmlSystemGetDriverVersion, e.g. "570.172.08".
+	DriverVersion string `json:"driverVersion,omitempty"`
+	// CUDADriverVersion is nvmlSystemGetCudaDriverVersion: the CUDA
+	// version the driver supports, 1000*major + 10*minor (12080 is 12.8).
+	CUDADriverVersion int `json:"cudaDriverVersion,omitempty"`
+	// MachineType is <host-root>/sys/class/dmi/id/product_name, trimmed;
+	// empty when the file cannot be read.
+	MachineType string `json:"machineType,omitempty"`
+	// VGPU is what the NVIDIA PCI functions' configuration space says
+	// about vGPU; nil when it could not be read.
+	VGPU *VGPU `json:"vgpu,omitempty"`
+}
+
+// VGPU says whether the node's NVIDIA PCI functions are vGPUs (a guest of
+// a vGPU host), found by the vendor-specific PCI capability with the "VF"
+// signature, and the host driver that capability names.
+type VGPU struct {
+	Present           bool   `json:"present"`
+	HostDriverVersion string `json:"hostDriverVersion,omitempty"`
+	HostDriverBranch  string `json:"hostDriverBranch,omitempty"`
 }
 
 // GPU is one physical GPU.
@@ -30,6 +63,14 @@ type GPU struct {
 	MemoryMiB uint64 `json:"memoryMiB,omitempty"`
 	// Minor is the N of /dev/nvidiaN.
 	Minor int `json:"minor,omitempty"`
+	// ComputeMajor and ComputeMinor are the CUDA compute capability
+	// (nvmlDeviceGetCudaComputeCapability), 9.0 for Hopper; 0 when unknown.
+	ComputeMajor int `json:"computeMajor,omitempty"`
+	ComputeMinor int `json:"computeMinor,omitempty"`
+	// PCIClass is /sys/bus/pci/devices/<bdf>/class: 0x030200 for a 3D
+	// controller (compute mode), 0x030000 for VGA (display mode); 0 when
+	// it cannot be read.
+	PCIClass uint32 `json:"pciClass,omitempty"`
 	// PCIPath is the chain of PCI addresses from the root port down to the
 	// GPU itself, read from the sysfs device link. Empty when unknown.
 	PCIPath []string `json:"pciPath,omitempty"`
@@ -59,6 +100,22 @@ type MIGDevice struct {
 	MemoryMiB       uint64 `json:"memoryMiB,omitempty"`
 	// Index is the MIG device index within its parent (NVML MIG handle index).
 	Index int `json:"index"`
+	// Attributes are the device's nvmlDeviceGetAttributes counts.
+	Attributes MIGAttributes `json:"attributes,omitzero"`
+}
+
+// MIGAttributes are the counts nvmlDeviceGetAttributes reports for a MIG
+// device (nvmlDeviceAttributes_t): its multiprocessors, GPU and compute
+// instance slices and shared engines.
+type MIGAttributes struct {
+	Multiprocessors       uint32 `json:"multiprocessors,omitempty"`
+	GPUInstanceSlices     uint32 `json:"giSlices,omitempty"`
+	ComputeInstanceSlices uint32 `json:"ciSlices,omitempty"`
+	CopyEngines           uint32 `json:"copyEngines,omitempty"`
+	Decoders              uint32 `json:"decoders,omitempty"`
+	Encoders              uint32 `json:"encoders,omitempty"`
+	JPEGs                 uint32 `json:"jpegs,omitempty"`
+	OFAs                  uint32 `json:"ofas,omitempty"`
 }
 
 // Link describes how two GPUs (by index, A < B) reach each other.

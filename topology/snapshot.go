@@ -73,6 +73,8 @@ func checkShape(v any, t reflect.Type, path string) error {
 		return nil
 	}
 	switch t.Kind() {
+	case reflect.Pointer:
+		return checkShape(v, t.Elem(), path)
 	case reflect.Struct:
 		obj, ok := v.(map[string]any)
 		if !ok {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -310,8 +311,8 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 			continue
 		}
 		lv = [numDeviceLabels]string{
-			strconv.Itoa(g.Index), g.UUID, g.PCIBusID, "nvidia" + strconv.Itoa(g.Minor),
-			g.Model, c.cfg.Hostname, "", "", "", "", "",
+			strconv.Itoa(g.Index), g.UUID, nvmlBusID(g.PCIBusID), "nvidia" + strconv.Itoa(g.Minor),
+			g.Model, c.cfg.Hostname, "", "", "", "", "", node.Host.DriverVersion,
 		}
 		pods.fill(g.UUID, lv[8:])
 		for f := range numFields {
@@ -379,4 +380,21 @@ func countSeries(samples map[string]*nvmlowner.Sample) int {
 		n += 1 + 2*len(s.MIG)
 	}
 	return n
+}
+
+// nvmlBusID spells a bus ID as NVML's nvmlPciInfo_t.busId does, which is
+// what DCGM and dcgm-exporter put in pci_bus_id ("00000000:1B:00.0" in
+// dcgm-exporter 4.5.3-4.8.2 internal/pkg/transformation/
+// kubernetes_mig_test.go, and in its users' scrapes): an eight-digit
+// domain and upper-case hex. The model keeps sysfs's "0000:1b:00.0".
+func nvmlBusID(id string) string {
+	domain, rest, ok := strings.Cut(id, ":")
+	if !ok {
+		return strings.ToUpper(id)
+	}
+	d, err := strconv.ParseUint(domain, 16, 32)
+	if err != nil {
+		return strings.ToUpper(id)
+	}
+	return fmt.Sprintf("%08X:%s", d, strings.ToUpper(rest))
 }

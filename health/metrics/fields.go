@@ -10,18 +10,22 @@ import (
 // and alerts keep working. Some are camelCase on purpose (see
 // promlint_test.go for the compatibility exceptions).
 const (
-	labelGPU        = "gpu"
-	labelUUID       = "UUID"
-	labelPCIBusID   = "pci_bus_id"
-	labelDevice     = "device"
-	labelModelName  = "modelName"
-	labelHostname   = "Hostname"
-	labelGIProfile  = "GPU_I_PROFILE"
-	labelGIID       = "GPU_I_ID"
-	labelPod        = "pod"
-	labelNamespace  = "namespace"
-	labelContainer  = "container"
-	numDeviceLabels = 11
+	labelGPU       = "gpu"
+	labelUUID      = "UUID"
+	labelPCIBusID  = "pci_bus_id"
+	labelDevice    = "device"
+	labelModelName = "modelName"
+	labelHostname  = "Hostname"
+	labelGIProfile = "GPU_I_PROFILE"
+	labelGIID      = "GPU_I_ID"
+	labelPod       = "pod"
+	labelNamespace = "namespace"
+	labelContainer = "container"
+	// labelDriverVersion is how dcgm-exporter carries the
+	// DCGM_FI_DRIVER_VERSION field of default-counters.csv (type "label"):
+	// a label named after the field on every series.
+	labelDriverVersion = "DCGM_FI_DRIVER_VERSION"
+	numDeviceLabels    = 12
 )
 
 // deviceLabels is the label set of every DCGM_ metric. Whole GPUs carry
@@ -30,7 +34,7 @@ const (
 // family is what a client_golang registry requires.
 var deviceLabels = []string{
 	labelGPU, labelUUID, labelPCIBusID, labelDevice, labelModelName, labelHostname,
-	labelGIProfile, labelGIID, labelPod, labelNamespace, labelContainer,
+	labelGIProfile, labelGIID, labelPod, labelNamespace, labelContainer, labelDriverVersion,
 }
 
 // field identifies one DCGM metric the collector serves.
@@ -49,9 +53,12 @@ const (
 	fieldPCIeReplay
 	fieldGPUUtil
 	fieldMemCopyUtil
+	fieldEncUtil
+	fieldDecUtil
 	fieldXIDErrors
 	fieldFBFree
 	fieldFBUsed
+	fieldFBReserved
 	fieldECCSBEVol
 	fieldECCDBEVol
 	fieldECCSBEAgg
@@ -60,6 +67,7 @@ const (
 	fieldRetiredDBE
 	fieldRetiredPending
 	fieldNVLinkBandwidth
+	fieldVGPULicense
 	fieldUncorrectableRemapped
 	fieldCorrectableRemapped
 	fieldRowRemapFailure
@@ -98,9 +106,12 @@ var fieldSpecs = [numFields]fieldSpec{
 	fieldPCIeReplay:            {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", prometheus.CounterValue, "Total number of PCIe retries.", nvmlowner.FieldPCIeReplay, nil},
 	fieldGPUUtil:               {"DCGM_FI_DEV_GPU_UTIL", prometheus.GaugeValue, "GPU utilization (in %).", nvmlowner.FieldGPUUtil, nil},
 	fieldMemCopyUtil:           {"DCGM_FI_DEV_MEM_COPY_UTIL", prometheus.GaugeValue, "Memory utilization (in %).", nvmlowner.FieldMemCopyUtil, nil},
+	fieldEncUtil:               {"DCGM_FI_DEV_ENC_UTIL", prometheus.GaugeValue, "Encoder utilization (in %).", nvmlowner.FieldEncUtil, nil},
+	fieldDecUtil:               {"DCGM_FI_DEV_DEC_UTIL", prometheus.GaugeValue, "Decoder utilization (in %).", nvmlowner.FieldDecUtil, nil},
 	fieldXIDErrors:             {"DCGM_FI_DEV_XID_ERRORS", prometheus.GaugeValue, "Value of the last XID error encountered.", noSource, nil},
 	fieldFBFree:                {"DCGM_FI_DEV_FB_FREE", prometheus.GaugeValue, "Framebuffer memory free (in MiB).", nvmlowner.FieldFBFree, toMiB},
 	fieldFBUsed:                {"DCGM_FI_DEV_FB_USED", prometheus.GaugeValue, "Framebuffer memory used (in MiB).", nvmlowner.FieldFBUsed, toMiB},
+	fieldFBReserved:            {"DCGM_FI_DEV_FB_RESERVED", prometheus.GaugeValue, "Framebuffer memory reserved (in MiB).", nvmlowner.FieldFBReserved, toMiB},
 	fieldECCSBEVol:             {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", prometheus.CounterValue, "Total number of single-bit volatile ECC errors.", nvmlowner.FieldECCSBEVolatile, nil},
 	fieldECCDBEVol:             {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", prometheus.CounterValue, "Total number of double-bit volatile ECC errors.", nvmlowner.FieldECCDBEVolatile, nil},
 	fieldECCSBEAgg:             {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", prometheus.CounterValue, "Total number of single-bit persistent ECC errors.", nvmlowner.FieldECCSBEAggregate, nil},
@@ -109,6 +120,7 @@ var fieldSpecs = [numFields]fieldSpec{
 	fieldRetiredDBE:            {"DCGM_FI_DEV_RETIRED_DBE", prometheus.CounterValue, "Total number of retired pages due to double-bit errors.", nvmlowner.FieldRetiredDBE, nil},
 	fieldRetiredPending:        {"DCGM_FI_DEV_RETIRED_PENDING", prometheus.CounterValue, "Total number of pages pending retirement.", nvmlowner.FieldRetiredPending, nil},
 	fieldNVLinkBandwidth:       {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", prometheus.CounterValue, "Total number of NVLink bandwidth counters for all lanes.", nvmlowner.FieldNVLinkBandwidth, nil},
+	fieldVGPULicense:           {"DCGM_FI_DEV_VGPU_LICENSE_STATUS", prometheus.GaugeValue, "vGPU License status", nvmlowner.FieldVGPULicense, nil},
 	fieldUncorrectableRemapped: {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", prometheus.CounterValue, "Number of remapped rows for uncorrectable errors.", nvmlowner.FieldRemapUncorrectable, nil},
 	fieldCorrectableRemapped:   {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", prometheus.CounterValue, "Number of remapped rows for correctable errors.", nvmlowner.FieldRemapCorrectable, nil},
 	fieldRowRemapFailure:       {"DCGM_FI_DEV_ROW_REMAP_FAILURE", prometheus.GaugeValue, "Whether remapping of rows has failed.", nvmlowner.FieldRemapFailure, nil},

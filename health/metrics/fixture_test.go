@@ -37,7 +37,7 @@ func newMockNode(tb testing.TB, gpus int, layout migLayout) *mockNode {
 	tb.Helper()
 	lib := dgxh100.New()
 	lib.Devices = lib.Devices[:gpus]
-	mn := &mockNode{lib: lib, node: &topology.Node{}}
+	mn := &mockNode{lib: lib, node: &topology.Node{Host: topology.Host{DriverVersion: "570.172.08", CUDADriverVersion: 12080}}}
 	for i, d := range lib.Devices {
 		dev := d.(*server.Device)
 		dev.UUID = fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i)
@@ -133,6 +133,14 @@ func setReadings(d *server.Device, i int) {
 		return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED
 	}
 	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return i % 3, i % 2, false, i == 7, nvml.SUCCESS }
+	d.GetEncoderUtilizationFunc = func() (uint32, uint32, nvml.Return) { return u / 10, 166667, nvml.SUCCESS }
+	d.GetDecoderUtilizationFunc = func() (uint32, uint32, nvml.Return) { return u / 5, 166667, nvml.SUCCESS }
+	d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+		return nvml.Memory_v2{Total: 80 << 30, Reserved: 583 * mib}, nvml.SUCCESS
+	}
+	d.GetGridLicensableFeaturesFunc = func() (nvml.GridLicensableFeatures, nvml.Return) {
+		return nvml.GridLicensableFeatures{}, nvml.SUCCESS
+	}
 	// Read by the sampler for health, not served as DCGM metrics.
 	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
 		return nvml.FEATURE_ENABLED, nvml.FEATURE_ENABLED, nvml.SUCCESS

@@ -125,6 +125,35 @@ scrape_configs:
 	if got := query.Data.Result[0].Metric["modelName"]; got != "NVIDIA H100 80GB HBM3" {
 		t.Errorf("modelName label in prometheus = %q", got)
 	}
+	// Every NVML-backed row of dcgm-exporter's etc/default-counters.csv
+	// (4.5.3-4.8.2) is scraped with the csv's type, and the csv's one
+	// "label" row, DCGM_FI_DRIVER_VERSION, labels the series.
+	// DCGM_FI_DEV_XID_ERRORS needs the health monitor (not wired here).
+	for name, typ := range map[string]string{
+		"DCGM_FI_DEV_SM_CLOCK": "gauge", "DCGM_FI_DEV_MEM_CLOCK": "gauge", "DCGM_FI_DEV_MEMORY_TEMP": "gauge",
+		"DCGM_FI_DEV_GPU_TEMP": "gauge", "DCGM_FI_DEV_POWER_USAGE": "gauge",
+		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "counter", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "counter",
+		"DCGM_FI_DEV_GPU_UTIL": "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge", "DCGM_FI_DEV_ENC_UTIL": "gauge",
+		"DCGM_FI_DEV_DEC_UTIL": "gauge", "DCGM_FI_DEV_FB_FREE": "gauge", "DCGM_FI_DEV_FB_USED": "gauge",
+		"DCGM_FI_DEV_FB_RESERVED": "gauge", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "counter",
+		"DCGM_FI_DEV_VGPU_LICENSE_STATUS": "gauge", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
+		"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter", "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
+	} {
+		var meta struct {
+			Data map[string][]struct {
+				Type string `json:"type"`
+			} `json:"data"`
+		}
+		if err := promAPI(ctx, base, "/api/v1/metadata?metric="+name, &meta); err != nil || len(meta.Data[name]) == 0 {
+			t.Errorf("%s: no metadata in prometheus (err %v)", name, err)
+		} else if got := meta.Data[name][0].Type; got != typ {
+			t.Errorf("%s: type %s in prometheus, want %s", name, got, typ)
+		}
+		q := url.QueryEscape(name + `{job="gpu-node-agent",DCGM_FI_DRIVER_VERSION="570.172.08",pci_bus_id=~"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\\.[0-7]"}`)
+		if err := promAPI(ctx, base, "/api/v1/query?query="+q, &query); err != nil || len(query.Data.Result) != 2 {
+			t.Errorf("%s with driver version and NVML bus ID labels: %d series in prometheus, want 2 (err %v)", name, len(query.Data.Result), err)
+		}
+	}
 	q := url.QueryEscape(`gpu_node_agent_build_info`)
 	if err := promAPI(ctx, base, "/api/v1/query?query="+q, &query); err != nil || len(query.Data.Result) != 1 {
 		t.Errorf("gpu_node_agent_build_info in prometheus: %d series, err %v", len(query.Data.Result), err)

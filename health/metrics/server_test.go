@@ -85,7 +85,7 @@ func TestServerEndpoints(t *testing.T) {
 		{"readyz after ready", "/readyz", func() { notReady.Store(nil) }, 200, []string{"ok"}},
 		{"metrics", "/metrics", nil, 200, []string{
 			"# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\n",
-			`DCGM_FI_DEV_GPU_TEMP{GPU_I_ID="",GPU_I_PROFILE="",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-000000000001"`,
+			`DCGM_FI_DEV_GPU_TEMP{DCGM_FI_DRIVER_VERSION="570.172.08",GPU_I_ID="",GPU_I_PROFILE="",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-000000000001"`,
 			`gpu_node_agent_build_info{goversion="go`,
 			"promhttp_metric_handler_requests_total",
 			"process_resident_memory_bytes",

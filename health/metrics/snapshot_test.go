@@ -64,9 +64,9 @@ func newSnapCollector(t *testing.T, cfg Config, log *slog.Logger) (*Collector, *
 	return c, reg
 }
 
-const snapLabels0 = `GPU_I_ID="",GPU_I_PROFILE="",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-00000000000a",container="",device="nvidia0",gpu="0",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="0000:0a:00.0",pod=""`
-const snapLabels1 = `GPU_I_ID="",GPU_I_PROFILE="",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-00000000000b",container="",device="nvidia1",gpu="1",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="0000:0b:00.0",pod=""`
-const snapLabelsMIG = `GPU_I_ID="9",GPU_I_PROFILE="1g.10gb",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-00000000000b",container="",device="nvidia1",gpu="1",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="0000:0b:00.0",pod=""`
+const snapLabels0 = `DCGM_FI_DRIVER_VERSION="",GPU_I_ID="",GPU_I_PROFILE="",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-00000000000a",container="",device="nvidia0",gpu="0",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="00000000:0A:00.0",pod=""`
+const snapLabels1 = `DCGM_FI_DRIVER_VERSION="",GPU_I_ID="",GPU_I_PROFILE="",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-00000000000b",container="",device="nvidia1",gpu="1",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="00000000:0B:00.0",pod=""`
+const snapLabelsMIG = `DCGM_FI_DRIVER_VERSION="",GPU_I_ID="9",GPU_I_PROFILE="1g.10gb",Hostname="node-1",UUID="GPU-00000000-0000-0000-0000-00000000000b",container="",device="nvidia1",gpu="1",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="00000000:0B:00.0",pod=""`
 
 func TestRenderSnapshot(t *testing.T) {
 	lost := &nvmlowner.CallError{What: "sample", Err: nvml.ERROR_GPU_IS_LOST}

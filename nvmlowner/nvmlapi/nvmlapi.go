@@ -1,4 +1,4 @@
-// Package nvmlapi is the part of NVML the agent calls: 41 methods of
+// Package nvmlapi is the part of NVML the agent calls: 48 methods of
 // go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
 // with go-nvml's signatures except that handles are of these narrow types.
 // The real library is go-nvml behind Wrap; the simulator (package sim)
@@ -20,6 +20,9 @@ type Library interface {
 	DeviceGetHandleByIndex(int) (Device, nvml.Return)
 	DeviceGetHandleByUUID(string) (Device, nvml.Return)
 	EventSetCreate() (EventSet, nvml.Return)
+	// Versions, for the node labels and DCGM_FI_DRIVER_VERSION.
+	SystemGetDriverVersion() (string, nvml.Return)
+	SystemGetCudaDriverVersion() (int, nvml.Return)
 }
 
 // Device is the NVML calls the agent makes on a GPU or MIG device handle.
@@ -36,6 +39,7 @@ type Device interface {
 	GetNvLinkState(int) (nvml.EnableState, nvml.Return)
 	GetNvLinkRemoteDeviceType(int) (nvml.IntNvLinkDeviceType, nvml.Return)
 	GetNvLinkRemotePciInfo(int) (nvml.PciInfo, nvml.Return)
+	GetCudaComputeCapability() (int, int, nvml.Return)
 
 	// MIG.
 	GetMigMode() (int, int, nvml.Return)
@@ -65,6 +69,10 @@ type Device interface {
 	GetRemappedRows() (int, int, bool, bool, nvml.Return)
 	GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return)
 	GetNvLinkErrorCounter(int, nvml.NvLinkErrorCounter) (uint64, nvml.Return)
+	GetEncoderUtilization() (uint32, uint32, nvml.Return)
+	GetDecoderUtilization() (uint32, uint32, nvml.Return)
+	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return)
+	GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return)
 }
 
 // GpuInstance is the one call the agent makes on a MIG GPU instance: its

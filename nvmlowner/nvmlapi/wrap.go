@@ -36,6 +36,12 @@ func (l library) Init() nvml.Return                  { return l.l.Init() }
 func (l library) Shutdown() nvml.Return              { return l.l.Shutdown() }
 func (l library) DeviceGetCount() (int, nvml.Return) { return l.l.DeviceGetCount() }
 
+func (l library) SystemGetDriverVersion() (string, nvml.Return) { return l.l.SystemGetDriverVersion() }
+
+func (l library) SystemGetCudaDriverVersion() (int, nvml.Return) {
+	return l.l.SystemGetCudaDriverVersion()
+}
+
 func (l library) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
 	d, ret := l.l.DeviceGetHandleByIndex(i)
 	return WrapDevice(d), ret
@@ -167,4 +173,22 @@ func (d device) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) { return d.
 
 func (d device) GetNvLinkErrorCounter(l int, c nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 	return d.d.GetNvLinkErrorCounter(l, c)
+}
+
+func (d device) GetCudaComputeCapability() (int, int, nvml.Return) {
+	return d.d.GetCudaComputeCapability()
+}
+
+func (d device) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	return d.d.GetEncoderUtilization()
+}
+
+func (d device) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	return d.d.GetDecoderUtilization()
+}
+
+func (d device) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) { return d.d.GetMemoryInfo_v2() }
+
+func (d device) GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return) {
+	return d.d.GetGridLicensableFeatures()
 }
