@@ -42,6 +42,37 @@ const (
 )
 
 // readManifests decodes every object in the named files of deploy/manifests.
+// goldenMixed is the agent's label set on a simulated DGX H100 with the
+// demo MIG layout under mig-strategy mixed (the most labels of any
+// golden file), from the root module's label tests.
+const goldenMixed = "../../nvmlowner/testdata/labels/dgx-h100-mig-mixed.labels"
+
+// goldenLabels reads a golden label file ("key=value" lines, "#"
+// comments) as key, value pairs.
+func goldenLabels(t *testing.T, path string) []string {
+	t.Helper()
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kv []string
+	for _, line := range strings.Split(string(text), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: line %q is not key=value", path, line)
+		}
+		kv = append(kv, k, v)
+	}
+	if len(kv) < 2*50 {
+		t.Fatalf("%s: %d labels, want the full mixed-strategy set", path, len(kv)/2)
+	}
+	return kv
+}
+
 func readManifests(t *testing.T, files ...string) []runtime.Object {
 	t.Helper()
 	var out []runtime.Object
@@ -370,6 +401,8 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 		{"own GFD and agent labels", agent, patchNode(nodeA, types.MergePatchType, labels(
 			"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count", "8", "nvidia.com/mig-1g.10gb.count", "7",
 			"gpu-node-agent.io/nvlink", "true", "gpu-node-agent.io/owned-labels", "x")), ""},
+		{"every label the agent writes on a DGX H100 with MIG (golden file)", agent, patchNode(nodeA, types.MergePatchType, labels(goldenLabels(t, goldenMixed)...)), ""},
+		{"own node, GPU operator's deploy label", agent, patchNode(nodeA, types.MergePatchType, labels("nvidia.com/gpu.deploy.driver", "false")), "labels it does not own: nvidia.com/gpu.deploy.driver"},
 		{"node B's GFD label", agent, patchNode(nodeB, types.MergePatchType, labels("nvidia.com/gpu.product", "x")), "may only update its own Node"},
 		{"own annotation", agent, patchNode(nodeA, types.MergePatchType, annotations("gpu-node-agent.io/nics", `{"mlx5_0":{"numaNode":0}}`)), ""},
 		{"own node, unrelated annotation", agent, patchNode(nodeA, types.MergePatchType, annotations("example.com/note", nil)), "annotations it does not own: example.com/note"},
