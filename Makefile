@@ -37,8 +37,11 @@ deps: ## install the C toolchain cgo needs when it is missing (Debian)
 		apt-get update -qq && apt-get install -y -qq gcc libc6-dev; \
 	fi
 
-build: deps ## build bin/gpu-node-agent (the product: no simulator)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/gpu-node-agent
+# The product is stripped of DWARF and the symbol table (-s -w), as the
+# Dockerfile builds it: Go's own pclntab stays, so panics and pprof are
+# still symbolised.
+build: deps ## build bin/gpu-node-agent (the product: no simulator, stripped)
+	$(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN) ./cmd/gpu-node-agent
 
 build-sim: deps ## build bin/gpu-node-agent-sim (with the simulator: --simulate, demo; for the demo, tests and e2e)
 	$(GO) build -trimpath -tags simulator -ldflags '$(LDFLAGS)' -o $(SIM_BIN) ./cmd/gpu-node-agent
