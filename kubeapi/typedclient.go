@@ -1,7 +1,9 @@
 package kubeapi
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -9,17 +11,18 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/gentype"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 )
 
-// typedClient is the product's Client: client-go's generic typed clients
-// (gentype, what the generated clientset is made of) over one REST client
-// per API group, decoding with a scheme of only core/v1 and
-// coordination.k8s.io/v1. On the wire it is the clientset's CoreV1() and
-// CoordinationV1(): same paths, content types, parameters, rate limiter
-// and retries.
+// typedClient is the product's Client: the generated clientset's requests
+// (resource) over one REST client per API group, decoding with a scheme of
+// only core/v1 and coordination.k8s.io/v1. On the wire it is the
+// clientset's CoreV1() and CoordinationV1(): same paths, content types,
+// parameters, bodies, rate limiter and retries
+// (TestTypedClientOnTheWireAsClientset).
 type typedClient struct {
 	core, coordination rest.Interface
 	params             runtime.ParameterCodec
@@ -75,22 +78,99 @@ func newTypedClient(rc *rest.Config) (*typedClient, error) {
 }
 
 func (c *typedClient) Nodes() NodeClient {
-	return gentype.NewClientWithList[*corev1.Node, *corev1.NodeList]("nodes", c.core, c.params, "",
-		func() *corev1.Node { return &corev1.Node{} },
-		func() *corev1.NodeList { return &corev1.NodeList{} },
-		gentype.PrefersProtobuf[*corev1.Node]())
+	return &resource[*corev1.Node, *corev1.NodeList]{client: c.core, params: c.params, name: "nodes",
+		newObject: func() *corev1.Node { return &corev1.Node{} },
+		newList:   func() *corev1.NodeList { return &corev1.NodeList{} }}
 }
 
 func (c *typedClient) Leases(namespace string) LeaseClient {
-	return gentype.NewClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList]("leases", c.coordination, c.params, namespace,
-		func() *coordinationv1.Lease { return &coordinationv1.Lease{} },
-		func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} },
-		gentype.PrefersProtobuf[*coordinationv1.Lease]())
+	return &resource[*coordinationv1.Lease, *coordinationv1.LeaseList]{client: c.coordination, params: c.params,
+		name: "leases", namespace: namespace,
+		newObject: func() *coordinationv1.Lease { return &coordinationv1.Lease{} },
+		newList:   func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} }}
 }
 
 func (c *typedClient) Events(namespace string) EventClient {
-	return gentype.NewClientWithList[*corev1.Event, *corev1.EventList]("events", c.core, c.params, namespace,
-		func() *corev1.Event { return &corev1.Event{} },
-		func() *corev1.EventList { return &corev1.EventList{} },
-		gentype.PrefersProtobuf[*corev1.Event]())
+	return &resource[*corev1.Event, *corev1.EventList]{client: c.core, params: c.params, name: "events",
+		namespace: namespace,
+		newObject: func() *corev1.Event { return &corev1.Event{} },
+		newList:   func() *corev1.EventList { return &corev1.EventList{} }}
+}
+
+// object is what resource reads and writes: a typed API object.
+type object interface {
+	runtime.Object
+	GetName() string
+}
+
+// resource is one resource's typed client: the requests of client-go's
+// generic typed client (gentype.Client, which the generated clients are
+// made of), written out for the verbs kubeapi uses. gentype itself is not
+// used: its package also holds the fake clients, which link client-go's
+// object tracker and with it managed fields, strategic merge patch,
+// kube-openapi, gnostic and two YAML libraries, all initialised at start.
+// Objects prefer protobuf as the generated clients' do
+// (UseProtobufAsDefaultIfPreferred; ConfigureREST asks for it anyway).
+type resource[T object, L runtime.Object] struct {
+	client    rest.Interface
+	params    runtime.ParameterCodec
+	name      string
+	namespace string // "" for a cluster-scoped resource
+	newObject func() T
+	newList   func() L
+}
+
+func (r *resource[T, L]) request(req *rest.Request) *rest.Request {
+	return req.UseProtobufAsDefaultIfPreferred(true).
+		NamespaceIfScoped(r.namespace, r.namespace != "").
+		Resource(r.name)
+}
+
+// timeout is the client-side timeout a list or watch asks for.
+func timeout(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
+
+func (r *resource[T, L]) Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error) {
+	result := r.newObject()
+	err := r.request(r.client.Get()).Name(name).VersionedParams(&opts, r.params).Do(ctx).Into(result)
+	return result, err
+}
+
+func (r *resource[T, L]) List(ctx context.Context, opts metav1.ListOptions) (L, error) {
+	list := r.newList()
+	err := r.request(r.client.Get()).VersionedParams(&opts, r.params).Timeout(timeout(opts)).Do(ctx).Into(list)
+	return list, err
+}
+
+func (r *resource[T, L]) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return r.request(r.client.Get()).VersionedParams(&opts, r.params).Timeout(timeout(opts)).Watch(ctx)
+}
+
+func (r *resource[T, L]) Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error) {
+	result := r.newObject()
+	err := r.request(r.client.Post()).VersionedParams(&opts, r.params).Body(obj).Do(ctx).Into(result)
+	return result, err
+}
+
+func (r *resource[T, L]) Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error) {
+	result := r.newObject()
+	err := r.request(r.client.Put()).Name(obj.GetName()).VersionedParams(&opts, r.params).Body(obj).Do(ctx).Into(result)
+	return result, err
+}
+
+func (r *resource[T, L]) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	return r.request(r.client.Delete()).Name(name).Body(&opts).Do(ctx).Error()
+}
+
+func (r *resource[T, L]) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions,
+	subresources ...string) (T, error) {
+	result := r.newObject()
+	err := r.request(r.client.Patch(pt)).Name(name).SubResource(subresources...).VersionedParams(&opts, r.params).
+		Body(data).Do(ctx).Into(result)
+	return result, err
 }
