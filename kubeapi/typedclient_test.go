@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -181,5 +182,44 @@ func TestTypedClientOnTheWireAsClientset(t *testing.T) {
 				t.Errorf("our request differs from the clientset's (-clientset +ours):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestTypedClientSharesOneRateLimit: Nodes, Leases and Events draw on one
+// token bucket (ClientConfig QPS and burst), as the clientset's groups do:
+// with a burst of 1 and a bucket that refills in ~17 minutes, the request
+// after the first, to another group, is refused by the client-side limiter
+// (it would wait past its context's deadline) without reaching the server.
+func TestTypedClientSharesOneRateLimit(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
+	}))
+	defer srv.Close()
+	rc := &rest.Config{Host: srv.URL}
+	ConfigureREST(rc, "rate-test", ClientConfig{QPS: 0.001, Burst: 1})
+	c, err := ClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Core.Nodes().Get(t.Context(), "gpu-1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("first request: %v, want the server's NotFound", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	_, err = c.Core.Leases("ns").Get(ctx, "slot-0", metav1.GetOptions{})
+	if err == nil || apierrors.IsNotFound(err) {
+		t.Errorf("second request, to coordination.k8s.io: %v, want the client-side rate limiter's refusal", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(paths) != 1 {
+		t.Errorf("server saw %v, want only the first request", paths)
 	}
 }
