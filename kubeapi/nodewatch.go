@@ -69,7 +69,9 @@ func NewNodeWatch(client Client, nodeName string, resync time.Duration) (*NodeWa
 	informer := cache.NewSharedIndexInformerWithOptions(lw, &corev1.Node{}, cache.SharedIndexInformerOptions{
 		ResyncPeriod: resync,
 		Indexers:     cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-		Identifier:   (*cache.InformerName)(nil).WithResource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}),
+		// The factory's identifier when it has no informer name (ours
+		// never had one): the resource only, no informer metrics.
+		Identifier: (*cache.InformerName)(nil).WithResource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}),
 	})
 	w := &NodeWatch{
 		name: nodeName, informer: informer, lister: corelisters.NewNodeLister(informer.GetIndexer()),
