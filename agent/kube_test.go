@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -45,7 +46,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		if tries++; tries == 1 {
 			return kubeapi.Clients{}, os.ErrNotExist // no API access at start
 		}
-		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
+		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
 	}
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {

@@ -47,7 +47,7 @@ func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) (*corev1.N
 	if err != nil {
 		return nil, fmt.Errorf("encode clear-faults annotation patch: %w", err)
 	}
-	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.JSONPatchType, body, metav1.PatchOptions{})
+	patched, err := t.client.Nodes().Patch(ctx, t.node, types.JSONPatchType, body, metav1.PatchOptions{})
 	if err != nil {
 		// The cache may be behind the Node: read it afresh next time.
 		// Cleared already; clearing again on the retry is harmless

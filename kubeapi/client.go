@@ -1,26 +1,76 @@
 package kubeapi
 
 import (
+	"context"
 	"fmt"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+// Client is the agent's typed API client: the resources and verbs kubeapi
+// uses, and nothing else. Its methods have client-go's typed-client
+// signatures, so client-go's typed clients (and its fake clientset's)
+// satisfy NodeClient, LeaseClient and EventClient as they are;
+// kubeapitest adapts a whole kubernetes.Interface for tests. The product
+// builds it with NewClients, over REST clients that know only these
+// groups, rather than linking client-go's clientset, whose scheme
+// registers every API group at init.
+type Client interface {
+	// Nodes is the cluster's Nodes (core/v1).
+	Nodes() NodeClient
+	// Leases is the Leases (coordination.k8s.io/v1) of namespace: the
+	// fleet safeguard's slots.
+	Leases(namespace string) LeaseClient
+	// Events is the Events (core/v1, as the kubelet posts node events) of
+	// namespace.
+	Events(namespace string) EventClient
+}
+
+// NodeClient is what kubeapi does with Nodes: the NodeWatch's list and
+// watch, a GET when its cache lags, the slots' GET of a holder, and the
+// tainter's and labeler's patches (spec, metadata and the status
+// subresource).
+type NodeClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Node, error)
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.NodeList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions,
+		subresources ...string) (*corev1.Node, error)
+}
+
+// LeaseClient is what the fleet safeguard (Slots) does with its Leases.
+type LeaseClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error)
+	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// EventClient posts the tainter's node Events.
+type EventClient interface {
+	Create(ctx context.Context, event *corev1.Event, opts metav1.CreateOptions) (*corev1.Event, error)
+}
+
 // Clients are one agent's API clients over one rest.Config: the typed
-// clientset, and the metadata-only client the fleet safeguard counts the
+// client, and the metadata-only client the fleet safeguard counts the
 // fleet's Nodes with (a paged LIST of names and labels, not full Nodes).
 type Clients struct {
-	Core kubernetes.Interface
+	Core Client
 	Meta metadata.Interface
 }
 
 // ClientsForConfig builds Clients over rc (used as given).
 func ClientsForConfig(rc *rest.Config) (Clients, error) {
-	core, err := kubernetes.NewForConfig(rc)
+	core, err := newTypedClient(rc)
 	if err != nil {
 		return Clients{}, fmt.Errorf("kubernetes client: %w", err)
 	}

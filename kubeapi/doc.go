@@ -3,7 +3,9 @@
 // the labeler read instead of polling, the taint, condition and Events
 // that mirror health.Fitness (Tainter), the operator's clear-faults
 // annotation, the topology labels and annotations (Labeler), the fleet
-// safeguard behind the Safeguard seam, and jittered retries.
+// safeguard behind the Safeguard seam, and jittered retries. It talks
+// through a narrow typed client of its own (Client: Nodes, Leases, Events),
+// not client-go's clientset, whose every API group costs the agent memory.
 //
 // At steady state it makes no requests at all besides the informer's one
 // watch: periodic resyncs re-check the cached object, and every write is

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
@@ -41,7 +40,7 @@ type Health interface {
 // never touches other taints, and asks the fleet Safeguard before adding
 // its taint. Use it from one goroutine: Run, or Reconcile calls in turn.
 type Tainter struct {
-	client    kubernetes.Interface
+	client    Client
 	watch     *NodeWatch
 	reader    *nodeReader
 	node      string
@@ -326,7 +325,7 @@ func (t *Tainter) patchTaints(ctx context.Context, node *corev1.Node, want []cor
 	if err != nil {
 		return nil, fmt.Errorf("encode taint patch: %w", err)
 	}
-	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, body, metav1.PatchOptions{})
+	patched, err := t.client.Nodes().Patch(ctx, t.node, types.MergePatchType, body, metav1.PatchOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("patch taints of node %s: %w", t.node, err)
 	}
@@ -386,7 +385,7 @@ func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f h
 	if err != nil {
 		return nil, fmt.Errorf("encode condition patch: %w", err)
 	}
-	patched, err := t.client.CoreV1().Nodes().Patch(ctx, t.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+	patched, err := t.client.Nodes().Patch(ctx, t.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return nil, fmt.Errorf("patch condition %s of node %s: %w", ctype, t.node, err)
 	}
@@ -417,7 +416,7 @@ func (t *Tainter) event(ctx context.Context, node *corev1.Node, typ, reason, msg
 	if t.dryRun("event", reason+": "+msg) {
 		return
 	}
-	if _, err := t.client.CoreV1().Events(t.cfg.EventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := t.client.Events(t.cfg.EventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		t.log.Warn("posting node event failed", "node", t.node, "reason", reason, "err", err)
 		return
 	}

@@ -70,16 +70,19 @@ func shapeOf(reqs []string) requestShape {
 	return s
 }
 
-// slotAgent is one node's safeguard with its own client and transport.
+// slotAgent is one node's safeguard with its own clients and transport:
+// the agent's (kubeapi.Clients) for the safeguard, and a clientset for the
+// node's taint, which the test writes in place of the tainter.
 type slotAgent struct {
 	node   string
-	client kubernetes.Interface
+	agent  kubeapi.Client
 	meta   metadata.Interface
+	client kubernetes.Interface
 	reqs   *slotRequests
 }
 
-// newSlotAgent builds a clientset and metadata client of their own on a
-// copy of cfg: a Proxy func makes client-go give the copy its own
+// newSlotAgent builds the agent's clients and a clientset of their own on
+// a copy of cfg: a Proxy func makes client-go give the copy its own
 // transport (and connection pool) rather than the cached shared one.
 func newSlotAgent(t *testing.T, cfg *rest.Config, node string) *slotAgent {
 	t.Helper()
@@ -88,11 +91,12 @@ func newSlotAgent(t *testing.T, cfg *rest.Config, node string) *slotAgent {
 	cfg.WrapTransport = a.reqs.wrap
 	cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
 	cfg.UserAgent = "slots-test/" + node
-	var err error
-	if a.client, err = kubernetes.NewForConfig(cfg); err != nil {
+	clients, err := kubeapi.ClientsForConfig(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if a.meta, err = metadata.NewForConfig(cfg); err != nil {
+	a.agent, a.meta = clients.Core, clients.Meta
+	if a.client, err = kubernetes.NewForConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
 	return a
@@ -172,7 +176,7 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 		var wg sync.WaitGroup
 		for i, idx := range rand.Perm(fleetSize)[:faulting] {
 			a := agents[idx]
-			s := kubeapi.NewSlots(a.client, a.meta, a.node, cfg, discard())
+			s := kubeapi.NewSlots(a.agent, a.meta, a.node, cfg, discard())
 			if probing {
 				// As the tainter at start: nothing held (one LIST).
 				if err := s.Release(ctx); err != nil {

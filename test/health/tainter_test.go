@@ -24,15 +24,20 @@ import (
 
 const taintKey = "gpu-node-agent.io/unhealthy"
 
-// newClients starts an API server and returns an admin's clients.
-func newClients(t *testing.T) kubeapi.Clients {
+// newClients starts an API server and returns an admin's clients: the
+// agent's, and a clientset for the test's own reads and writes.
+func newClients(t *testing.T) (kubeapi.Clients, kubernetes.Interface) {
 	t.Helper()
 	kubeconfig, _ := cluster.StartAPIServer(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return clientsFor(t, cfg)
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clientsFor(t, cfg), c
 }
 
 func createNode(t *testing.T, c kubernetes.Interface, name string, taints ...corev1.Taint) {
@@ -75,8 +80,7 @@ func condition(n *corev1.Node, typ string) *corev1.NodeCondition {
 // (no write) -> fit, with a foreign taint that must survive.
 func TestTainterAgainstAPIServer(t *testing.T) {
 	t.Parallel()
-	cs := newClients(t)
-	c := cs.Core
+	cs, c := newClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	foreign := corev1.Taint{Key: "example.com/maintenance", Value: "true", Effect: corev1.TaintEffectNoSchedule}
@@ -136,8 +140,7 @@ func TestTainterAgainstAPIServer(t *testing.T) {
 // not tainted (the condition still says why).
 func TestTainterFleetSafeguard(t *testing.T) {
 	t.Parallel()
-	cs := newClients(t)
-	c := cs.Core
+	cs, c := newClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ours := corev1.Taint{Key: taintKey, Value: "xid", Effect: corev1.TaintEffectNoSchedule}

@@ -1,0 +1,40 @@
+// Package kubeapitest adapts client-go's clientset (its fake, in tests) to
+// kubeapi's narrow Client, for tests outside kubeapi. The product never
+// imports it: it links client-go's whole clientset.
+package kubeapitest
+
+import (
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/util/watchlist"
+
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+)
+
+// Client is cs as a kubeapi.Client: its CoreV1 Nodes and Events and its
+// CoordinationV1 Leases.
+func Client(cs kubernetes.Interface) kubeapi.Client { return clientset{cs} }
+
+// Clients are cs and meta as kubeapi.Clients.
+func Clients(cs kubernetes.Interface, meta metadata.Interface) kubeapi.Clients {
+	return kubeapi.Clients{Core: Client(cs), Meta: meta}
+}
+
+type clientset struct{ cs kubernetes.Interface }
+
+func (c clientset) Nodes() kubeapi.NodeClient { return c.cs.CoreV1().Nodes() }
+
+func (c clientset) Leases(namespace string) kubeapi.LeaseClient {
+	return c.cs.CoordinationV1().Leases(namespace)
+}
+
+func (c clientset) Events(namespace string) kubeapi.EventClient {
+	return c.cs.CoreV1().Events(namespace)
+}
+
+// IsWatchListSemanticsUnSupported passes on cs's answer: client-go's fake
+// clientset says it cannot serve a watch-list, so the NodeWatch's
+// reflector lists and watches instead (cache.ToListWatcherWithWatchListSemantics).
+func (c clientset) IsWatchListSemanticsUnSupported() bool {
+	return watchlist.DoesClientNotSupportWatchListSemantics(c.cs)
+}
