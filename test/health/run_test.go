@@ -83,6 +83,13 @@ func TestRunFaultAndRecovery(t *testing.T) {
 	// reset request, both released by the reset) depends on which of
 	// them each reconcile saw; every change of the condition but the
 	// first healthy report posts exactly one event.
+	unhealthy, healthy := len(nodeEvents(t, c.Client, name, "GPUUnhealthy")), len(nodeEvents(t, c.Client, name, "GPUHealthy"))
+	// The tainter counts an event once the API server has answered its
+	// create, a moment after the event can be listed here: wait until the
+	// count has caught up with the events the server holds.
+	waitFor(t, 30*time.Second, "the tainter to count the events the API server holds", func() bool {
+		return metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind")["event"] >= float64(unhealthy+healthy)
+	})
 	writes := metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind")
 	t.Logf("writes by kind: %v", writes)
 	if writes["taint"] < 2 || writes["taint"] > 3 {
@@ -94,7 +101,6 @@ func TestRunFaultAndRecovery(t *testing.T) {
 	if writes["event"] != writes["condition"]-1 {
 		t.Errorf("%v events for %v condition writes, want one per change after the first", writes["event"], writes["condition"])
 	}
-	unhealthy, healthy := len(nodeEvents(t, c.Client, name, "GPUUnhealthy")), len(nodeEvents(t, c.Client, name, "GPUHealthy"))
 	if healthy != 1 || float64(unhealthy) != writes["condition"]-2 {
 		t.Errorf("%d GPUUnhealthy and %d GPUHealthy events for %v condition writes, want %v and 1",
 			unhealthy, healthy, writes["condition"], writes["condition"]-2)
