@@ -356,6 +356,13 @@ func (n *Node) checkFaultTarget(f Fault) error {
 	return nil
 }
 
+// InjectFault injects f as POST /faults does; the simulator build of the
+// agent uses it for --sim-faults, faults present before NVML is first
+// initialised (a driver that fails from boot on).
+func (n *Node) InjectFault(f Fault) error {
+	return n.injectFault(f)
+}
+
 func (n *Node) injectFault(f Fault) error {
 	return n.applyFault(f, true)
 }

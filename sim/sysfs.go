@@ -51,7 +51,9 @@ func (n *Node) writeHostTree() error {
 		if err := os.MkdirAll(dmi, 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dmi, "product_name"), []byte(m+"\n"), 0o444); err != nil {
+		// Read-only as the kernel's; replaced by rename so a restarted
+		// container without CAP_DAC_OVERRIDE starts in the same root.
+		if err := writeReadOnly(filepath.Join(dmi, "product_name"), []byte(m+"\n")); err != nil {
 			return err
 		}
 	}

@@ -29,7 +29,12 @@ type Options struct {
 	// ControlAddress is the loopback address of the simulator's control
 	// endpoint, served by Run; empty serves none.
 	ControlAddress string
-	Logger         *slog.Logger
+	// StartFaults are injected before NVML is first initialised, as if
+	// the node had booted with them. With one that fails NVML's init
+	// (nvml-failure) Open does not fail: like the real library, the
+	// hardware logs it and every Discover tries the init again.
+	StartFaults []sim.Fault
+	Logger      *slog.Logger
 }
 
 // Hardware is a simulated node behind the NVML owner, as the real NVML is
@@ -72,9 +77,14 @@ func Open(opts Options) (_ *Hardware, err error) {
 	if h.node, err = sim.New(opts.Model, root, log.With("component", "sim")); err != nil {
 		return nil, err
 	}
+	for _, f := range opts.StartFaults {
+		if err := h.node.InjectFault(f); err != nil {
+			return nil, fmt.Errorf("simulate: start fault %s: %w", f.Kind, err)
+		}
+	}
 	owner := nvmlowner.New(h.node.NVML(), opts.NVML, log.With("component", "nvml"))
 	h.Hardware = nvmlowner.NewHardware(owner, root, log)
-	if err := h.Init(); err != nil {
+	if err := h.Init(); err != nil && len(opts.StartFaults) == 0 {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	return h, nil

@@ -3,8 +3,11 @@ package simhw
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -83,5 +86,39 @@ func TestOpenRefusesBadModel(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestOpenWithNVMLFailing: a node that boots with NVML failing opens (the
+// init error is logged, as with the real library), discovers nothing
+// while it fails, and discovers its GPUs once the failure is cleared.
+func TestOpenWithNVMLFailing(t *testing.T) {
+	model, err := sim.Profile("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := Open(Options{Model: model, Name: "dgx-h100", StartFaults: []sim.Fault{{Kind: sim.FaultNVMLFailure}}})
+	if err != nil {
+		t.Fatalf("open with NVML failing: %v", err)
+	}
+	defer h.Close()
+	if n, err := h.Discover(); err == nil {
+		t.Fatalf("discovered %d GPUs while NVML fails", len(n.GPUs))
+	}
+	rec := httptest.NewRecorder()
+	h.Node().ControlHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, "/faults", strings.NewReader(`{"kind":"nvml-failure"}`)))
+	if rec.Code/100 != 2 {
+		t.Fatalf("clear nvml-failure: %d %s", rec.Code, rec.Body)
+	}
+	n, err := h.Discover()
+	if err != nil {
+		t.Fatalf("discover after NVML recovered: %v", err)
+	}
+	if len(n.GPUs) != 8 {
+		t.Errorf("discovered %d GPUs, want 8", len(n.GPUs))
+	}
+	// A fault the simulator refuses is a configuration error.
+	if _, err := Open(Options{Model: model, StartFaults: []sim.Fault{{Kind: "no-such-fault"}}}); err == nil {
+		t.Error("open with an unknown start fault succeeded")
 	}
 }

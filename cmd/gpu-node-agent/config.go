@@ -36,8 +36,11 @@ type Config struct {
 
 	Simulate          string `json:"simulate,omitempty"`
 	SimControlAddress string `json:"sim-control-address,omitempty"`
-	DevicePluginDir   string `json:"device-plugin-dir,omitempty"`
-	HostRoot          string `json:"host-root,omitempty"`
+	// SimFaults are faults the simulated node has before NVML's first
+	// init: KIND[:GPU],...
+	SimFaults       string `json:"sim-faults,omitempty"`
+	DevicePluginDir string `json:"device-plugin-dir,omitempty"`
+	HostRoot        string `json:"host-root,omitempty"`
 	// StateDir keeps the health state across restarts (empty disables).
 	StateDir           string   `json:"state-dir"`
 	MIGStrategy        string   `json:"mig-strategy,omitempty"`
@@ -142,6 +145,7 @@ func duration(f func(*Config) *Duration) func(*flag.FlagSet, *Config, string, st
 var options = []option{
 	{name: "simulate", usage: "run on a simulated node: PROFILE[,mig=GPU:PROF+PROF...] or a topology snapshot FILE.json", bind: str(func(c *Config) *string { return &c.Simulate })},
 	{name: "sim-control-address", usage: "loopback address of the simulator's control endpoint (simulate only; empty disables)", bind: str(func(c *Config) *string { return &c.SimControlAddress })},
+	{name: "sim-faults", usage: "faults the simulated node has from the start, before NVML's first init: KIND[:GPU],..., e.g. nvml-failure or gpu-lost:3 (simulate only; the control API clears them)", bind: str(func(c *Config) *string { return &c.SimFaults })},
 	{name: "device-plugin-dir", usage: "kubelet device-plugin directory (holds kubelet.sock and our sockets)", bind: str(func(c *Config) *string { return &c.DevicePluginDir })},
 	{name: "host-root", usage: "where the host's / is mounted (/dev, /sys, /proc/driver are read under it)", bind: str(func(c *Config) *string { return &c.HostRoot })},
 	{name: "state-dir", usage: "directory (on the host) where device health, held faults and counter baselines persist across restarts; empty disables (with --simulate the default moves under the simulated host root)", bind: str(func(c *Config) *string { return &c.StateDir })},

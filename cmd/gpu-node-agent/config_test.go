@@ -147,6 +147,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "simulate syntax", mutate: func(c *Config) { c.Simulate = "dgx-h100,mig=x:1g.10gb" }, wantErr: "simulate: "},
 		{name: "simulate unknown profile", mutate: func(c *Config) { c.Simulate = "dgx-z1" }, wantErr: `simulate: unknown profile "dgx-z1" (known: `},
 		{name: "simulate missing snapshot", mutate: func(c *Config) { c.Simulate = "testdata/nope.json" }, wantErr: "simulate: snapshot stat testdata/nope.json: no such file"},
+		{name: "sim-faults", mutate: func(c *Config) { c.Simulate = "dgx-h100"; c.SimFaults = "nvml-failure,gpu-lost:3" }},
+		{name: "sim-faults without a GPU index", mutate: func(c *Config) { c.Simulate = "dgx-h100"; c.SimFaults = "gpu-lost:x" }, wantErr: `sim-faults: "gpu-lost:x": want KIND:GPU with a GPU index`},
 		{name: "simulate repeated gpu", mutate: func(c *Config) { c.Simulate = "dgx-h100,mig=0:1g.10gb,mig=0:2g.20gb" }, wantErr: "mig layout for gpu 0 given twice"},
 		{name: "sim-control-address not loopback", mutate: func(c *Config) { c.Simulate = "dgx-h100"; c.SimControlAddress = "0.0.0.0:9402" }, wantErr: `sim-control-address: "0.0.0.0:9402" is not a loopback address`},
 		{name: "sim-control-address ignored without simulate", mutate: func(c *Config) { c.SimControlAddress = "0.0.0.0:9402" }},

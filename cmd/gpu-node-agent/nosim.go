@@ -23,6 +23,9 @@ func (c *Config) validateSimulate(add func(name, format string, a ...any)) {
 	if c.SimControlAddress != "" {
 		add("sim-control-address", "%w", errNoSimulator)
 	}
+	if c.SimFaults != "" {
+		add("sim-faults", "%w", errNoSimulator)
+	}
 }
 
 // openHardware opens the real NVML; Validate has refused --simulate.

@@ -25,6 +25,7 @@ func TestNoSimulator(t *testing.T) {
 		{name: "simulate flag", args: []string{"--simulate", "dgx-h100"}},
 		{name: "simulate env", env: map[string]string{"GNA_SIMULATE": "dgx-h100"}},
 		{name: "sim control flag", args: []string{"--sim-control-address", "127.0.0.1:9402"}},
+		{name: "sim faults flag", args: []string{"--sim-faults", "nvml-failure"}},
 		{name: "demo", args: []string{"demo"}},
 		{name: "topology dump simulate", args: []string{"topology", "dump", "--simulate", "dgx-h100"}},
 	}

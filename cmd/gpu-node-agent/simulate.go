@@ -135,6 +135,35 @@ func (c *Config) validateSimulate(add func(name, format string, a ...any)) {
 			add("sim-control-address", "%v", err)
 		}
 	}
+	if _, err := parseSimFaults(c.SimFaults); err != nil {
+		add("sim-faults", "%v", err)
+	}
+}
+
+// parseSimFaults reads --sim-faults, "KIND[:GPU],...": the kinds are the
+// control API's (sim.Fault), GPU defaults to 0. Whether the simulator
+// accepts a fault is checked when it is injected.
+func parseSimFaults(s string) ([]sim.Fault, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var faults []sim.Fault
+	for _, p := range strings.Split(s, ",") {
+		kind, idx, hasGPU := strings.Cut(p, ":")
+		f := sim.Fault{Kind: kind}
+		if kind == "" {
+			return nil, fmt.Errorf("%q: want KIND[:GPU],..., got %q", s, p)
+		}
+		if hasGPU {
+			gpu, err := strconv.Atoi(idx)
+			if err != nil || gpu < 0 {
+				return nil, fmt.Errorf("%q: want KIND:GPU with a GPU index, got %q", s, p)
+			}
+			f.GPU = gpu
+		}
+		faults = append(faults, f)
+	}
+	return faults, nil
 }
 
 // openHardware opens what cfg says: a simulated node with --simulate, real
@@ -155,7 +184,12 @@ func openHardware(cfg *Config, log *slog.Logger) (agent.Hardware, error) {
 	if err != nil {
 		return nil, err
 	}
+	faults, err := parseSimFaults(cfg.SimFaults)
+	if err != nil {
+		return nil, fmt.Errorf("sim-faults: %w", err)
+	}
 	return simhw.Open(simhw.Options{
+		StartFaults:    faults,
 		Model:          model,
 		Name:           spec.String(),
 		HostRoot:       cfg.HostRoot,

@@ -9,7 +9,10 @@ import (
 )
 
 // TestPrometheusScrapesAgent: Debian's prometheus scrapes the agent's
-// metrics endpoint on the node; the target is up and agent metrics arrive.
+// metrics endpoint on the node; the target is up and agent metrics arrive,
+// every panel query of NVIDIA's dcgm-exporter dashboard returns series and
+// every NVML-backed default counter is there with dcgm-exporter's type
+// and the DCGM_FI_DRIVER_VERSION label (checkRealClients).
 func TestPrometheusScrapesAgent(t *testing.T) {
 	a := needAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -70,4 +73,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 		t.Errorf("up{job=\"gpu-node-agent\"} has %d series, want 1", len(up))
 	}
 	t.Logf("prometheus scraped %s: %d agent metrics, e.g. %v", target, len(agentMetrics), agentMetrics[:min(5, len(agentMetrics))])
+	// NVIDIA's own clients of dcgm-exporter: its dashboard's queries and
+	// its default counters, against what this prometheus scraped.
+	checkRealClients(ctx, t, prom, target)
 }
