@@ -423,8 +423,10 @@ func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 // Why: in a mass fault most of the nodes that will get a slot find one
 // free, and listing the slots reads up to K Leases (at K = 1,500 about
 // 1 MB in protobuf) per node. Probing makes a node that finds a free slot
-// read no Lease at all; only the nodes that miss, mostly the ones to be
-// refused once the slots fill, list them. K needs a fresh fleet size:
+// read no Lease at all; only the nodes that miss list them: the ones to be
+// refused once the slots fill, and those whose probes collided with other
+// nodes' (25 of 96 holders in TestSlotsHoldUnderConcurrency's probing
+// repetitions, 20 nodes for 8 slots). K needs a fresh fleet size:
 // this node's own, or, with no node selector, one measured now (a LIST of
 // limit 1 counted by the API server, see measure). With a selector and no
 // fresh size of its own, measuring reads every selected Node, so the node
