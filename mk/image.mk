@@ -82,9 +82,16 @@ image-bases: $(BASE_DIR)/runtime.tar $(BASE_DIR)/builder.tar | image-deps
 
 # The build mounts this machine's module and build caches, so a warm
 # build compiles only what changed (and downloads nothing); the images of
-# earlier builds are pruned, since vfs stores every layer in full.
+# earlier builds are pruned, since vfs stores every layer in full. The
+# Dockerfile's `go mod download` reads every go.mod in the module graph,
+# more than the host's builds fetch (e.g. go-openapi/jsonpointer
+# v0.19.6's): it runs here first, so the build inside needs no network
+# (the chroot does not trust this machine's certificate authorities; a
+# cold CI run failed there with "x509: certificate signed by unknown
+# authority").
 image-local: image-bases ## build the image from the Dockerfile with buildah on local Debian bases; write .build/image/gpu-node-agent-e2e.tar
 	@mkdir -p $(dir $(IMAGE_ARCHIVE)) "$$($(GO) env GOMODCACHE)" "$$($(GO) env GOCACHE)"
+	$(GO) mod download
 	time $(BUILDAH) bud --quiet --isolation chroot --pull=never \
 		--build-arg BUILDER_IMAGE=$(BUILDER_BASE) --build-arg RUNTIME_IMAGE=$(RUNTIME_BASE) \
 		--build-arg VERSION=$(VERSION) --build-arg GO_TAGS="$(IMAGE_GO_TAGS)" \
