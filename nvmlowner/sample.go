@@ -145,6 +145,28 @@ type Sample struct {
 	// MIGChanged is set when a MIG handle index no longer holds the MIG
 	// device asked for: the layout changed and wants a rediscovery.
 	MIGChanged bool
+	// Processes are the processes with a context on the GPU or on one of
+	// its MIG devices (GetComputeRunningProcesses and
+	// GetGraphicsRunningProcesses), one entry per PID and device.
+	// ProcessesRead says whether the lists were read: OK, or NotSupported /
+	// NoPermission ("no data": no process may be judged from it), or
+	// Failed.
+	Processes     []Process
+	ProcessesRead Value
+}
+
+// Process is one process holding a context on a GPU or MIG device.
+type Process struct {
+	PID uint32
+	// MIG is the UUID of the MIG device the process runs on ("" for the
+	// whole GPU).
+	MIG string
+	// UsedMemory is the device memory the process holds, in bytes; NoData
+	// when NVML reports NVML_VALUE_NOT_AVAILABLE for it.
+	UsedMemory Value
+	// Compute and Graphics say which lists the process is on (both for a
+	// process with a compute and a graphics context).
+	Compute, Graphics bool
 }
 
 // Get returns field f.
