@@ -148,9 +148,11 @@ type Sample struct {
 	// Processes are the processes with a context on the GPU or on one of
 	// its MIG devices (GetComputeRunningProcesses and
 	// GetGraphicsRunningProcesses), one entry per PID and device.
-	// ProcessesRead says whether the lists were read: OK, or NotSupported /
-	// NoPermission ("no data": no process may be judged from it), or
-	// Failed.
+	// ProcessesRead says whether the lists were read: OK (V is then the
+	// number of Processes), or NotSupported / NoPermission ("no data": no
+	// process may be judged from it), or Failed (Err says which list; the
+	// Processes of the other list are kept, but the picture is incomplete).
+	// Processes are sorted by MIG, then PID.
 	Processes     []Process
 	ProcessesRead Value
 }

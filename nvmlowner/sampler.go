@@ -35,7 +35,7 @@ func TargetsOf(n *topology.Node) []Target {
 	for _, g := range n.GPUs {
 		t := Target{UUID: g.UUID}
 		for _, m := range g.MIG {
-			t.MIG = append(t.MIG, MIGTarget{UUID: m.UUID, Index: m.Index})
+			t.MIG = append(t.MIG, MIGTarget{UUID: m.UUID, Index: m.Index, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance})
 		}
 		targets = append(targets, t)
 	}
@@ -43,10 +43,14 @@ func TargetsOf(n *topology.Node) []Target {
 }
 
 // MIGTarget is a MIG device by UUID and its MIG handle index under its
-// parent (GetMigDeviceHandleByIndex).
+// parent (GetMigDeviceHandleByIndex), with the GPU and compute instance
+// IDs that the parent's process lists name it by (nvmlProcessInfo_t
+// gpuInstanceId, computeInstanceId).
 type MIGTarget struct {
-	UUID  string
-	Index int
+	UUID            string
+	Index           int
+	GPUInstance     int
+	ComputeInstance int
 }
 
 // Snapshot is one sampling cycle over every target.
@@ -295,6 +299,7 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 		out.Err = err
 		out.Values = [NumFields]Value{}
 		out.Links, out.MIG = nil, nil
+		out.Processes, out.ProcessesRead = nil, Value{}
 	}
 }
 
@@ -404,6 +409,7 @@ func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
 		}
 		r.MIG = append(r.MIG, ms)
 	}
+	readProcesses(dev, t, r, note)
 	if lost {
 		return nvml.ERROR_GPU_IS_LOST
 	}

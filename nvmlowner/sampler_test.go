@@ -207,12 +207,13 @@ func TestSamplerSnapshotsInOrder(t *testing.T) {
 func TestTargetsOf(t *testing.T) {
 	n := &topology.Node{GPUs: []topology.GPU{
 		{UUID: "GPU-a"},
-		{UUID: "GPU-b", MIGEnabled: true, MIG: []topology.MIGDevice{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
+		{UUID: "GPU-b", MIGEnabled: true, MIG: []topology.MIGDevice{
+			{UUID: "MIG-b0", Index: 0, GPUInstance: 1}, {UUID: "MIG-b2", Index: 2, GPUInstance: 7, ComputeInstance: 1}}},
 	}}
 	got := TargetsOf(n)
 	want := []Target{
 		{UUID: "GPU-a"},
-		{UUID: "GPU-b", MIG: []MIGTarget{{UUID: "MIG-b0", Index: 0}, {UUID: "MIG-b2", Index: 2}}},
+		{UUID: "GPU-b", MIG: []MIGTarget{{UUID: "MIG-b0", Index: 0, GPUInstance: 1}, {UUID: "MIG-b2", Index: 2, GPUInstance: 7, ComputeInstance: 1}}},
 	}
 	if !slices.EqualFunc(got, want, func(a, b Target) bool {
 		return a.UUID == b.UUID && slices.Equal(a.MIG, b.MIG)

@@ -237,16 +237,38 @@ func (n *Node) installArch() {
 		}
 		n.installNVLinkErrorFields(i, &d.Device)
 
+		// nvml.h nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
+		// nvmlDeviceGetComputeRunningProcesses_v3 and
+		// nvmlDeviceGetGraphicsRunningProcesses_v3: "In MIG mode, if
+		// device handle is provided, the API returns aggregate
+		// information, only if the caller has appropriate privileges",
+		// else NVML_ERROR_NO_PERMISSION (nvml.h lines 6678/6702,
+		// 6722/6744, 7378/7394 and 7421/7437).
+		aggregate := func() bool { return n.arch.unprivileged.Load() && migActive() }
 		if mem := d.GetMemoryInfoFunc; mem != nil {
-			// nvml.h nvmlDeviceGetMemoryInfo: "In MIG mode, if device handle
-			// is provided, the API returns aggregate information, only if
-			// the caller has appropriate privileges" (6700-6702), else
-			// NVML_ERROR_NO_PERMISSION (6723).
 			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
-				if n.arch.unprivileged.Load() && migActive() {
+				if aggregate() {
 					return nvml.Memory{}, nvml.ERROR_NO_PERMISSION
 				}
 				return mem()
+			}
+		}
+		if mem := d.GetMemoryInfo_v2Func; mem != nil {
+			d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+				if aggregate() {
+					return nvml.Memory_v2{}, nvml.ERROR_NO_PERMISSION
+				}
+				return mem()
+			}
+		}
+		for _, f := range []*func() ([]nvml.ProcessInfo, nvml.Return){&d.GetComputeRunningProcessesFunc, &d.GetGraphicsRunningProcessesFunc} {
+			if list := *f; list != nil {
+				*f = func() ([]nvml.ProcessInfo, nvml.Return) {
+					if aggregate() {
+						return nil, nvml.ERROR_NO_PERMISSION
+					}
+					return list()
+				}
 			}
 		}
 

@@ -73,6 +73,8 @@ const (
 	devGetDecoderUtilization
 	devGetMemoryInfoV2
 	devGetGridLicensableFeatures
+	devGetComputeRunningProcesses
+	devGetGraphicsRunningProcesses
 	numDeviceCalls
 )
 
@@ -86,7 +88,7 @@ var deviceCallNames = [numDeviceCalls]string{
 	"GetPcieReplayCounter", "GetFieldValues", "GetEccMode", "GetTotalEccErrors", "GetRetiredPages",
 	"GetRetiredPagesPendingStatus", "GetRemappedRows", "GetGpuFabricInfo", "GetNvLinkErrorCounter",
 	"GetCudaComputeCapability", "GetEncoderUtilization", "GetDecoderUtilization", "GetMemoryInfo_v2",
-	"GetGridLicensableFeatures",
+	"GetGridLicensableFeatures", "GetComputeRunningProcesses", "GetGraphicsRunningProcesses",
 }
 
 // count counts one call of library method k (an index into libCallNames).

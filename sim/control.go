@@ -53,8 +53,15 @@ const maxControlBody = 1 << 16
 //	DELETE /faults  a Fault
 //	GET    /state   the current layout as NVML lists it (topology.Node JSON)
 //	GET    /calls   NVML calls made so far, by method ({"GetUUID":12,...})
+//	POST   /processes               a ProcessSpec; answers {"pid":3000000}
+//	GET    /processes               the running processes (Process JSON, by PID)
+//	DELETE /processes/{pid}         the process exits (StopProcess)
+//	POST   /processes/{pid}/signal  {"signal":"SIGTERM"} (SignalProcess)
+//	POST   /leaked-memory           {"gpu":0,"mig":"MIG-...","memoryMiB":2048} (SetLeakedMemory)
+//	GET    /leaked-memory           the leaks ([{"gpu":0,"memoryMiB":2048}])
 //
-// Bad requests get 400 with a message naming the offending field.
+// Bad requests get 400 with a message naming the offending field; a PID
+// that is not running gets 404.
 func (n *Node) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /mig", n.handleMIG)
@@ -62,6 +69,7 @@ func (n *Node) ControlHandler() http.Handler {
 	mux.HandleFunc("DELETE /faults", func(w http.ResponseWriter, r *http.Request) { n.handleFault(w, r, n.clearFault) })
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Spec()) })
 	mux.HandleFunc("GET /calls", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.NVMLCalls()) })
+	n.processRoutes(mux)
 	return mux
 }
 

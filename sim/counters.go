@@ -5,15 +5,15 @@ import (
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
 
-// Simulated readings: utilisation, framebuffer, clocks, temperatures,
-// power, energy, PCIe replays and NVLink traffic. They are deterministic but
+// Simulated readings: utilisation, clocks, temperatures, power, energy,
+// PCIe replays and NVLink traffic. They are deterministic but
 // move: each read of a reading advances that reading by one step (as if one
 // collection interval had passed), so a test that collects k times sees the
 // same numbers every run and a demo sees live-looking graphs. ECC, remapped
-// rows, retired pages and XIDs belong to faults.go.
+// rows, retired pages and XIDs belong to faults.go; framebuffer memory is
+// what the simulated processes and leaks hold (processes.go).
 
 // counterState is one GPU's reading generator. It has its own lock (not
 // Node.mu) because readings never change the layout.
@@ -31,15 +31,12 @@ type counterState struct {
 	energyMJ  uint64
 	replays   int
 	nvlinkKiB uint64
-	// migSteps counts framebuffer reads per MIG device (by UUID).
-	migSteps map[string]uint64
 }
 
 type readingKind int
 
 const (
 	readUtil readingKind = iota
-	readMemory
 	readClock
 	readTemp
 	readPower
@@ -75,11 +72,10 @@ func (s *counterState) temperature(t uint64) uint32 {
 	return 32 + s.util(t)/3 + uint32(s.gpu%3)
 }
 
-// installCounters gives every GPU (and every MIG device, through a MIG
-// hook) moving readings. It runs after installFaults, so a field-values
-// handler installed there is kept and only its unknown fields are ours.
+// installCounters gives every GPU moving readings. It runs after
+// installFaults, so a field-values handler installed there is kept and only
+// its unknown fields are ours.
 func (n *Node) installCounters() {
-	states := make([]*counterState, len(n.devices))
 	for i, d := range n.devices {
 		g := n.gpus[i]
 		s := &counterState{
@@ -87,14 +83,12 @@ func (n *Node) installCounters() {
 			memClockMHz:    2619,
 			powerBaseMW:    70000,
 			powerPerUtilMW: 7000,
-			migSteps:       map[string]uint64{},
 		}
 		if g.cfg.Architecture == nvml.DEVICE_ARCH_AMPERE {
 			s.memClockMHz, s.powerBaseMW, s.powerPerUtilMW = 1593, 55000, 4500
 		}
 		// Energy since boot: as if the GPU had idled for a day.
 		s.energyMJ = uint64(s.powerBaseMW) * 86400
-		states[i] = s
 		migEnabled := func() bool {
 			n.mu.RLock()
 			defer n.mu.RUnlock()
@@ -109,11 +103,6 @@ func (n *Node) installCounters() {
 			}
 			u := s.util(s.step(readUtil))
 			return nvml.Utilization{Gpu: u, Memory: u / 2}, nvml.SUCCESS
-		}
-		d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
-			total := d.MemoryInfo.Total
-			used := total / 100 * uint64(s.util(s.step(readMemory))-10)
-			return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 		}
 		// nvml.h nvmlDeviceGetEncoderUtilization/DecoderUtilization: "For
 		// Kepler or newer fully supported devices", and "On MIG-enabled
@@ -131,16 +120,6 @@ func (n *Node) installCounters() {
 				return 0, 0, nvml.ERROR_NOT_SUPPORTED
 			}
 			return s.util(s.step(readUtil)) / 4, 166667, nvml.SUCCESS
-		}
-		// nvml.h nvmlDeviceGetMemoryInfo_v2 (nvmlMemory_v2_t): total =
-		// reserved + used + free, reserved being what the driver keeps
-		// for itself; simulated as 1/256 of the memory.
-		d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
-			total := d.MemoryInfo.Total
-			reserved := total >> 8
-			used := total / 100 * uint64(s.util(s.step(readMemory))-10)
-			return nvml.Memory_v2{Version: nvml.STRUCT_VERSION(nvml.Memory_v2{}, 2), Total: total,
-				Reserved: reserved, Used: used, Free: total - reserved - used}, nvml.SUCCESS
 		}
 		// nvml.h nvmlDeviceGetGridLicensableFeatures_v4 documents only
 		// SUCCESS, INVALID_ARGUMENT and UNKNOWN: a bare-metal GPU answers
@@ -213,43 +192,6 @@ func (n *Node) installCounters() {
 			}
 			return nvml.SUCCESS
 		}
-	}
-
-	migHook := func(gpu int, d *mock.Device) {
-		s := states[gpu]
-		uuid, _ := d.GetUUID()
-		total := func() uint64 {
-			// installMIGDevice's own answer carries the profile's size.
-			m, _ := d.GetMemoryInfo()
-			return m.Total
-		}()
-		d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
-			s.mu.Lock()
-			s.migSteps[uuid]++
-			t := s.migSteps[uuid]
-			s.mu.Unlock()
-			used := total / 100 * uint64(s.util(t)-10)
-			return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
-		}
-	}
-	n.addMIGHook(migHook)
-	// The spec's MIG devices were built before this hook existed. The hook
-	// is idempotent (it keeps the device's total), so running it again on
-	// them is harmless should New ever run hooks on them too.
-	type existing struct {
-		gpu int
-		dev *mock.Device
-	}
-	var migs []existing
-	n.mu.RLock()
-	for i, g := range n.gpus {
-		for _, m := range g.mig {
-			migs = append(migs, existing{i, m.dev})
-		}
-	}
-	n.mu.RUnlock()
-	for _, m := range migs {
-		migHook(m.gpu, m.dev)
 	}
 }
 

@@ -418,3 +418,17 @@ func (d device) GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.R
 	d.g.enter(devGetGridLicensableFeatures)
 	return d.m.GetGridLicensableFeaturesFunc()
 }
+
+// GetComputeRunningProcesses answers the processes with a compute context
+// (processes.go).
+func (d device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	d.g.enter(devGetComputeRunningProcesses)
+	return d.m.GetComputeRunningProcessesFunc()
+}
+
+// GetGraphicsRunningProcesses answers the processes with a graphics context
+// (processes.go).
+func (d device) GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	d.g.enter(devGetGraphicsRunningProcesses)
+	return d.m.GetGraphicsRunningProcessesFunc()
+}

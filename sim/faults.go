@@ -468,7 +468,9 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		if !on {
 			return fmt.Errorf("kind: %s is an instantaneous action (a GPU reset); there is nothing to clear", f.Kind)
 		}
-		n.resetGPU(gpu)
+		if err := n.resetIdleGPU(gpu); err != nil {
+			return err
+		}
 	case FaultHang:
 		n.gates[gpu].setHang(on)
 	case FaultGPUMissing:

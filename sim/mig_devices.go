@@ -260,6 +260,9 @@ func (n *Node) SetMIGLayout(gpu int, profiles []string) error {
 	}
 	n.layoutMu.Lock()
 	defer n.layoutMu.Unlock()
+	if err := n.checkIdle(gpu, "set mig layout"); err != nil {
+		return err
+	}
 
 	n.mu.RLock()
 	gen := g.generation + 1
@@ -283,6 +286,8 @@ func (n *Node) SetMIGLayout(gpu int, profiles []string) error {
 		n.spec.GPUs[gpu].MIG = append(n.spec.GPUs[gpu].MIG, m.info)
 	}
 	n.mu.Unlock()
+	// The instances' memory is new: no leak survives them.
+	n.clearLeaks(gpu)
 	if err := n.writeMIGCaps(); err != nil {
 		// The NVML view has changed already; the files are a best-effort
 		// mirror and their absence shows up as missing device nodes.

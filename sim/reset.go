@@ -52,3 +52,18 @@ func (n *Node) resetGPU(i int) {
 	n.mu.Unlock()
 	n.gates[i].setHang(false)
 }
+
+// resetIdleGPU resets GPU i as resetGPU does, and frees the memory leaked
+// on it (the driver initialises the GPU's memory again), if no simulated
+// process holds a context on it: a reset of a GPU in use is refused
+// (nvidia-smi -r: the GPU is in use; NVML_ERROR_IN_USE).
+func (n *Node) resetIdleGPU(i int) error {
+	n.layoutMu.Lock()
+	defer n.layoutMu.Unlock()
+	if err := n.checkIdle(i, "kind: gpu-reset"); err != nil {
+		return err
+	}
+	n.clearLeaks(i)
+	n.resetGPU(i)
+	return nil
+}

@@ -55,6 +55,7 @@ type Node struct {
 	gates      []*gpuGate
 	nullDevice nvmlapi.Device
 	arch       *archState // set by installArch (arch.go)
+	procs      *procState // set by installProcesses (processes.go)
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded
@@ -188,6 +189,9 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	n.installFaults()
 	n.installFabric()
 	n.installCounters()
+	if err := n.installProcesses(); err != nil {
+		return nil, fmt.Errorf("simulated node: %w", err)
+	}
 	n.installNICs()
 	n.installArch()
 	// MIG devices come after the install hooks so that their MIG hooks

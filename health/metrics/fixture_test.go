@@ -149,6 +149,10 @@ func setReadings(d *server.Device, i int) {
 		return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_COMPLETED}, nvml.SUCCESS
 	}
 	d.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED }
+	// No processes (read by the sampler for the usage tracker).
+	noProcesses := func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+	d.GetComputeRunningProcessesFunc = noProcesses
+	d.GetGraphicsRunningProcessesFunc = noProcesses
 }
 
 func setFieldUint(fv *nvml.FieldValue, v uint64) {

@@ -1,4 +1,4 @@
-// Package nvmlapi is the part of NVML the agent calls: 48 methods of
+// Package nvmlapi is the part of NVML the agent calls: 50 methods of
 // go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
 // with go-nvml's signatures except that handles are of these narrow types.
 // The real library is go-nvml behind Wrap; the simulator (package sim)
@@ -73,6 +73,11 @@ type Device interface {
 	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return)
 	GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return)
+
+	// The processes holding a context on the device (go-nvml calls the
+	// _v3 functions, nvmlProcessInfo_t with GPU and compute instance IDs).
+	GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return)
+	GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return)
 }
 
 // GpuInstance is the one call the agent makes on a MIG GPU instance: its

@@ -192,3 +192,11 @@ func (d device) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) { return d.d.Ge
 func (d device) GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return) {
 	return d.d.GetGridLicensableFeatures()
 }
+
+func (d device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	return d.d.GetComputeRunningProcesses()
+}
+
+func (d device) GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	return d.d.GetGraphicsRunningProcesses()
+}
