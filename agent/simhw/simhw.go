@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"syscall"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -98,6 +99,13 @@ func (h *Hardware) String() string { return "simulated " + h.name }
 
 // Simulated says the /dev paths are under the host root.
 func (h *Hardware) Simulated() bool { return true }
+
+// SignalProcess signals one of the simulated node's GPU processes (the
+// agent's ProcessSignaller): they exist only in the simulator, so a kill
+// of the GPU process check never reaches a real process of this machine.
+func (h *Hardware) SignalProcess(pid uint32, sig syscall.Signal) error {
+	return h.node.SignalProcess(pid, sig)
+}
 
 // Changed is signalled when the simulated layout changes (a MIG change).
 func (h *Hardware) Changed() <-chan struct{} { return h.node.Changed() }
