@@ -31,8 +31,9 @@ func installAgent(ctx context.Context) {
 	}
 	if agent, agentErr = agentdeploy.Install(ctx, shared, agentdeploy.Options{
 		// A short recovery period, so the health scenario's node recovers
-		// within the test after its fault is cleared.
-		Values: map[string]any{"config": map[string]any{"health": map[string]any{"recoveryPeriod": "10s"}}},
+		// within the test after its fault is cleared; the GPU process
+		// check as the zombie scenario wants it.
+		Values: map[string]any{"config": map[string]any{"health": map[string]any{"recoveryPeriod": "10s", "zombies": zombieValues}}},
 	}); agentErr != nil {
 		return
 	}

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -216,15 +217,27 @@ func (c SimControl) post(ctx context.Context, path string, body any) error {
 }
 
 func (c SimControl) send(ctx context.Context, method, path string, body any) error {
-	data, err := json.Marshal(body)
-	if err != nil {
-		return fmt.Errorf("encode %s request: %w", path, err)
+	return c.do(ctx, method, path, body, nil)
+}
+
+// do sends body (none when nil) as JSON and decodes a 2xx answer into out
+// (when not nil).
+func (c SimControl) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode %s request: %w", path, err)
+		}
+		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, bytes.NewReader(data))
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
 	if err != nil {
 		return fmt.Errorf("build %s request: %w", path, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	hc := c.Client
 	if hc == nil {
 		hc = http.DefaultClient
@@ -234,9 +247,65 @@ func (c SimControl) send(ctx context.Context, method, path string, body any) err
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(msg)))
 	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+	}
 	return nil
+}
+
+// Process is the body of POST /processes (the simulator's
+// sim.ProcessSpec): a simulated process holding memory on a GPU (or one of
+// its MIG devices), of a pod (Kind "pod": PodUID, ContainerID) or of the
+// host (Kind "host").
+type Process struct {
+	GPU         int    `json:"gpu"`
+	MIG         string `json:"mig,omitempty"`
+	MemoryMiB   uint64 `json:"memoryMiB"`
+	Kind        string `json:"kind"`
+	PodUID      string `json:"podUID,omitempty"`
+	ContainerID string `json:"containerID,omitempty"`
+	IgnoreTerm  bool   `json:"ignoreTerm,omitempty"`
+	// Uninterruptible is a process in state D: no signal ends it.
+	Uninterruptible bool `json:"uninterruptible,omitempty"`
+}
+
+// StartProcess starts a simulated GPU process and returns its PID.
+func (c SimControl) StartProcess(ctx context.Context, p Process) (uint32, error) {
+	var out struct {
+		PID uint32 `json:"pid"`
+	}
+	if err := c.do(ctx, http.MethodPost, "/processes", p, &out); err != nil {
+		return 0, err
+	}
+	if out.PID == 0 {
+		return 0, fmt.Errorf("POST /processes: no pid in the answer")
+	}
+	return out.PID, nil
+}
+
+// StopProcess ends a simulated process as a normal exit would.
+func (c SimControl) StopProcess(ctx context.Context, pid uint32) error {
+	return c.send(ctx, http.MethodDelete, "/processes/"+strconv.FormatUint(uint64(pid), 10), nil)
+}
+
+// ProcessPIDs returns the PIDs of the simulated processes still running.
+func (c SimControl) ProcessPIDs(ctx context.Context) ([]uint32, error) {
+	var out []struct {
+		PID uint32 `json:"pid"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/processes", nil, &out); err != nil {
+		return nil, err
+	}
+	pids := make([]uint32, 0, len(out))
+	for _, p := range out {
+		pids = append(pids, p.PID)
+	}
+	return pids, nil
 }
