@@ -99,9 +99,11 @@ type Options struct {
 	Events  EventRecorder
 	// Signaller kills zombies (action kill); nil: NewPidfdSignaller.
 	Signaller Signaller
-	// Allocations and Offered feed the fragmentation collector.
+	// Allocations and Offered feed the fragmentation collector: Offered
+	// is called once per cycle for the device IDs served to the kubelet
+	// as healthy (nil: every device counts as offered).
 	Allocations AllocationObserver
-	Offered     func(id string) bool
+	Offered     func() map[string]bool
 	Clock       clock.PassiveClock
 	Logger      *slog.Logger
 	Registerer  prometheus.Registerer
@@ -221,7 +223,7 @@ func NewTracker(cfg Config, opts Options) (*Tracker, error) {
 	if t.metrics, err = newTrackerMetrics(opts.Registerer, t.pods); err != nil {
 		return nil, fmt.Errorf("gpu usage tracker metrics: %w", err)
 	}
-	if t.action == ActionKill && (!cfg.Judge || !t.pidView) {
+	if t.action == ActionKill && (!cfg.Judge || !t.pidView || cfg.SimulatedPIDs && opts.Signaller == nil) {
 		// Fail closed: never kill without knowing whose processes they
 		// are. The agent keeps serving (a DaemonSet crash-looping over a
 		// chart setting would stop every node's GPUs) and reports.
@@ -277,8 +279,11 @@ func (t *Tracker) announce() {
 	}
 	if t.cfg.Zombies.Action == ActionKill && t.action != ActionKill {
 		why := t.pidWhy
-		if !t.cfg.Judge {
+		switch {
+		case !t.cfg.Judge:
 			why = "the gpu-processes check is disabled"
+		case why == "":
+			why = "the simulated node cannot signal its processes"
 		}
 		t.log.Error("health.zombies.action kill refused, reporting only", "reason", why)
 		t.event(ReasonKillNotAllowed, "zombie GPU processes will be reported, not killed: "+why)
@@ -319,9 +324,10 @@ func (t *Tracker) Cycle(ctx context.Context) {
 
 	t.assignments.Store(attr.assignments)
 	if attr.assignments != nil && t.opts.Allocations != nil {
-		offered := t.opts.Offered
-		if offered == nil {
-			offered = func(string) bool { return true }
+		offered := func(string) bool { return true }
+		if t.opts.Offered != nil {
+			set := t.opts.Offered()
+			offered = func(id string) bool { return set[id] }
 		}
 		t.opts.Allocations.Update(node, offered, attr.assignments.Allocated())
 	}

@@ -478,7 +478,7 @@ func TestAllocationsAndAssignments(t *testing.T) {
 	alloc := &fakeAllocations{}
 	r := newRig(t, true, func(_ *Config, o *Options) {
 		o.Allocations = alloc
-		o.Offered = func(id string) bool { return id != gpu1 }
+		o.Offered = func() map[string]bool { return map[string]bool{gpu0: true, gpu2: true} }
 	})
 	updated := r.tr.Subscribe()
 	r.trainRunning()
