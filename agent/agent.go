@@ -78,9 +78,11 @@ type Config struct {
 }
 
 // needsAPI says whether anything talks to the API server: only with a
-// node name, and only for tainting or labels.
+// node name, and only for tainting, labels or the GPU process check's
+// Events.
 func (c Config) needsAPI() bool {
-	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels)
+	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels ||
+		c.Health.Enabled(health.CheckGPUProcesses))
 }
 
 // sampleInterval is the NVML sampling period: the shorter of the health
@@ -157,6 +159,9 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	// and metrics alike, on the NVML owner's per-GPU lanes.
 	a.sampler = nvmlowner.NewSampler(hw.Owner(), nvmlowner.SamplerConfig{Interval: cfg.sampleInterval()})
 	a.mon.SetSampler(a.sampler)
+	if cfg.needsAPI() {
+		a.node = kubeapi.NewNodeObject(a.nodeConfig(), a.mon, a.reg, log.With("component", "node"))
+	}
 	if a.tracker, err = a.newTracker(hcfg, hostRoot); err != nil {
 		return nil, err
 	}
@@ -172,9 +177,6 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		if err := a.nics.WriteCDISpec(); err != nil {
 			return nil, err
 		}
-	}
-	if cfg.needsAPI() {
-		a.node = kubeapi.NewNodeObject(a.nodeConfig(), a.mon, a.reg, log.With("component", "node"))
 	}
 
 	// The GPU resources record what they allocate so that an RDMA
@@ -301,6 +303,9 @@ func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker,
 		Offered:    a.offered,
 		Logger:     a.log.With("component", "usage"),
 		Registerer: a.reg,
+	}
+	if a.node != nil {
+		opts.Events = a.node
 	}
 	if s, ok := a.hw.(ProcessSignaller); ok {
 		opts.Signaller = usage.StartTimeChecked(hostRoot, s.SignalProcess)

@@ -11,9 +11,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
@@ -114,4 +119,48 @@ func TestUsageCheckDisabled(t *testing.T) {
 	waitFor(t, "the check's disabled notice", func() bool {
 		return strings.Contains(logs.String(), "gpu process check disabled")
 	})
+}
+
+// TestUsageEventsOnly: with a node name but tainting and labels off, the
+// GPU process check still posts its Events about the Node, and nothing
+// else is requested (no Node informer).
+func TestUsageEventsOnly(t *testing.T) {
+	cfg := defaults()
+	cfg.Simulate = "pcie-8gpu"
+	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = ""
+	cfg.NodeName = "gpu-node-1"
+	cfg.Taint.Mode = kubeapi.TaintOff
+	cfg.NodeLabels = false
+	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill} // refused on this hardware: one Event says so
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	cfg.KubeClients = func() (kubeapi.Clients, error) {
+		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+	}
+	a, err := openAgent(cfg, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.node == nil {
+		t.Fatal("no node object for the GPU process check's Events")
+	}
+	ctx, _ := startAgent(t, a)
+	waitFor(t, "the kill refusal Event", func() bool {
+		l, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range l.Items {
+			if e.Reason == usage.ReasonKillNotAllowed && e.InvolvedObject.Name == cfg.NodeName && e.Type == corev1.EventTypeWarning {
+				return true
+			}
+		}
+		return false
+	})
+	for _, act := range client.Actions() {
+		if act.GetResource().Resource == "nodes" {
+			t.Errorf("events only, yet a Node request: %s", act.GetVerb())
+		}
+	}
 }
