@@ -551,3 +551,46 @@ func TestNewTrackerRejects(t *testing.T) {
 		t.Errorf("NewTracker with a bad action: %v", err)
 	}
 }
+
+// TestWithHealthMonitor: the check's observations drive the real health
+// monitor: the GPU is unhealthy once the zombie has lasted the grace (its
+// MIG-less neighbour is not), and once the memory is freed the cause is
+// cleared and recovers through the normal recovery period, not held until
+// a reset.
+func TestWithHealthMonitor(t *testing.T) {
+	mon, err := health.NewMonitor(health.Config{}, nil, testLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon.SetNode(testNode())
+	r := newRig(t, true, func(_ *Config, o *Options) { o.Health = mon })
+	r.trainRunning()
+	r.host.proc(4242, 77001, "python3", "S", podCgroup(uidTrain))
+	busy := []nvmlowner.Sample{gpuSample(gpu0, 30000, 500, nvmlProc(4242, 29000)), gpuSample(gpu1, 500, 500)}
+	r.cycle(busy...)
+	r.trainDeleted()
+	r.cycle(busy...)
+	if !mon.Healthy(gpu0) {
+		t.Fatal("GPU unhealthy before the grace")
+	}
+	r.clock.Step(DefaultGrace)
+	r.cycle(busy...)
+	if mon.Healthy(gpu0) {
+		t.Fatal("GPU with a zombie healthy after the grace")
+	}
+	if !mon.Healthy(gpu1) {
+		t.Error("the other GPU is unhealthy")
+	}
+	st := mon.Status(gpu0)
+	if reasons := strings.Join(st.Reasons, "; "); !strings.Contains(reasons, "zombie process pid 4242") || strings.Contains(reasons, "held") {
+		t.Errorf("GPU reasons %q, want the zombie, not held", reasons)
+	}
+	if f := mon.Fitness(); f.Fit || f.Reason != health.CheckGPUProcesses {
+		t.Errorf("node fitness %+v, want unfit for gpu-processes", f)
+	}
+	r.host.killProc(4242)
+	r.cycle(gpuSample(gpu0, 500, 500), gpuSample(gpu1, 500, 500))
+	if reasons := strings.Join(mon.Status(gpu0).Reasons, "; "); !strings.Contains(reasons, "(cleared, recovering)") {
+		t.Errorf("GPU reasons after the memory was freed %q, want the cause cleared and recovering", reasons)
+	}
+}
