@@ -108,9 +108,9 @@ func TestNodeEvents(t *testing.T) {
 				}
 				return false
 			})
-			if got := testutil.ToFloat64(o.events.posted); got != 3 {
-				t.Errorf("node_events_posted_total = %v, want 3", got)
-			}
+			// Counted once the create has returned, just after the fake
+			// stores it.
+			waitFor(t, "node_events_posted_total 3", func() bool { return testutil.ToFloat64(o.events.posted) == 3 })
 			if !tc.labels {
 				for _, a := range c.Actions() {
 					if a.GetResource().Resource == "nodes" {

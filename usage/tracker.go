@@ -574,7 +574,14 @@ func (t *Tracker) report(device string, fresh []*finding, now time.Time) {
 		if len(fs) > 0 {
 			reason = healthReason(c, fs, t.podLabel)
 		}
-		if last, sent := t.reported[device][c]; sent && last == reason {
+		last, sent := t.reported[device][c]
+		if sent && last == reason {
+			continue
+		}
+		if !sent && reason == "" && t.pending(device, c) {
+			// After a restart the monitor may hold this cause from the
+			// state file: a finding still pending is not "gone", so leave
+			// it until the finding is flagged or goes.
 			continue
 		}
 		t.reported[device][c] = reason
@@ -599,6 +606,16 @@ func (t *Tracker) report(device string, fresh []*finding, now time.Time) {
 			t.event(findingReasons[c], t.eventMessage(device, c, fs, now))
 		}
 	}
+}
+
+// pending reports whether device has a finding of class c not flagged yet.
+func (t *Tracker) pending(device string, c Class) bool {
+	for k, f := range t.findings {
+		if k.device == device && k.class == c && !f.flagged {
+			return true
+		}
+	}
+	return false
 }
 
 // kill moves every flagged, kill-safe zombie of device one step through

@@ -594,3 +594,45 @@ func TestWithHealthMonitor(t *testing.T) {
 		t.Errorf("GPU reasons after the memory was freed %q, want the cause cleared and recovering", reasons)
 	}
 }
+
+// TestRestartKeepsPendingCause: after a restart the monitor restores a
+// zombie cause from its state file; the tracker's first cycles see the
+// zombie again but pending (its grace restarts): the cause is not
+// cleared meanwhile, only confirmed once the grace has passed. Classes
+// with nothing pending are cleared at once.
+func TestRestartKeepsPendingCause(t *testing.T) {
+	r := newRig(t, true)
+	r.kubelet.set()
+	r.host.checkpoint()
+	r.host.proc(4242, 77001, "python3", "D", hostCgroup)
+	restored := health.Observation{DeviceID: gpu1, Check: health.CheckGPUProcesses, Key: string(ClassZombie), Fatal: true,
+		Reason: "zombie process pid 4242 holds 7.8 GiB"}
+	r.health.Observe(restored) // what the state file brought back
+	s := gpuSample(gpu1, 8500, 500, nvmlProc(4242, 8000))
+	r.cycle(s)
+	r.clock.Step(time.Minute)
+	r.cycle(s)
+	if r.health.reason(gpu1, ClassZombie) == "" {
+		t.Fatal("the restored zombie cause was cleared while the zombie is still there")
+	}
+	if r.health.reason(gpu1, ClassLeaked) != "" {
+		t.Error("leaked reported")
+	}
+	var clearedLeaked bool
+	for _, o := range r.health.observations() {
+		clearedLeaked = clearedLeaked || (o.DeviceID == gpu1 && o.Key == string(ClassLeaked) && o.Cleared)
+	}
+	if !clearedLeaked {
+		t.Error("no Cleared for a class with nothing pending")
+	}
+	r.clock.Step(time.Minute)
+	r.cycle(s)
+	if got := r.health.reason(gpu1, ClassZombie); !strings.Contains(got, "pid 4242") {
+		t.Errorf("zombie reason after the grace = %q", got)
+	}
+	r.host.killProc(4242)
+	r.cycle(gpuSample(gpu1, 500, 500))
+	if got := r.health.reason(gpu1, ClassZombie); got != "" {
+		t.Errorf("zombie not cleared once gone: %q", got)
+	}
+}
