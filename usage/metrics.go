@@ -149,10 +149,11 @@ func (m *trackerMetrics) render(verdicts []deviceVerdict, findings map[findingKe
 		out = append(out, prometheus.MustNewConstMetric(m.findings, prometheus.GaugeValue, float64(flagged[k]), k[0], k[1]))
 	}
 	m.mu.Lock()
+	logsErr, logsRead := m.sources[SourcePodLogs]
 	sources := map[string]bool{
 		SourcePodResources: listed,
 		SourceCheckpoint:   listed && attr.checkpointOK,
-		SourcePodLogs:      listed && m.sources[SourcePodLogs] == "",
+		SourcePodLogs:      listed && logsRead && logsErr == "",
 		SourceHostPIDs:     attr.pids,
 	}
 	m.mu.Unlock()

@@ -352,6 +352,11 @@ func (t *Tracker) attribute(ctx context.Context, now time.Time) (attribution, *p
 	if err != nil {
 		return attr, nil
 	}
+	if !t.cfg.Judge {
+		// Pod labels and allocations need the List alone.
+		attr.assignments = NewAssignments(resp, nil)
+		return attr, resp
+	}
 	entries, cpErr := ReadCheckpoint(CheckpointPath(t.cfg.DevicePluginDir))
 	attr.checkpointOK = cpErr == nil
 	t.metrics.noteSource(t.log, SourceCheckpoint, cpErr)

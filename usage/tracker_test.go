@@ -458,8 +458,14 @@ func TestCheckDisabled(t *testing.T) {
 	if n := len(r.health.observations()); n != 0 {
 		t.Errorf("observations with the check disabled: %d", n)
 	}
-	if n := len(r.events.events); n != 0 {
+	if n := len(r.events.byReason(ReasonZombie)); n != 0 {
 		t.Errorf("events with the check disabled: %+v", r.events.events)
+	}
+	// The checkpoint and pod log directories are not read for pod labels.
+	for _, src := range []string{SourceCheckpoint, SourcePodLogs} {
+		if got := gauge(t, r, "gpu_node_agent_gpu_process_attribution", map[string]string{"source": src}); got != 0 {
+			t.Errorf("attribution{%s} = %v with the check disabled, want 0", src, got)
+		}
 	}
 	if err := testutil.CollectAndCompare(r.tr.metrics, strings.NewReader(`
 # HELP gpu_node_agent_gpu_processes Processes NVML lists on a GPU or MIG device (by UUID), by class: own (of a pod assigned the device), zombie (of a pod that is gone, or of the host, on a device no running pod is assigned), foreign (of another pod or the host on an assigned device, or of a running pod on a device not assigned to it), unknown (not attributable this cycle). Current classes, before the grace period.
