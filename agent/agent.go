@@ -20,6 +20,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
+	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
 // Config is what the agent serves and how: a validated configuration with
@@ -52,6 +53,9 @@ type Config struct {
 	// PodAttribution labels GPU series with the pod using the GPU, from
 	// the kubelet's pod-resources socket under the host root.
 	PodAttribution bool
+	// Zombies configures the GPU process check (health.zombies); the
+	// check runs unless Health.DisabledChecks names it.
+	Zombies usage.ZombiesConfig
 
 	// NodeName is this node's Kubernetes name; without it nothing talks to
 	// the API server.
@@ -74,9 +78,11 @@ type Config struct {
 }
 
 // needsAPI says whether anything talks to the API server: only with a
-// node name, and only for tainting or labels.
+// node name, and only for tainting, labels or the GPU process check's
+// Events.
 func (c Config) needsAPI() bool {
-	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels)
+	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels ||
+		c.Health.Enabled(health.CheckGPUProcesses))
 }
 
 // sampleInterval is the NVML sampling period: the shorter of the health
@@ -103,6 +109,7 @@ type Agent struct {
 	mon       *health.Monitor
 	collector *metrics.Collector
 	sampler   *nvmlowner.Sampler
+	tracker   *usage.Tracker
 	watcher   *rdma.Watcher
 	// node is nil unless a node name and tainting or labels are set.
 	node *kubeapi.NodeObject
@@ -152,7 +159,13 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	// and metrics alike, on the NVML owner's per-GPU lanes.
 	a.sampler = nvmlowner.NewSampler(hw.Owner(), nvmlowner.SamplerConfig{Interval: cfg.sampleInterval()})
 	a.mon.SetSampler(a.sampler)
-	if a.collector, err = a.newCollector(hostRoot); err != nil {
+	if cfg.needsAPI() {
+		a.node = kubeapi.NewNodeObject(a.nodeConfig(), a.mon, a.reg, log.With("component", "node"))
+	}
+	if a.tracker, err = a.newTracker(hcfg, hostRoot); err != nil {
+		return nil, err
+	}
+	if a.collector, err = a.newCollector(); err != nil {
 		return nil, err
 	}
 	rlog := log.With("component", "rdma")
@@ -164,9 +177,6 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		if err := a.nics.WriteCDISpec(); err != nil {
 			return nil, err
 		}
-	}
-	if cfg.needsAPI() {
-		a.node = kubeapi.NewNodeObject(a.nodeConfig(), a.mon, a.reg, log.With("component", "node"))
 	}
 
 	// The GPU resources record what they allocate so that an RDMA
@@ -191,7 +201,7 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 			return a.nics.Resources(n, a.mon, cdi, recent)
 		}})
 	}
-	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode,
+	onDiscover := []func(*topology.Node){a.mon.SetNode, a.collector.SetNode, a.tracker.SetNode,
 		func(n *topology.Node) { a.sampler.SetTargets(nvmlowner.TargetsOf(n)) }}
 	if a.node != nil {
 		onDiscover = append(onDiscover, a.labelNode)
@@ -270,17 +280,72 @@ func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
 	}
 }
 
+// newTracker builds the GPU usage tracker: the kubelet's pod-resources
+// answers for the metrics' pod labels and the GPU process check (zombie,
+// leaked, foreign use), after every sampling cycle. It asks the kubelet
+// when either needs it.
+func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker, error) {
+	judge := hcfg.Enabled(health.CheckGPUProcesses)
+	ucfg := usage.Config{
+		Zombies:          a.cfg.Zombies,
+		Judge:            judge,
+		HostRoot:         hostRoot,
+		DevicePluginDir:  a.cfg.DevicePluginDir,
+		MIGDevicesServed: hcfg.MIGDevicesServed,
+		SimulatedPIDs:    simulated(a.hw),
+	}
+	if a.cfg.PodAttribution || judge {
+		ucfg.PodResourcesSocket = usage.PodResourcesSocketPath(hostRoot)
+	}
+	opts := usage.Options{
+		Samples:    a.sampler,
+		Health:     a.mon,
+		Offered:    a.offered,
+		Logger:     a.log.With("component", "usage"),
+		Registerer: a.reg,
+	}
+	if a.node != nil {
+		opts.Events = a.node
+	}
+	if s, ok := a.hw.(ProcessSignaller); ok {
+		opts.Signaller = usage.StartTimeChecked(hostRoot, s.SignalProcess)
+	}
+	t, err := usage.NewTracker(ucfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("gpu usage tracker: %w", err)
+	}
+	return t, nil
+}
+
+// offered is the set of device IDs served to the kubelet as healthy now
+// (the fragmentation collector counts free devices among them).
+func (a *Agent) offered() map[string]bool {
+	m := map[string]bool{}
+	if a.rec == nil {
+		return m
+	}
+	for _, r := range a.rec.current().resources {
+		for _, d := range r.Devices() {
+			if d.Healthy {
+				m[d.ID] = true
+			}
+		}
+	}
+	return m
+}
+
 // newCollector builds the dcgm-exporter compatible GPU collector, serving
-// the sampler's readings (it calls no NVML itself). Its XID metric comes
-// from the health monitor, which owns the NVML event set (two event sets
-// would each see only some of the events).
-func (a *Agent) newCollector(hostRoot string) (*metrics.Collector, error) {
+// the sampler's readings (it calls no NVML itself), labelled with the
+// tracker's pods. Its XID metric comes from the health monitor, which owns
+// the NVML event set (two event sets would each see only some of the
+// events).
+func (a *Agent) newCollector() (*metrics.Collector, error) {
 	mc := metrics.Config{Hostname: a.cfg.NodeName}
 	if mc.Hostname == "" {
 		mc.Hostname, _ = os.Hostname()
 	}
 	if a.cfg.PodAttribution {
-		mc.PodResourcesSocket = metrics.PodResourcesSocketPath(hostRoot)
+		mc.Pods = a.tracker
 	}
 	mc.XIDs = a.mon
 	c, err := metrics.NewCollector(a.sampler, mc, a.reg, a.log.With("component", "metrics"))
@@ -358,6 +423,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	start("reconcile", func() error { a.rec.run(ctx); return nil })
 	start("health monitor", func() error { return a.mon.Run(ctx) })
 	start("nvml sampler", func() error { return a.sampler.Run(ctx) })
+	start("gpu usage tracker", func() error { return a.tracker.Run(ctx) })
 	start("metrics collector", func() error { return a.collector.Run(ctx) })
 	if a.watcher != nil {
 		start("rdma watcher", func() error { return a.watcher.Run(ctx) })

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"syscall"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -44,9 +45,21 @@ type Runner interface {
 }
 
 // Simulator is hardware that is a simulated node: the /dev paths handed
-// to containers are under its host root and there is no netlink.
+// to containers are under its host root, there is no netlink, and the GPU
+// processes NVML lists are the simulator's (their /proc files are under
+// its host root too).
 type Simulator interface {
 	Simulated() bool
+}
+
+// ProcessSignaller is hardware whose GPU processes it signals itself (a
+// simulated node: its processes exist only in the simulator). The GPU
+// process check's kills (health.zombies.action kill) go to it, after the
+// PID's start time is checked against the one observed; without it
+// simulated processes are never killed, and real ones are killed through
+// a pidfd.
+type ProcessSignaller interface {
+	SignalProcess(pid uint32, sig syscall.Signal) error
 }
 
 func describe(hw Hardware) string {

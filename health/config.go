@@ -55,9 +55,12 @@ const (
 	// CheckMissing: NVIDIA GPUs on the PCI bus (or expected by
 	// configuration) that NVML does not list (see MissingGPUs).
 	CheckMissing = "gpu-missing"
+	// CheckGPUProcesses: zombie, leaked and foreign use of a device
+	// (package usage reports it; the observation's Key is the class).
+	CheckGPUProcesses = "gpu-processes"
 )
 
-var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM, CheckMissing, CheckFabric, CheckRecovery}
+var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM, CheckMissing, CheckFabric, CheckRecovery, CheckGPUProcesses}
 
 // DCGM modes for Config.DCGMMode.
 const (
@@ -209,3 +212,7 @@ func (c Config) Validate() error {
 }
 
 func (c Config) enabled(check string) bool { return !slices.Contains(c.DisabledChecks, check) }
+
+// Enabled reports whether check is switched on (not in DisabledChecks),
+// for checks that run outside this package (CheckGPUProcesses).
+func (c Config) Enabled(check string) bool { return c.enabled(check) }

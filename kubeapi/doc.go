@@ -1,8 +1,9 @@
 // Package kubeapi owns all of the agent's kube-apiserver traffic: one
 // informer on the node's own Node object (NodeWatch) that the tainter and
 // the labeler read instead of polling, the taint, condition and Events
-// that mirror health.Fitness (Tainter), the operator's clear-faults
-// annotation, the topology labels and annotations (Labeler), the fleet
+// that mirror health.Fitness (Tainter), the Events other parts post about
+// the node (NodeEvents: GPU process findings and kills, posted once each),
+// the operator's clear-faults annotation, the topology labels and annotations (Labeler), the fleet
 // safeguard behind the Safeguard seam, and jittered retries. It talks
 // through a narrow typed client of its own (Client: Nodes, Leases, Events),
 // not client-go's clientset, whose every API group costs the agent memory.

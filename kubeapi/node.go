@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -32,7 +33,8 @@ type NodeObjectConfig struct {
 // NodeObject keeps this node's Node object in step with the agent: the
 // health taint and condition (Tainter) and the topology labels and
 // annotations (Labeler), both reading the Node from one informer scoped to
-// it (NodeWatch). The agent serves devices whether or not the API server is
+// it (NodeWatch), and the Events other parts post about the node
+// (NodeEvents). The agent serves devices whether or not the API server is
 // reachable: the client is built, and every write retried, in the
 // background.
 type NodeObject struct {
@@ -40,13 +42,15 @@ type NodeObject struct {
 	health Health
 	reg    prometheus.Registerer
 	log    *slog.Logger
+	events *NodeEvents
 
 	node atomic.Pointer[topology.Node]
 	kick chan struct{}
 }
 
 // NewNodeObject returns the node object for cfg; the tainter follows
-// health. Nothing talks to the API server until Run.
+// health. Nothing talks to the API server until Run; Events queue until
+// then.
 func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registerer, log *slog.Logger) *NodeObject {
 	if cfg.Retry <= 0 {
 		cfg.Retry = time.Second
@@ -54,7 +58,20 @@ func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registere
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, kick: make(chan struct{}, 1)}
+	taint := cfg.Taint.WithDefaults()
+	events := newNodeEvents(cfg.NodeName, taint.EventNamespace, taint.Mode == TaintDryRun, log.With("component", "events"))
+	if err := events.register(reg); err != nil {
+		log.Error("node events counters not registered", "err", err)
+	}
+	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, events: events, kick: make(chan struct{}, 1)}
+}
+
+// Event queues an Event about the node (type corev1.EventTypeNormal or
+// EventTypeWarning); it never blocks. It is posted into
+// taint.eventNamespace once the API client exists, or logged in dry-run
+// mode.
+func (o *NodeObject) Event(eventType, reason, message string) {
+	o.events.Event(eventType, reason, message)
 }
 
 // SetNode is told every discovered node; the labels and annotations follow
@@ -99,13 +116,26 @@ func (o *NodeObject) Run(ctx context.Context) error {
 		}
 	}
 	taint := o.cfg.Taint.WithDefaults()
+	var wg sync.WaitGroup
+	if taint.Mode == TaintOff && !o.cfg.Labels {
+		// Events only: no informer on the Node.
+		o.events.run(ctx, clients.Core, func() types.UID { return "" })
+		return nil
+	}
 	watch, err := NewNodeWatch(clients.Core, o.cfg.NodeName, taint.Resync)
 	if err != nil {
 		o.log.Error("node taint and labels not updated", "err", err)
 		return nil
 	}
-	var wg sync.WaitGroup
 	wg.Go(func() { watch.Run(ctx) })
+	wg.Go(func() {
+		o.events.run(ctx, clients.Core, func() types.UID {
+			if n, err := watch.Node(); err == nil && n != nil {
+				return n.UID
+			}
+			return ""
+		})
+	})
 	if taint.Mode != TaintOff {
 		if t, err := NewTainter(clients, watch, taint, o.log.With("component", "taint"), o.reg); err != nil {
 			o.log.Error("node tainter not started", "err", err)

@@ -14,15 +14,32 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
 // HealthSection is the `health` config key: health.Config, with its
-// durations written as "5m" in YAML.
-type HealthSection struct{ health.Config }
+// durations written as "5m" in YAML, and its `zombies` block, the GPU
+// process check's (package usage).
+type HealthSection struct {
+	health.Config
+	// Zombies is health.zombies.
+	Zombies usage.ZombiesConfig `json:"-"`
+}
 
-// UnmarshalJSON reads the section strictly (unknown keys are errors).
+// UnmarshalJSON reads the section strictly (unknown keys are errors),
+// health.zombies as a section of its own.
 func (s *HealthSection) UnmarshalJSON(b []byte) error {
-	return unmarshalSection("health", b, &s.Config)
+	var zombies json.RawMessage
+	if err := unmarshalSection("health", b, &s.Config, func(raw map[string]json.RawMessage) {
+		zombies = raw["zombies"]
+		delete(raw, "zombies")
+	}); err != nil {
+		return err
+	}
+	if zombies == nil {
+		return nil
+	}
+	return unmarshalSection("health.zombies", zombies, &s.Zombies)
 }
 
 // TaintSection is the `taint` config key: kubeapi.TaintConfig, with its
@@ -93,11 +110,11 @@ func unmarshalSection(section string, b []byte, v any, fixups ...func(map[string
 	return nil
 }
 
-// validateSections validates the health, taint, metrics and rdma
-// sections; each error names the field (e.g. health.pollInterval).
+// validateSections validates the health (with health.zombies), taint,
+// metrics and rdma sections; each error names the field (e.g. health.pollInterval).
 func (c *Config) validateSections() []error {
 	var errs []error
-	for _, err := range []error{c.Health.Validate(), c.Taint.Validate(), c.RDMA.Validate(), c.kubeClient().Validate()} {
+	for _, err := range []error{c.Health.Validate(), c.Health.Zombies.Validate(), c.Taint.Validate(), c.RDMA.Validate(), c.kubeClient().Validate()} {
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -112,6 +129,12 @@ func (c *Config) validateSections() []error {
 		if _, err := os.Stat(f); err != nil {
 			errs = append(errs, fmt.Errorf("metrics.webConfigFile (--web.config.file): %w", err))
 		}
+	}
+	if c.Health.Zombies.Action == usage.ActionKill && !c.Health.Enabled(health.CheckGPUProcesses) {
+		// Killing needs the check's verdicts; say so rather than kill
+		// nothing silently.
+		errs = append(errs, fmt.Errorf("health.zombies.action %q: needs the %s check, which health.disabledChecks switches off",
+			usage.ActionKill, health.CheckGPUProcesses))
 	}
 	if c.NodeName == "" && c.Taint.Mode != "" && c.Taint.Mode != kubeapi.TaintOff {
 		// Asked for explicitly, tainting without a node name would

@@ -67,6 +67,7 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		MetricsWebConfigFile: c.Metrics.WebConfigFile,
 		MetricsInterval:      c.Metrics.Interval.Duration,
 		PodAttribution:       c.Metrics.PodAttribution,
+		Zombies:              c.Health.Zombies,
 		NodeName:             c.NodeName,
 		Taint:                c.Taint.TaintConfig,
 		NodeLabels:           c.NodeLabels,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
+	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
 // Defaults of the agent's metrics configuration.
@@ -24,19 +25,27 @@ const (
 	DefaultInterval = nvmlowner.DefaultSampleInterval
 )
 
-// podResourcesTimeout bounds one kubelet pod-resources List call.
-const podResourcesTimeout = 5 * time.Second
-
 // Config configures a Collector.
 type Config struct {
 	// Hostname is the Hostname label (the node name in Kubernetes).
 	Hostname string
-	// PodResourcesSocket is the kubelet pod-resources socket used for
-	// pod/namespace/container labels; empty disables attribution. See
-	// PodResourcesSocketPath.
-	PodResourcesSocket string
+	// Pods labels each device's series with the pod, namespace and
+	// container holding it (the usage tracker, which lists the kubelet's
+	// pod resources once per sampling cycle); nil disables attribution.
+	// With it the collector renders after each of its cycles rather than
+	// the sampler's, so a render carries that cycle's pods.
+	Pods PodSource
 	// XIDs feeds DCGM_FI_DEV_XID_ERRORS; nil omits that metric.
 	XIDs XIDSource
+}
+
+// PodSource says which container holds each device: *usage.Tracker.
+type PodSource interface {
+	// Assignments is the kubelet's answer of the last cycle; nil when
+	// unknown (the series are then unattributed).
+	Assignments() *usage.Assignments
+	// Subscribe is signalled (coalesced) after each cycle.
+	Subscribe() <-chan struct{}
 }
 
 // Collector serves the NVML sampler's readings as dcgm-exporter compatible
@@ -46,7 +55,8 @@ type Config struct {
 // a scrape never waits on NVML, the sampler or the kubelet.
 type Collector struct {
 	sampler *nvmlowner.Sampler
-	// updates is the sampler subscription (nil without a sampler).
+	// updates is the pod source's subscription, or the sampler's without
+	// one (nil without either).
 	updates <-chan struct{}
 	cfg     Config
 	log     *slog.Logger
@@ -58,7 +68,6 @@ type Collector struct {
 	node     atomic.Pointer[topology.Node]
 	snapshot atomic.Pointer[[]prometheus.Metric]
 	kick     chan struct{}
-	pods     *podAttributor
 
 	// mu serialises refreshes and guards the per-GPU state below.
 	mu sync.Mutex
@@ -107,7 +116,7 @@ func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, l
 		noDataSeen: map[noDataKey]bool{},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "gpu_node_agent_collection_duration_seconds",
-			Help: "Time one refresh of the GPU metrics took: the kubelet pod-resources lookup and rendering the latest NVML sample.",
+			Help: "Time one refresh of the GPU metrics took: rendering the latest NVML sample with its pod attribution.",
 			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 				0.25, 0.5, 1, 2.5, 5},
 		}),
@@ -116,11 +125,12 @@ func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, l
 			Help: "NVML sampling cycles in which a GPU (by UUID) could not be read (lost, timed out, library failure) or a reading failed; not-supported and no-permission readings do not count.",
 		}, []string{"device"}),
 	}
-	if s != nil {
+	switch {
+	case cfg.Pods != nil:
+		// The pod source runs a cycle after every sampling cycle.
+		c.updates = cfg.Pods.Subscribe()
+	case s != nil:
 		c.updates = s.Subscribe()
-	}
-	if cfg.PodResourcesSocket != "" {
-		c.pods = newPodAttributor(cfg.PodResourcesSocket, log)
 	}
 	empty := []prometheus.Metric{}
 	c.snapshot.Store(&empty)
@@ -129,18 +139,12 @@ func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, l
 			return nil, fmt.Errorf("register gpu metrics collector: %w", err)
 		}
 	}
-	if c.pods != nil {
-		if err := reg.Register(c.pods.errors); err != nil {
-			return nil, fmt.Errorf("register pod attribution metrics: %w", err)
-		}
-	}
 	return c, nil
 }
 
 // SetNode sets the topology the samples are labelled with (after
 // discovery, and again after a MIG reconfiguration) and asks Run for a
-// fresh render. It never waits for a render in progress (which may be
-// waiting on the kubelet); the next render drops the series and per-GPU
+// fresh render. It never waits for a render in progress; the next render drops the series and per-GPU
 // state of GPUs no longer in n. A sample whose UUID is not in n is not
 // served; a GPU of n without a sample has no series.
 func (c *Collector) SetNode(n *topology.Node) {
@@ -154,7 +158,6 @@ func (c *Collector) SetNode(n *topology.Node) {
 // Run renders at once, then after every sampling cycle and every
 // SetNode, until ctx is done.
 func (c *Collector) Run(ctx context.Context) error {
-	defer c.pods.close()
 	for {
 		c.Refresh(ctx)
 		select {
@@ -175,7 +178,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector: it only replays the cached
-// snapshot of const metrics built by the last refresh.
+// snapshot of const metrics built by the last refresh (never a call to
+// NVML or the kubelet).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range *c.snapshot.Load() {
 		ch <- m
@@ -201,9 +205,9 @@ func (c *Collector) refresh(ctx context.Context, snap *nvmlowner.Snapshot) {
 	node := c.node.Load()
 	c.prune(node)
 
-	var pods podMap
-	if c.pods != nil && node != nil {
-		pods = c.pods.refresh(ctx, podResourcesTimeout)
+	var pods *usage.Assignments
+	if c.cfg.Pods != nil {
+		pods = c.cfg.Pods.Assignments()
 	}
 	if ctx.Err() != nil {
 		// Stopping: keep the last complete render.
@@ -298,7 +302,7 @@ func (c *Collector) account(node *topology.Node, samples map[string]*nvmlowner.S
 
 // render turns one cycle's samples into const metrics. Building them here,
 // once per cycle, keeps label handling off the scrape path.
-func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sample, pods podMap) []prometheus.Metric {
+func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sample, pods *usage.Assignments) []prometheus.Metric {
 	if node == nil {
 		return []prometheus.Metric{}
 	}
@@ -314,7 +318,7 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 			strconv.Itoa(g.Index), g.UUID, nvmlBusID(g.PCIBusID), "nvidia" + strconv.Itoa(g.Minor),
 			g.Model, c.cfg.Hostname, "", "", "", "", "", node.Host.DriverVersion,
 		}
-		pods.fill(g.UUID, lv[8:])
+		fillPod(pods, g.UUID, lv[8:])
 		for f := range numFields {
 			if fieldSpecs[f].src == noSource {
 				continue
@@ -342,7 +346,7 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 			}
 			lv[6], lv[7] = m.Profile, strconv.Itoa(m.GPUInstance)
 			lv[8], lv[9], lv[10] = "", "", ""
-			pods.fill(m.UUID, lv[8:])
+			fillPod(pods, m.UUID, lv[8:])
 			for _, r := range []struct {
 				f field
 				v nvmlowner.Value
@@ -354,6 +358,16 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 		}
 	}
 	return out
+}
+
+// fillPod writes the pod, namespace and container labels of device id
+// into lv (left empty when the device is not allocated or attribution is
+// off). A time-sliced GPU's replicas ("<uuid>::<n>") label the GPU with
+// the first replica's container, in the kubelet's order.
+func fillPod(pods *usage.Assignments, id string, lv []string) {
+	if a, ok := pods.Container(id); ok {
+		lv[0], lv[1], lv[2] = a.Pod, a.Namespace, a.Container
+	}
 }
 
 // findMIG returns s's reading of MIG device uuid, nil if it has none

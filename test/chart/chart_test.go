@@ -269,6 +269,8 @@ func TestDaemonSet(t *testing.T) {
 					"host-sys":       "/sys",
 					"host-dev":       "/dev",
 					"state":          "/var/lib/gpu-node-agent",
+					"host-proc":      "/proc",
+					"pod-logs":       "/var/log/pods",
 				}
 				if got := hostPaths(spec); !maps.Equal(got, wantPaths) {
 					t.Errorf("hostPaths %v, want %v", got, wantPaths)
@@ -279,13 +281,20 @@ func TestDaemonSet(t *testing.T) {
 					"pod-resources":  "/host/var/lib/kubelet/pod-resources",
 					"device-plugins": "/var/lib/kubelet/device-plugins",
 					"state":          "/var/lib/gpu-node-agent",
+					"host-proc":      "/host/proc",
+					"pod-logs":       "/host/var/log/pods",
 				} {
 					if m[name].MountPath != path {
 						t.Errorf("volume %s mounted at %q, want %q", name, m[name].MountPath, path)
 					}
 				}
-				if !m["host-sys"].ReadOnly || !m["host-dev"].ReadOnly {
-					t.Error("host /sys and /dev must be mounted read-only")
+				if !m["host-sys"].ReadOnly || !m["host-dev"].ReadOnly || !m["host-proc"].ReadOnly || !m["pod-logs"].ReadOnly {
+					t.Error("host /sys, /dev, /proc and the pod log directories must be mounted read-only")
+				}
+				// The GPU process check (on by default) names processes by
+				// the host's PIDs.
+				if !spec.HostPID {
+					t.Error("hostPID off with the GPU process check on")
 				}
 				// The persisted health state is written: read-write, and the
 				// directory is created on a fresh node.
@@ -335,9 +344,17 @@ func TestDaemonSet(t *testing.T) {
 					"device-plugins": "/var/lib/kubelet/device-plugins",
 					"pod-resources":  "/var/lib/kubelet/pod-resources",
 					"host-root":      simRoot,
+					"pod-logs":       "/var/log/pods",
 				}
 				if got := hostPaths(spec); !maps.Equal(got, wantPaths) {
 					t.Errorf("simulate hostPaths %v, want the kubelet's and the simulator's root %v", got, wantPaths)
+				}
+				// The simulator's GPU processes are its own: no host PIDs.
+				if spec.HostPID {
+					t.Error("simulate: hostPID on")
+				}
+				if got := mounts(c)["pod-logs"]; got.MountPath != simRoot+"/var/log/pods" || !got.ReadOnly {
+					t.Errorf("simulate pod-logs mount %+v, want read-only under the simulator's root", got)
 				}
 				// The simulator's root is at the same path inside and out,
 				// so device paths handed to the kubelet are valid on the host.
@@ -411,6 +428,60 @@ func TestDaemonSet(t *testing.T) {
 			}
 			tt.check(t, ds, c)
 		})
+	}
+}
+
+// TestGPUProcessCheckPrivileges: the GPU process check decides hostPID, the
+// host /proc and pod log mounts and CAP_KILL: on by default (host PIDs, no
+// CAP_KILL), off without them, CAP_KILL only to kill zombies, and kill
+// without the check refused at render time.
+func TestGPUProcessCheckPrivileges(t *testing.T) {
+	disabled := map[string]any{"mig-strategy": "none", "health": map[string]any{"disabledChecks": []any{"gpu-processes"}}}
+	kill := func(mig string) map[string]any {
+		return map[string]any{"mig-strategy": mig, "health": map[string]any{"zombies": map[string]any{"action": "kill", "killGrace": "20s"}}}
+	}
+	for _, tt := range []struct {
+		name       string
+		vals       map[string]any
+		hostPID    bool
+		caps       []corev1.Capability
+		noEscalate bool
+	}{
+		{name: "report (default), no MIG", vals: map[string]any{"config": map[string]any{"mig-strategy": "none"}}, hostPID: true, noEscalate: true},
+		{name: "check disabled", vals: map[string]any{"config": disabled}, noEscalate: true},
+		{name: "kill", vals: map[string]any{"config": kill("none")}, hostPID: true, caps: []corev1.Capability{"KILL"}, noEscalate: true},
+		{name: "kill with MIG served", vals: map[string]any{"config": kill("mixed")}, hostPID: true, caps: []corev1.Capability{"SYS_ADMIN", "KILL"}},
+		{name: "kill on a simulated node", vals: map[string]any{"simulate": "dgx-h100", "config": kill("none")}, caps: []corev1.Capability{"MKNOD"}, noEscalate: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
+			spec := &ds.Spec.Template.Spec
+			c := &spec.Containers[0]
+			if spec.HostPID != tt.hostPID {
+				t.Errorf("hostPID %v, want %v", spec.HostPID, tt.hostPID)
+			}
+			_, proc := hostPaths(spec)["host-proc"]
+			if proc != tt.hostPID {
+				t.Errorf("host /proc mounted %v, want %v", proc, tt.hostPID)
+			}
+			_, logs := hostPaths(spec)["pod-logs"]
+			if disabledCheck := tt.name == "check disabled"; logs == disabledCheck {
+				t.Errorf("pod log directories mounted %v with the check disabled %v", logs, disabledCheck)
+			}
+			sc := c.SecurityContext
+			if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+				!slices.Equal(sc.Capabilities.Add, tt.caps) {
+				t.Errorf("capabilities %+v, want drop ALL, add %v", sc, tt.caps)
+			}
+			if esc := sc != nil && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation; esc != tt.noEscalate {
+				t.Errorf("allowPrivilegeEscalation false = %v, want %v", esc, tt.noEscalate)
+			}
+		})
+	}
+	_, err := Render(loadChart(t), map[string]any{"config": map[string]any{"health": map[string]any{
+		"disabledChecks": []any{"gpu-processes"}, "zombies": map[string]any{"action": "kill"}}}})
+	if err == nil || !strings.Contains(err.Error(), "kill needs the gpu-processes check") {
+		t.Errorf("kill with the check disabled rendered: %v", err)
 	}
 }
 
@@ -571,30 +642,38 @@ func TestManifestsInSync(t *testing.T) {
 
 // Privilege modes of the DaemonSet.
 const (
-	modeReal     = "real GPUs"
-	modeRealMIG  = "real GPUs serving MIG" // the MIG monitor capability
-	modeSimulate = "simulate"
+	modeReal        = "real GPUs"
+	modeRealMIG     = "real GPUs serving MIG"                  // the MIG monitor capability
+	modeRealKill    = "real GPUs killing zombie GPU processes" // health.zombies.action kill
+	modeRealMIGKill = "real GPUs serving MIG and killing zombies"
+	modeSimulate    = "simulate"
 )
 
 // allowedCaps is the README's "Privileges" table as an allow-list: the
 // capabilities each mode may add to an otherwise empty set.
 var allowedCaps = map[string][]corev1.Capability{
-	modeReal:     nil,           // none, as NVIDIA's device plugin
-	modeRealMIG:  {"SYS_ADMIN"}, // the NVIDIA runtime injects the MIG monitor capability only then
-	modeSimulate: {"MKNOD"},     // the simulated /dev/infiniband character devices
+	modeReal:        nil,                   // none, as NVIDIA's device plugin
+	modeRealMIG:     {"SYS_ADMIN"},         // the NVIDIA runtime injects the MIG monitor capability only then
+	modeRealKill:    {"KILL"},              // zombie processes of pods run as other users
+	modeRealMIGKill: {"SYS_ADMIN", "KILL"}, // both
+	modeSimulate:    {"MKNOD"},             // the simulated /dev/infiniband character devices
 }
 
 // privilegeViolations lists what the DaemonSet asks for beyond the
 // README's "Privileges" table: privileged, privilege escalation allowed or
 // unset, a capability outside the mode's allow-list, a writable root
-// filesystem, no RuntimeDefault seccomp profile, host PID or IPC, host
+// filesystem, no RuntimeDefault seccomp profile, host IPC, host PID
+// unless the GPU process check runs on real GPUs (gpuProcesses), host
 // networking outside simulate mode.
-func privilegeViolations(ds *appsv1.DaemonSet, mode string) []string {
+func privilegeViolations(ds *appsv1.DaemonSet, mode string, gpuProcesses bool) []string {
 	simulate := mode == modeSimulate
 	var out []string
 	spec := &ds.Spec.Template.Spec
-	if spec.HostPID || spec.HostIPC {
-		out = append(out, fmt.Sprintf("hostPID %v hostIPC %v: no built feature needs them", spec.HostPID, spec.HostIPC))
+	if spec.HostIPC {
+		out = append(out, "hostIPC: no built feature needs it")
+	}
+	if spec.HostPID && (simulate || !gpuProcesses) {
+		out = append(out, "hostPID: only the GPU process check on real GPUs needs it")
 	}
 	if spec.HostNetwork != simulate {
 		out = append(out, fmt.Sprintf("hostNetwork %v; only simulate mode (loopback control endpoint) has it", spec.HostNetwork))
@@ -613,7 +692,7 @@ func privilegeViolations(ds *appsv1.DaemonSet, mode string) []string {
 			out = append(out, "container "+c.Name+" is privileged")
 		}
 		switch {
-		case mode == modeRealMIG:
+		case mode == modeRealMIG || mode == modeRealMIGKill:
 			// The API server refuses false together with CAP_SYS_ADMIN.
 			if sc.AllowPrivilegeEscalation != nil {
 				out = append(out, fmt.Sprintf("container %s: allowPrivilegeEscalation %v with CAP_SYS_ADMIN, want it unset", c.Name, *sc.AllowPrivilegeEscalation))
@@ -656,21 +735,29 @@ func privilegeViolations(ds *appsv1.DaemonSet, mode string) []string {
 // features on, asks for nothing beyond the README's "Privileges" table.
 func TestLeastPrivilege(t *testing.T) {
 	noMIG := map[string]any{"mig-strategy": "none"}
+	noCheck := map[string]any{"mig-strategy": "none", "health": map[string]any{"disabledChecks": []any{"gpu-processes"}}}
+	kill := func(mig string) map[string]any {
+		return map[string]any{"mig-strategy": mig, "health": map[string]any{"zombies": map[string]any{"action": "kill"}}}
+	}
 	for _, tt := range []struct {
-		name string
-		vals map[string]any
-		mode string
+		name    string
+		vals    map[string]any
+		mode    string
+		noCheck bool
 	}{
 		{name: "real GPUs, MIG served (the default mixed)", mode: modeRealMIG},
 		{name: "real GPUs, mig-strategy none", vals: map[string]any{"config": noMIG}, mode: modeReal},
 		{name: "real GPUs, MIG served, migMonitor off", vals: map[string]any{"migMonitor": false}, mode: modeReal},
 		{name: "real GPUs with web config and a state dir", vals: map[string]any{"config": noMIG,
 			"metrics": map[string]any{"webConfigSecret": "web"}, "stateDir": "/var/lib/x"}, mode: modeReal},
+		{name: "real GPUs, GPU process check off", vals: map[string]any{"config": noCheck}, mode: modeReal, noCheck: true},
+		{name: "real GPUs killing zombies", vals: map[string]any{"config": kill("none")}, mode: modeRealKill},
+		{name: "real GPUs serving MIG and killing zombies", vals: map[string]any{"config": kill("mixed")}, mode: modeRealMIGKill},
 		{name: "simulate", vals: map[string]any{"simulate": "dgx-h100,mig=0:1g.10gb+1g.10gb"}, mode: modeSimulate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
-			for _, v := range privilegeViolations(ds, tt.mode) {
+			for _, v := range privilegeViolations(ds, tt.mode, !tt.noCheck) {
 				t.Error(v)
 			}
 		})
@@ -707,6 +794,8 @@ func TestLeastPrivilegeCatchesOverrides(t *testing.T) {
 		{"no seccomp profile", map[string]any{"podSecurityContext": nil}},
 		{"unconfined seccomp", map[string]any{"simulate": "dgx-h100",
 			"podSecurityContext": map[string]any{"seccompProfile": map[string]any{"type": "Unconfined"}}}},
+		{"KILL without killing zombies", map[string]any{"securityContext": with("capabilities",
+			map[string]any{"drop": []any{"ALL"}, "add": []any{"KILL"}})}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			mode := modeReal
@@ -721,7 +810,7 @@ func TestLeastPrivilegeCatchesOverrides(t *testing.T) {
 				tt.vals["migMonitor"] = false
 			}
 			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
-			if v := privilegeViolations(ds, mode); len(v) == 0 {
+			if v := privilegeViolations(ds, mode, true); len(v) == 0 {
 				t.Errorf("values %v render a DaemonSet the least-privilege check accepts", tt.vals)
 			}
 		})

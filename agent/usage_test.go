@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
+	"github.com/gpu-node-agent/gpu-node-agent/usage"
+)
+
+// fakePodResources is the kubelet's pod-resources List API on a unix
+// socket.
+type fakePodResources struct {
+	podresourcesv1.UnimplementedPodResourcesListerServer
+	resp *podresourcesv1.ListPodResourcesResponse
+}
+
+func (f *fakePodResources) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
+	return f.resp, nil
+}
+
+func servePodResources(t *testing.T, socket string, resp *podresourcesv1.ListPodResourcesResponse) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	podresourcesv1.RegisterPodResourcesListerServer(s, &fakePodResources{resp: resp})
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+}
+
+// TestUsageTrackerWiring: the usage tracker runs on the sampler's cycles,
+// asks the kubelet's pod-resources socket under the host root, and the
+// GPU metrics carry its pods; on a simulated node the PIDs are the
+// simulator's, and kill mode is refused while the hardware cannot signal
+// them.
+func TestUsageTrackerWiring(t *testing.T) {
+	dir := shortTempDir(t)
+	startFakeKubelet(t, dir)
+	cfg := defaults()
+	cfg.Simulate = "pcie-8gpu"
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = freeAddr(t)
+	cfg.SimControlAddress = ""
+	cfg.MetricsInterval = 200 * time.Millisecond
+	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill}
+	logs := &syncBuffer{}
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(logs, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu0 := simOf(a).Spec().GPUs[0].UUID
+	servePodResources(t, usage.PodResourcesSocketPath(a.hw.HostRoot()), &podresourcesv1.ListPodResourcesResponse{
+		PodResources: []*podresourcesv1.PodResources{{Name: "train-0", Namespace: "ml", Containers: []*podresourcesv1.ContainerResources{
+			{Name: "trainer", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: "nvidia.com/gpu", DeviceIds: []string{gpu0}}}},
+		}}},
+	})
+	startAgent(t, a)
+	base := "http://" + cfg.MetricsAddress
+	waitFor(t, "GPU 0's series labelled with its pod", func() bool {
+		_, body := httpGet(base + "/metrics")
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "DCGM_FI_DEV_FB_USED{") && strings.Contains(line, `UUID="`+gpu0+`"`) &&
+				strings.Contains(line, `pod="train-0"`) && strings.Contains(line, `namespace="ml"`) && strings.Contains(line, `container="trainer"`) {
+				return true
+			}
+		}
+		return false
+	})
+	_, body := httpGet(base + "/metrics")
+	for _, want := range []string{
+		`gpu_node_agent_gpu_process_attribution{source="pod-resources"} 1`,
+		`gpu_node_agent_gpu_process_attribution{source="host-pids"} 1`,
+		"gpu_node_agent_pod_resources_errors_total 0",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if !strings.Contains(logs.String(), "health.zombies.action kill refused") || !strings.Contains(logs.String(), "cannot signal") {
+		t.Errorf("kill mode on hardware that cannot signal its processes was not refused; log:\n%s", logs)
+	}
+}
+
+// TestUsageCheckDisabled: gpu-processes in health.disabledChecks leaves
+// the tracker listing pods for the metrics only.
+func TestUsageCheckDisabled(t *testing.T) {
+	cfg := defaults()
+	cfg.Simulate = "pcie-8gpu"
+	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = ""
+	cfg.Health.DisabledChecks = []string{health.CheckGPUProcesses}
+	logs := &syncBuffer{}
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(logs, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, a)
+	waitFor(t, "the check's disabled notice", func() bool {
+		return strings.Contains(logs.String(), "gpu process check disabled")
+	})
+}
+
+// TestUsageEventsOnly: with a node name but tainting and labels off, the
+// GPU process check still posts its Events about the Node, and nothing
+// else is requested (no Node informer).
+func TestUsageEventsOnly(t *testing.T) {
+	cfg := defaults()
+	cfg.Simulate = "pcie-8gpu"
+	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = ""
+	cfg.NodeName = "gpu-node-1"
+	cfg.Taint.Mode = kubeapi.TaintOff
+	cfg.NodeLabels = false
+	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill} // refused on this hardware: one Event says so
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	cfg.KubeClients = func() (kubeapi.Clients, error) {
+		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+	}
+	a, err := openAgent(cfg, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.node == nil {
+		t.Fatal("no node object for the GPU process check's Events")
+	}
+	ctx, _ := startAgent(t, a)
+	waitFor(t, "the kill refusal Event", func() bool {
+		l, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range l.Items {
+			if e.Reason == usage.ReasonKillNotAllowed && e.InvolvedObject.Name == cfg.NodeName && e.Type == corev1.EventTypeWarning {
+				return true
+			}
+		}
+		return false
+	})
+	for _, act := range client.Actions() {
+		if act.GetResource().Resource == "nodes" {
+			t.Errorf("events only, yet a Node request: %s", act.GetVerb())
+		}
+	}
+}

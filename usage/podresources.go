@@ -1,0 +1,240 @@
+package usage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// podResourcesMaxMsgSize matches the kubelet's own pod-resources client
+// limit; a node with many pods can exceed gRPC's 4 MiB default.
+const podResourcesMaxMsgSize = 16 << 20
+
+// PodResourcesTimeout bounds one kubelet pod-resources List call.
+const PodResourcesTimeout = 5 * time.Second
+
+// PodResourcesSocketPath is where the kubelet serves the pod-resources API
+// under hostRoot (the host's / as mounted in the agent's container).
+func PodResourcesSocketPath(hostRoot string) string {
+	return filepath.Join(hostRoot, "var/lib/kubelet/pod-resources/kubelet.sock")
+}
+
+// errNoSocket is a List with the kubelet's socket absent.
+var errNoSocket = errors.New("kubelet pod-resources socket absent")
+
+// Assignment is one container a device is assigned to.
+type Assignment struct {
+	// PodUID is the pod's UID from the device manager's checkpoint; empty
+	// when the checkpoint does not hold this assignment (unreadable, or
+	// not written yet).
+	PodUID    string
+	Pod       string
+	Namespace string
+	Container string
+	// Resource is the extended resource the device was allocated as
+	// (e.g. nvidia.com/gpu).
+	Resource string
+	// DeviceID is the ID as the kubelet assigned it (a replica keeps its
+	// "::<n>").
+	DeviceID string
+}
+
+// Assignments are the devices the kubelet has assigned to its running
+// pods' containers, from one pod-resources List: the API's ListPodResources
+// answers for the pods the kubelet considers active, so a pod that is gone
+// is not in it (while its device-manager checkpoint entry may linger until
+// the kubelet reuses the device). A nil *Assignments is "unknown": the
+// List failed. Immutable once built.
+type Assignments struct {
+	// byBase holds every assignment by the device's base ID (a
+	// replica's "::<n>" cut), in List order.
+	byBase map[string][]Assignment
+	// ids are the device IDs as the kubelet assigned them.
+	ids map[string]bool
+	// pods are the running pods' namespace/name.
+	pods map[string]bool
+}
+
+// Container returns the first container (in the kubelet's List order)
+// assigned device id or, for a time-sliced GPU, one of its replicas. It is
+// what the GPU metrics label a device's series with.
+func (a *Assignments) Container(id string) (Assignment, bool) {
+	if a == nil {
+		return Assignment{}, false
+	}
+	l := a.byBase[baseID(id)]
+	if len(l) == 0 {
+		return Assignment{}, false
+	}
+	return l[0], true
+}
+
+// Of returns every container assigned device id (a whole GPU, a MIG
+// device, or any replica of a time-sliced GPU).
+func (a *Assignments) Of(id string) []Assignment {
+	if a == nil {
+		return nil
+	}
+	return a.byBase[baseID(id)]
+}
+
+// Allocated is the set of device IDs the kubelet has assigned, as it
+// assigned them (replicas "<uuid>::<n>"). The caller must not modify it.
+func (a *Assignments) Allocated() map[string]bool {
+	if a == nil {
+		return nil
+	}
+	return a.ids
+}
+
+// Pods is the number of running pods the kubelet listed.
+func (a *Assignments) Pods() int {
+	if a == nil {
+		return 0
+	}
+	return len(a.pods)
+}
+
+// baseID is a device ID without a replica suffix: time-sliced plugins
+// advertise "<uuid>::<n>" for the replicas of one GPU.
+func baseID(id string) string {
+	if base, _, ok := strings.Cut(id, "::"); ok {
+		return base
+	}
+	return id
+}
+
+// NewAssignments indexes a pod-resources List answer by device, filling
+// each assignment's pod UID from the checkpoint entries (nil: unknown) that
+// hold the same device for the same container and resource. A checkpoint
+// entry for a pod the List does not have (a terminated pod whose entry the
+// kubelet has not dropped yet) is never used.
+func NewAssignments(resp *podresourcesv1.ListPodResourcesResponse, checkpoint []CheckpointEntry) *Assignments {
+	type key struct{ container, resource, id string }
+	uids := map[key]string{}
+	for _, e := range checkpoint {
+		for _, id := range e.DeviceIDs {
+			uids[key{e.Container, e.Resource, id}] = e.PodUID
+		}
+	}
+	a := &Assignments{byBase: map[string][]Assignment{}, ids: map[string]bool{}, pods: map[string]bool{}}
+	for _, pod := range resp.GetPodResources() {
+		a.pods[pod.GetNamespace()+"/"+pod.GetName()] = true
+		for _, ctr := range pod.GetContainers() {
+			for _, dev := range ctr.GetDevices() {
+				for _, id := range dev.GetDeviceIds() {
+					as := Assignment{
+						PodUID: uids[key{ctr.GetName(), dev.GetResourceName(), id}],
+						Pod:    pod.GetName(), Namespace: pod.GetNamespace(), Container: ctr.GetName(),
+						Resource: dev.GetResourceName(), DeviceID: id,
+					}
+					a.byBase[baseID(id)] = append(a.byBase[baseID(id)], as)
+					a.ids[id] = true
+				}
+			}
+		}
+	}
+	return a
+}
+
+// runningPods lists the namespace/name of every pod in a List answer.
+func runningPods(resp *podresourcesv1.ListPodResourcesResponse) []podName {
+	out := make([]podName, 0, len(resp.GetPodResources()))
+	for _, pod := range resp.GetPodResources() {
+		out = append(out, podName{namespace: pod.GetNamespace(), name: pod.GetName()})
+	}
+	return out
+}
+
+// podName is a pod's namespace and name.
+type podName struct{ namespace, name string }
+
+func (p podName) String() string { return p.namespace + "/" + p.name }
+
+// podResourcesClient asks the kubelet which containers hold which
+// devices. It is used from one goroutine (the tracker's).
+type podResourcesClient struct {
+	socket string
+	log    *slog.Logger
+	conn   *grpc.ClientConn
+	client podresourcesv1.PodResourcesListerClient
+	// missing is set while the socket is absent, so its absence is
+	// logged once rather than every cycle.
+	missing bool
+	errors  prometheus.Counter
+}
+
+func newPodResourcesClient(socket string, log *slog.Logger) *podResourcesClient {
+	return &podResourcesClient{
+		socket: socket,
+		log:    log,
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpu_node_agent_pod_resources_errors_total",
+			Help: "Failed kubelet pod-resources List calls (pod attribution).",
+		}),
+	}
+}
+
+// list asks the kubelet for its pods' resources. Any failure is returned
+// (and counted, except an absent socket); the next cycle tries again.
+func (p *podResourcesClient) list(ctx context.Context, timeout time.Duration) (*podresourcesv1.ListPodResourcesResponse, error) {
+	if _, err := os.Stat(p.socket); err != nil {
+		if !p.missing {
+			if errors.Is(err, fs.ErrNotExist) {
+				p.log.Info("pod attribution disabled until the kubelet pod-resources socket appears", "socket", p.socket)
+			} else {
+				p.log.Warn("pod attribution disabled", "socket", p.socket, "err", err)
+			}
+			p.missing = true
+		}
+		p.close()
+		return nil, fmt.Errorf("%w: %s", errNoSocket, p.socket)
+	}
+	if p.missing {
+		p.log.Info("pod attribution enabled", "socket", p.socket)
+		p.missing = false
+	}
+	if p.conn == nil {
+		conn, err := grpc.NewClient("unix://"+p.socket,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(podResourcesMaxMsgSize)))
+		if err != nil {
+			return nil, p.fail(fmt.Errorf("dial kubelet pod-resources %s: %w", p.socket, err))
+		}
+		p.conn, p.client = conn, podresourcesv1.NewPodResourcesListerClient(conn)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := p.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, p.fail(fmt.Errorf("list kubelet pod resources: %w", err))
+	}
+	return resp, nil
+}
+
+func (p *podResourcesClient) fail(err error) error {
+	p.errors.Inc()
+	p.log.Debug("pod attribution failed", "err", err)
+	return err
+}
+
+// close drops the connection (socket gone, or the tracker stopping); a
+// kubelet restart re-creates the socket and the next list redials.
+func (p *podResourcesClient) close() {
+	if p == nil || p.conn == nil {
+		return
+	}
+	_ = p.conn.Close()
+	p.conn, p.client = nil, nil
+}
