@@ -153,14 +153,14 @@ func TestFragmentationLifecycle(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg, fragmentationNames...); err != nil || n != 6 {
 		t.Fatalf("a100 with MIG on GPU 3: %d series (err %v), want 6", n, err)
 	}
-	if got := gauge(t, reg, "gpu_node_agent_free_gpus"); got != 7 {
+	if got := onlyGauge(t, reg, "gpu_node_agent_free_gpus"); got != 7 {
 		t.Errorf("free GPUs = %v, want 7 (GPU 3 is in MIG mode)", got)
 	}
 	f.Update(loadProfileSnapshot(t, "dgx-a100"), nil, nil)
 	if n, err := testutil.GatherAndCount(reg, "gpu_node_agent_free_mig_devices"); err != nil || n != 0 {
 		t.Errorf("after MIG is gone: %d free_mig_devices series (err %v), want none", n, err)
 	}
-	if got := gauge(t, reg, "gpu_node_agent_free_gpus"); got != 8 {
+	if got := onlyGauge(t, reg, "gpu_node_agent_free_gpus"); got != 8 {
 		t.Errorf("free GPUs = %v, want 8", got)
 	}
 	f.Update(nil, nil, nil)
@@ -169,8 +169,8 @@ func TestFragmentationLifecycle(t *testing.T) {
 	}
 }
 
-// gauge is the value of the only series of family name in reg.
-func gauge(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+// onlyGauge is the value of the only series of family name in reg.
+func onlyGauge(t *testing.T, reg prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
