@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -297,12 +298,19 @@ func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker,
 	if a.cfg.PodAttribution || judge {
 		ucfg.PodResourcesSocket = usage.PodResourcesSocketPath(hostRoot)
 	}
+	// The fragmentation gauges (free GPUs, the largest free NVLink block,
+	// free MIG devices) follow every cycle's assignments.
+	frag := usage.NewFragmentation(a.hostname())
+	if err := a.reg.Register(frag); err != nil {
+		return nil, fmt.Errorf("fragmentation metrics: %w", err)
+	}
 	opts := usage.Options{
-		Samples:    a.sampler,
-		Health:     a.mon,
-		Offered:    a.offered,
-		Logger:     a.log.With("component", "usage"),
-		Registerer: a.reg,
+		Samples:     a.sampler,
+		Health:      a.mon,
+		Offered:     a.offered,
+		Allocations: frag,
+		Logger:      a.log.With("component", "usage"),
+		Registerer:  a.reg,
 	}
 	if a.node != nil {
 		opts.Events = a.node
@@ -328,10 +336,25 @@ func (a *Agent) offered() map[string]bool {
 		for _, d := range r.Devices() {
 			if d.Healthy {
 				m[d.ID] = true
+				// A time-sliced replica "<uuid>::<n>" offers its
+				// device: the collector asks by GPU or MIG UUID.
+				if base, _, ok := strings.Cut(d.ID, "::"); ok {
+					m[base] = true
+				}
 			}
 		}
 	}
 	return m
+}
+
+// hostname is the Hostname label of the agent's series: the node name, or
+// the machine's host name without one (as dcgm-exporter's).
+func (a *Agent) hostname() string {
+	if a.cfg.NodeName != "" {
+		return a.cfg.NodeName
+	}
+	h, _ := os.Hostname()
+	return h
 }
 
 // newCollector builds the dcgm-exporter compatible GPU collector, serving
@@ -340,10 +363,7 @@ func (a *Agent) offered() map[string]bool {
 // the NVML event set (two event sets would each see only some of the
 // events).
 func (a *Agent) newCollector() (*metrics.Collector, error) {
-	mc := metrics.Config{Hostname: a.cfg.NodeName}
-	if mc.Hostname == "" {
-		mc.Hostname, _ = os.Hostname()
-	}
+	mc := metrics.Config{Hostname: a.hostname()}
 	if a.cfg.PodAttribution {
 		mc.Pods = a.tracker
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
@@ -51,8 +53,8 @@ func servePodResources(t *testing.T, socket string, resp *podresourcesv1.ListPod
 // TestUsageTrackerWiring: the usage tracker runs on the sampler's cycles,
 // asks the kubelet's pod-resources socket under the host root, and the
 // GPU metrics carry its pods; on a simulated node the PIDs are the
-// simulator's, and kill mode is refused while the hardware cannot signal
-// them.
+// simulator's, which signals them itself (kill mode stays on), and the
+// fragmentation gauges count the GPUs no pod holds.
 func TestUsageTrackerWiring(t *testing.T) {
 	dir := shortTempDir(t)
 	startFakeKubelet(t, dir)
@@ -96,9 +98,21 @@ func TestUsageTrackerWiring(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if !strings.Contains(logs.String(), "health.zombies.action kill refused") || !strings.Contains(logs.String(), "cannot signal") {
-		t.Errorf("kill mode on hardware that cannot signal its processes was not refused; log:\n%s", logs)
+	// The simulator signals its own processes: kill mode stays on.
+	if strings.Contains(logs.String(), "health.zombies.action kill refused") {
+		t.Errorf("kill mode refused on the simulator, which signals its processes; log:\n%s", logs)
 	}
+	// The fragmentation gauges follow the same cycle's assignments: GPU 0
+	// is train-0's, the other seven are free.
+	waitFor(t, "gpu_node_agent_free_gpus 7", func() bool {
+		_, body := httpGet(base + "/metrics")
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "gpu_node_agent_free_gpus{") && strings.HasSuffix(line, "} 7") {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // TestUsageCheckDisabled: gpu-processes in health.disabledChecks leaves
@@ -122,18 +136,20 @@ func TestUsageCheckDisabled(t *testing.T) {
 }
 
 // TestUsageEventsOnly: with a node name but tainting and labels off, the
-// GPU process check still posts its Events about the Node, and nothing
-// else is requested (no Node informer).
+// GPU process check still posts its Events about the Node (a host
+// process's zombie memory on a GPU no pod holds, then its kill through
+// the simulator), and nothing else is requested (no Node informer).
 func TestUsageEventsOnly(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
 	cfg.DevicePluginDir = shortTempDir(t)
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = ""
+	cfg.MetricsInterval = 100 * time.Millisecond
 	cfg.NodeName = "gpu-node-1"
 	cfg.Taint.Mode = kubeapi.TaintOff
 	cfg.NodeLabels = false
-	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill} // refused on this hardware: one Event says so
+	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill, Grace: 200 * time.Millisecond, KillGrace: time.Second}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	cfg.KubeClients = func() (kubeapi.Clients, error) {
 		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
@@ -145,18 +161,34 @@ func TestUsageEventsOnly(t *testing.T) {
 	if a.node == nil {
 		t.Fatal("no node object for the GPU process check's Events")
 	}
+	// The kubelet lists no pod: every GPU is unassigned.
+	servePodResources(t, usage.PodResourcesSocketPath(a.hw.HostRoot()), &podresourcesv1.ListPodResourcesResponse{})
+	pid, err := simOf(a).StartProcess(sim.ProcessSpec{GPU: 2, MemoryMiB: 1024, Kind: "host", HostCgroup: "/system.slice/train.service"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, _ := startAgent(t, a)
-	waitFor(t, "the kill refusal Event", func() bool {
-		l, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range l.Items {
-			if e.Reason == usage.ReasonKillNotAllowed && e.InvolvedObject.Name == cfg.NodeName && e.Type == corev1.EventTypeWarning {
-				return true
+	for _, reason := range []string{usage.ReasonZombie, usage.ReasonKilled} {
+		waitFor(t, reason+" Event naming PID "+strconv.Itoa(int(pid)), func() bool {
+			l, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range l.Items {
+				if e.Reason == reason && e.InvolvedObject.Name == cfg.NodeName && strings.Contains(e.Message, strconv.Itoa(int(pid))) {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	waitFor(t, "the killed process gone from the simulator", func() bool {
+		for _, p := range simOf(a).Processes() {
+			if p.PID == pid {
+				return false
 			}
 		}
-		return false
+		return true
 	})
 	for _, act := range client.Actions() {
 		if act.GetResource().Resource == "nodes" {
