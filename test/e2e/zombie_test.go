@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,6 +60,12 @@ func TestZombieGPUProcess(t *testing.T) {
 		PodUID: string(owner.UID), ContainerID: containerID(owner),
 	})
 
+	// Both are their pods' own before the owner goes (so the agent also
+	// knows the owner's name when its process turns zombie).
+	for _, gpu := range []string{bystanderGPU, ownerGPU} {
+		waitMetric(ctx, t, a, fmt.Sprintf(`gpu_node_agent_gpu_processes{class="own",device=%q} 1`, gpu))
+	}
+
 	deleted := time.Now()
 	deletePod(t, owner.Name)
 	t.Logf("pod %s deleted in %s; its process %d keeps 4096 MiB on GPU %d (%s)",
@@ -109,6 +117,39 @@ func TestZombieGPUProcess(t *testing.T) {
 		if strings.HasPrefix(e.Reason, "GPU") && containsWord(e.Message, strconv.FormatUint(uint64(own), 10)) {
 			t.Errorf("the running pod's own process was flagged: %s: %s", e.Reason, e.Message)
 		}
+	}
+}
+
+// waitMetric waits until the agent's /metrics has the line want.
+func waitMetric(ctx context.Context, t *testing.T, a *agentdeploy.Agent, want string) {
+	t.Helper()
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", a.MetricsPort)
+	var last string
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return false, nil
+		}
+		last = string(body)
+		return slices.Contains(strings.Split(last, "\n"), want), nil
+	})
+	if err != nil {
+		var fam []string
+		for _, l := range strings.Split(last, "\n") {
+			if name, _, _ := strings.Cut(want, "{"); strings.HasPrefix(l, name) {
+				fam = append(fam, l)
+			}
+		}
+		t.Fatalf("agent metrics lack %s: %v; have:\n%s", want, err, strings.Join(fam, "\n"))
 	}
 }
 

@@ -111,8 +111,11 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 		// it is removed with the cluster.
 		"simulateHostRoot": SimHostRoot(c),
 		"config":           map[string]any{"rdma": demoRDMAConfig},
-		"image":            map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
-		"metrics":          map[string]any{"port": metricsPort},
+		// The test kubelet's pod log directory (its podLogsDir): the GPU
+		// process check reads the running pods' UIDs from its names.
+		"podLogsDir": filepath.Join(c.Dir, "pod-logs"),
+		"image":      map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
+		"metrics":    map[string]any{"port": metricsPort},
 		"extraArgs": []any{
 			"--sim-control-address=127.0.0.1:" + strconv.Itoa(ctlPort),
 		},
