@@ -724,22 +724,23 @@ func (t *Tracker) eventMessage(device string, c Class, fs []*finding, now time.T
 }
 
 // healthReason is the cause shown in the device's health (short: it goes
-// into the Node condition).
+// into the Node condition). It names no memory amount: a process's memory
+// moves every cycle, and a reason that changed would be a new observation
+// and a Node condition update each time; the Event and the metrics carry
+// the amounts.
 func healthReason(c Class, fs []*finding, podLabel func(string) string) string {
 	if c == ClassLeaked {
-		return fmt.Sprintf("%s leaked (no process)", formatBytes(fs[0].verdict.Memory))
+		return "memory allocated with no process"
 	}
 	var pids []string
-	var mem uint64
 	for _, f := range fs {
 		pids = append(pids, fmt.Sprint(f.verdict.Process.PID))
-		mem += f.verdict.Memory
 	}
 	who := "pid " + strings.Join(pids, ",")
 	if uid := fs[0].verdict.Process.Cgroup.PodUID; uid != "" && len(fs) == 1 {
 		who += " of pod " + podLabel(uid)
 	}
-	return fmt.Sprintf("%s process %s holds %s", c, who, formatBytes(mem))
+	return fmt.Sprintf("%s process %s holds GPU memory", c, who)
 }
 
 func sortFindings(fs []*finding) {

@@ -84,9 +84,20 @@ func TestZombieAfterGrace(t *testing.T) {
 	r.clock.Step(time.Minute)
 	r.cycle(busy, gpuSample(gpu1, 500, 500))
 	reason := r.health.reason(gpu0, ClassZombie)
-	if !strings.Contains(reason, "pid 4242") || !strings.Contains(reason, "ml/train-0") || !strings.Contains(reason, "28.3 GiB") {
-		t.Fatalf("zombie health reason after the grace = %q, want pid 4242, pod ml/train-0, 28.3 GiB", reason)
+	if !strings.Contains(reason, "pid 4242") || !strings.Contains(reason, "ml/train-0") {
+		t.Fatalf("zombie health reason after the grace = %q, want pid 4242, pod ml/train-0", reason)
 	}
+	// The zombie's memory moving is no new observation (no Node
+	// condition update per cycle); the Event carries the amount.
+	r.health.mu.Lock()
+	observed := len(r.health.obs)
+	r.health.mu.Unlock()
+	r.cycle(gpuSample(gpu0, 30500, 500, nvmlProc(4242, 29500)), gpuSample(gpu1, 500, 500))
+	r.health.mu.Lock()
+	if n := len(r.health.obs); n != observed {
+		t.Errorf("%d more observations after the zombie's memory moved: %+v", n-observed, r.health.obs[observed:])
+	}
+	r.health.mu.Unlock()
 	if elapsed := r.clock.Since(deleted); elapsed != DefaultGrace {
 		t.Errorf("zombie observed %s after the deletion, want the grace %s", elapsed, DefaultGrace)
 	}
@@ -236,8 +247,11 @@ func TestLeakedAndForeign(t *testing.T) {
 	r.cycle(samples...)
 	r.clock.Step(DefaultGrace)
 	r.cycle(samples...)
-	if got := r.health.reason(gpu1, ClassLeaked); !strings.Contains(got, "6.0 GiB leaked") {
-		t.Errorf("leaked reason on gpu1 = %q, want 6.0 GiB leaked", got)
+	if got := r.health.reason(gpu1, ClassLeaked); got != "memory allocated with no process" {
+		t.Errorf("leaked reason on gpu1 = %q, want memory allocated with no process", got)
+	}
+	if evs := r.events.byReason(ReasonLeaked); len(evs) != 1 || !strings.Contains(evs[0].msg, "6.0 GiB of memory allocated on "+gpu1) {
+		t.Errorf("leaked Events = %+v, want one naming 6.0 GiB on gpu1", evs)
 	}
 	if got := r.health.reason(gpu0, ClassForeign); !strings.Contains(got, "pid 5001") || !strings.Contains(got, "ops/monitor") {
 		t.Errorf("foreign reason on gpu0 = %q, want pid 5001 of ops/monitor", got)
@@ -612,7 +626,7 @@ func TestRestartKeepsPendingCause(t *testing.T) {
 	r.host.checkpoint()
 	r.host.proc(4242, 77001, "python3", "D", hostCgroup)
 	restored := health.Observation{DeviceID: gpu1, Check: health.CheckGPUProcesses, Key: string(ClassZombie), Fatal: true,
-		Reason: "zombie process pid 4242 holds 7.8 GiB"}
+		Reason: "zombie process pid 4242 holds GPU memory"}
 	r.health.Observe(restored) // what the state file brought back
 	s := gpuSample(gpu1, 8500, 500, nvmlProc(4242, 8000))
 	r.cycle(s)
