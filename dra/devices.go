@@ -1,0 +1,324 @@
+package dra
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// Attribute and capacity names in the driver's domain (DriverName). The
+// GPU and MIG ones follow NVIDIA's DRA driver (k8s-dra-driver-gpu,
+// cmd/gpu-kubelet-plugin/deviceinfo.go: type, uuid, productName, brand,
+// architecture, cudaComputeCapability and driverVersion as versions,
+// cudaDriverVersion, parentUUID, profile, capacity memory and the MIG
+// engine counts), so a selector written for one reads the other. Where we
+// differ: "index", "parentIndex", "numaNode" and the NVLink attributes are
+// ours; NVIDIA's "pcieBusID" is the standard resource.kubernetes.io/pciBusID
+// here; "architecture" is GFD's lower-case family ("hopper"), as the
+// agent's nvidia.com/gpu.family label, where NVIDIA says "Hopper"; "brand"
+// is not published because the topology model does not carry
+// nvmlDeviceGetBrand yet.
+const (
+	AttrType                  resourceapi.QualifiedName = "type"
+	AttrUUID                  resourceapi.QualifiedName = "uuid"
+	AttrIndex                 resourceapi.QualifiedName = "index"
+	AttrProductName           resourceapi.QualifiedName = "productName"
+	AttrArchitecture          resourceapi.QualifiedName = "architecture"
+	AttrCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
+	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
+	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
+	// AttrNUMANode is the device's NUMA node, absent when the platform
+	// reports none. k8s.io/dynamic-resource-allocation v0.37 adds the
+	// standard resource.kubernetes.io/numaNode and a helper for it; this
+	// module is on v0.36.3, which has neither.
+	AttrNUMANode     resourceapi.QualifiedName = "numaNode"
+	AttrNVLinkDomain resourceapi.QualifiedName = "nvlinkDomain"
+	AttrNVLinkIsland resourceapi.QualifiedName = "nvlinkIsland"
+	AttrProfile      resourceapi.QualifiedName = "profile"
+	AttrParentUUID   resourceapi.QualifiedName = "parentUUID"
+	AttrParentIndex  resourceapi.QualifiedName = "parentIndex"
+	AttrRDMADevice   resourceapi.QualifiedName = "rdmaDevice"
+	AttrNetDev       resourceapi.QualifiedName = "netdev"
+	AttrLinkLayer    resourceapi.QualifiedName = "linkLayer"
+
+	CapMemory          resourceapi.QualifiedName = "memory"
+	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+	CapCopyEngines     resourceapi.QualifiedName = "copyEngines"
+	CapDecoders        resourceapi.QualifiedName = "decoders"
+	CapEncoders        resourceapi.QualifiedName = "encoders"
+	CapJPEGEngines     resourceapi.QualifiedName = "jpegEngines"
+	CapOFAEngines      resourceapi.QualifiedName = "ofaEngines"
+)
+
+// Options is what Build needs beside the node model.
+type Options struct {
+	// PCIeRoot resolves the standard pcieRoot attribute; SysfsPCIeRoot
+	// in the agent. Nil leaves the attribute out.
+	PCIeRoot PCIeRootResolver
+	// Unhealthy holds the devices the health monitor finds unfit, by the
+	// monitor's device ID: GPU UUID (topology.LostGPUID for a GPU lost
+	// before its UUID was read), MIG UUID, RDMA device name. Each gets a
+	// device taint. The monitor's status already folds the parent GPU's
+	// and the node's health into a MIG device's, so Build does not.
+	Unhealthy map[string]Fault
+}
+
+// Result is the node's devices as ResourceSlices publish them.
+type Result struct {
+	// Devices are the GPUs not in MIG mode by index, then the MIG devices
+	// by parent index in the model's order, then the NICs in the model's
+	// order.
+	Devices []resourceapi.Device
+	// Unread lists attributes that could not be resolved and were left
+	// out ("gpu-3: pcieRoot: ..."), as topology.Node.Unread does for
+	// discovery: the device is still published.
+	Unread []string
+}
+
+// Build turns a node model into its ResourceSlice devices. A GPU in MIG
+// mode is offered as its MIG devices (the static layout), not as a whole
+// GPU: in MIG mode the whole GPU cannot run CUDA work. A lost GPU is still
+// published (with what is known of it) so its taint can say why it cannot
+// be allocated. The error reports what would make the API server reject
+// the slice: an invalid or duplicate device name, or too many attributes
+// and capacities on a device.
+func Build(n *topology.Node, opts Options) (Result, error) {
+	if n == nil {
+		return Result{}, errors.New("dra devices: nil node")
+	}
+	b := builder{node: n, opts: opts}
+	b.domain, b.island = nvlinkGroups(n)
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if g.MIGEnabled {
+			continue
+		}
+		b.add(b.gpu(g), healthID(g))
+	}
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !g.MIGEnabled {
+			continue
+		}
+		for _, m := range g.MIG {
+			b.add(b.mig(g, m), m.UUID)
+		}
+	}
+	for _, nic := range n.NICs {
+		b.add(b.nic(nic), nic.Name)
+	}
+	if err := validateDevices(b.res.Devices); err != nil {
+		return Result{}, fmt.Errorf("dra devices: %w", err)
+	}
+	return b.res, nil
+}
+
+// healthID is the health monitor's ID of a GPU.
+func healthID(g *topology.GPU) string {
+	if g.UUID == "" {
+		return topology.LostGPUID(g.Index)
+	}
+	return g.UUID
+}
+
+type builder struct {
+	node           *topology.Node
+	opts           Options
+	domain, island []int
+	res            Result
+}
+
+func (b *builder) add(d resourceapi.Device, id string) {
+	if f, bad := b.opts.Unhealthy[id]; bad {
+		d.Taints = []resourceapi.DeviceTaint{f.taint()}
+	}
+	b.res.Devices = append(b.res.Devices, d)
+}
+
+func (b *builder) unread(device, what string, err error) {
+	b.res.Unread = append(b.res.Unread, fmt.Sprintf("%s: %s: %v", device, what, err))
+}
+
+// attrs is a device's attribute map with setters that skip unknown values.
+type attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+
+func (a attrs) str(name resourceapi.QualifiedName, v string) {
+	if v != "" {
+		a[name] = resourceapi.DeviceAttribute{StringValue: &v}
+	}
+}
+
+func (a attrs) int(name resourceapi.QualifiedName, v int64) {
+	a[name] = resourceapi.DeviceAttribute{IntValue: &v}
+}
+
+func (a attrs) version(name resourceapi.QualifiedName, v string) {
+	if s, ok := semver(v); ok {
+		a[name] = resourceapi.DeviceAttribute{VersionValue: &s}
+	}
+}
+
+// pci sets the standard pciBusID and pcieRoot attributes and the NUMA node.
+func (b *builder) pci(a attrs, device, busID string, numa int) {
+	if numa >= 0 {
+		a.int(AttrNUMANode, int64(numa))
+	}
+	if busID == "" {
+		return
+	}
+	busID = topology.NormalizeBusID(busID)
+	attr, err := deviceattribute.GetPCIBusIDAttribute(busID)
+	if err != nil {
+		b.unread(device, "pciBusID", err)
+		return
+	}
+	a[attr.Name] = attr.Value
+	if b.opts.PCIeRoot == nil {
+		return
+	}
+	root, err := b.opts.PCIeRoot(busID)
+	if err != nil {
+		b.unread(device, "pcieRoot", err)
+		return
+	}
+	a.str(deviceattribute.StandardDeviceAttributePCIeRoot, root)
+}
+
+// gpuCommon sets what a GPU and its MIG devices share.
+func (b *builder) gpuCommon(a attrs, g *topology.GPU) {
+	a.str(AttrProductName, g.Model)
+	if g.ComputeMajor != 0 {
+		a.str(AttrArchitecture, topology.ArchFamily(g.ComputeMajor, g.ComputeMinor))
+		a.version(AttrCUDAComputeCapability, fmt.Sprintf("%d.%d", g.ComputeMajor, g.ComputeMinor))
+	}
+	a.version(AttrDriverVersion, b.node.Host.DriverVersion)
+	if v := b.node.Host.CUDADriverVersion; v > 0 {
+		a.version(AttrCUDADriverVersion, fmt.Sprintf("%d.%d", v/1000, v%1000/10))
+	}
+}
+
+func (b *builder) gpu(g *topology.GPU) resourceapi.Device {
+	name := GPUName(g.Index)
+	a := attrs{}
+	a.str(AttrType, TypeGPU)
+	a.str(AttrUUID, g.UUID)
+	a.int(AttrIndex, int64(g.Index))
+	b.gpuCommon(a, g)
+	b.pci(a, name, g.PCIBusID, g.NUMANode)
+	if i := g.Index; i >= 0 && i < len(b.domain) && b.domain[i] >= 0 {
+		a.str(AttrNVLinkDomain, GPUName(b.domain[i]))
+		a.str(AttrNVLinkIsland, GPUName(b.island[i]))
+	}
+	d := resourceapi.Device{Name: name, Attributes: a}
+	if g.MemoryMiB > 0 {
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: mib(g.MemoryMiB)}
+	}
+	return d
+}
+
+func (b *builder) mig(g *topology.GPU, m topology.MIGDevice) resourceapi.Device {
+	name := MIGName(g.Index, m)
+	a := attrs{}
+	a.str(AttrType, TypeMIG)
+	a.str(AttrUUID, m.UUID)
+	a.str(AttrProfile, m.Profile)
+	a.str(AttrParentUUID, g.UUID)
+	a.int(AttrParentIndex, int64(g.Index))
+	b.gpuCommon(a, g)
+	// A MIG device is a slice of its parent's PCI function: same bus ID,
+	// root and NUMA node (NVIDIA's driver gives it the parent's too).
+	b.pci(a, name, g.PCIBusID, g.NUMANode)
+	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+	for _, v := range []struct {
+		name resourceapi.QualifiedName
+		n    uint32
+	}{
+		{CapMultiprocessors, m.Attributes.Multiprocessors},
+		{CapCopyEngines, m.Attributes.CopyEngines},
+		{CapDecoders, m.Attributes.Decoders},
+		{CapEncoders, m.Attributes.Encoders},
+		{CapJPEGEngines, m.Attributes.JPEGs},
+		{CapOFAEngines, m.Attributes.OFAs},
+	} {
+		if v.n > 0 {
+			c[v.name] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(v.n), resource.DecimalSI)}
+		}
+	}
+	if m.MemoryMiB > 0 {
+		c[CapMemory] = mib(m.MemoryMiB)
+	}
+	d := resourceapi.Device{Name: name, Attributes: a}
+	if len(c) > 0 {
+		d.Capacity = c
+	}
+	return d
+}
+
+func (b *builder) nic(nic topology.NIC) resourceapi.Device {
+	name := NICName(nic.Name)
+	a := attrs{}
+	a.str(AttrType, TypeNIC)
+	a.str(AttrRDMADevice, nic.Name)
+	if len(nic.NetDevs) > 0 {
+		a.str(AttrNetDev, nic.NetDevs[0])
+	}
+	a.str(AttrLinkLayer, nic.LinkLayer)
+	b.pci(a, name, nic.PCIBusID, nic.NUMANode)
+	return resourceapi.Device{Name: name, Attributes: a}
+}
+
+func mib(n uint64) resourceapi.DeviceCapacity {
+	return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n)*1024*1024, resource.BinarySI)}
+}
+
+// semver turns a dotted numeric version ("570.172.08", "9.0") into the
+// semantic version a VersionValue must hold: three numeric parts without
+// leading zeros ("570.172.8", "9.0.0"). NVIDIA's driver does the same
+// through Masterminds/semver. ok is false for anything else.
+func semver(v string) (string, bool) {
+	parts := strings.Split(strings.TrimSpace(v), ".")
+	if v == "" || len(parts) > 3 {
+		return "", false
+	}
+	out := make([]string, 3)
+	for i := range out {
+		out[i] = "0"
+		if i >= len(parts) {
+			continue
+		}
+		n, err := strconv.ParseUint(parts[i], 10, 32)
+		if err != nil {
+			return "", false
+		}
+		out[i] = strconv.FormatUint(n, 10)
+	}
+	return strings.Join(out, "."), true
+}
+
+// validateDevices checks what the API server's ResourceSlice validation
+// would reject in devices Build made: names that are not DNS labels or
+// repeat, more attributes and capacities than a device may have.
+func validateDevices(devs []resourceapi.Device) error {
+	seen := map[string]bool{}
+	for _, d := range devs {
+		if errs := validation.IsDNS1123Label(d.Name); len(errs) > 0 {
+			return fmt.Errorf("device name %q: %s", d.Name, strings.Join(errs, "; "))
+		}
+		if seen[d.Name] {
+			return fmt.Errorf("device name %q given to two devices", d.Name)
+		}
+		seen[d.Name] = true
+		if k := len(d.Attributes) + len(d.Capacity); k > resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice {
+			return fmt.Errorf("device %s: %d attributes and capacities, at most %d", d.Name, k, resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice)
+		}
+	}
+	return nil
+}
