@@ -20,6 +20,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
@@ -91,6 +92,7 @@ func TestLint(t *testing.T) {
 				"prometheusRule": map[string]any{"enabled": true},
 			},
 		}},
+		{"dra", map[string]any{"dra": map[string]any{"enabled": true}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			lint := action.NewLint()
@@ -814,5 +816,50 @@ func TestLeastPrivilegeCatchesOverrides(t *testing.T) {
 				t.Errorf("values %v render a DaemonSet the least-privilege check accepts", tt.vals)
 			}
 		})
+	}
+}
+
+// TestDeviceClassesAreOptional: the DRA DeviceClasses render only with
+// dra.enabled (the agent does not serve DRA by default), one per device
+// kind, each selecting the agent's driver and its kind's "type" attribute.
+// The dra package's TestChartDeviceClasses evaluates the selectors.
+func TestDeviceClassesAreOptional(t *testing.T) {
+	if _, ok := render(t, nil)["deviceclasses.yaml"]; ok {
+		t.Fatal("deviceclasses.yaml rendered by default; DRA must be opt-in")
+	}
+	files := render(t, map[string]any{"dra": map[string]any{"enabled": true}})
+	text, ok := files["deviceclasses.yaml"]
+	if !ok {
+		t.Fatalf("deviceclasses.yaml not rendered with dra.enabled (have %v)", keys(files))
+	}
+	got := map[string]string{}
+	for _, d := range docs(text) {
+		var dc resourcev1.DeviceClass
+		if err := yaml.UnmarshalStrict([]byte(d), &dc); err != nil {
+			t.Fatalf("decode DeviceClass: %v\n%s", err, d)
+		}
+		if dc.APIVersion != "resource.k8s.io/v1" || dc.Kind != "DeviceClass" {
+			t.Errorf("%s: %s %s", dc.Name, dc.APIVersion, dc.Kind)
+		}
+		if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil {
+			t.Fatalf("%s: selectors %+v, want one CEL selector", dc.Name, dc.Spec.Selectors)
+		}
+		got[dc.Name] = dc.Spec.Selectors[0].CEL.Expression
+	}
+	for _, kind := range []string{"gpu", "mig", "nic"} {
+		name := kind + ".dra.gpu-node-agent.io"
+		expr, ok := got[name]
+		if !ok {
+			t.Errorf("DeviceClass %s missing (have %v)", name, got)
+			continue
+		}
+		for _, want := range []string{`device.driver == "dra.gpu-node-agent.io"`, `.type == "` + kind + `"`} {
+			if !strings.Contains(expr, want) {
+				t.Errorf("%s: selector %q lacks %q", name, expr, want)
+			}
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("%d DeviceClasses, want 3: %v", len(got), got)
 	}
 }

@@ -1,0 +1,76 @@
+package dra
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
+)
+
+// chartDeviceClasses is the chart's DeviceClass template; its selector is
+// written once with {{ $kind }} for the device type.
+const chartDeviceClasses = "../deploy/chart/gpu-node-agent/templates/deviceclasses.yaml"
+
+// TestChartDeviceClasses compiles the chart's DeviceClass selector with the
+// DRA CEL library (what the scheduler runs) for each kind and checks that,
+// over the golden slices, it selects exactly the devices of that kind and
+// of this driver, and nothing of another driver with the same attributes.
+func TestChartDeviceClasses(t *testing.T) {
+	text, err := os.ReadFile(chartDeviceClasses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindAllSubmatch(text, -1)
+	if len(m) != 1 {
+		t.Fatalf("%s: %d selector expressions, want the one template", chartDeviceClasses, len(m))
+	}
+	template := string(m[0][1])
+	var devs []resourceapi.Device
+	for _, tc := range goldenCases {
+		b, err := os.ReadFile(filepath.Join("testdata", tc.name+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var slices [][]resourceapi.Device
+		if err := json.Unmarshal(b, &slices); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slices {
+			devs = append(devs, s...)
+		}
+	}
+	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
+		t.Run(kind, func(t *testing.T) {
+			expr := strings.ReplaceAll(template, "{{ $kind }}", kind)
+			res := cel.GetCompiler(cel.Features{}).CompileCELExpression(expr, cel.Options{})
+			if res.Error != nil {
+				t.Fatalf("compile %q: %v", expr, res.Error)
+			}
+			matched := 0
+			for _, d := range devs {
+				for _, driver := range []string{DriverName, "gpu.nvidia.com"} {
+					got, _, err := res.DeviceMatches(context.Background(), cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity})
+					if err != nil {
+						t.Fatalf("%s on %s: %v", expr, d.Name, err)
+					}
+					want := driver == DriverName && str(d, AttrType) == kind
+					if got != want {
+						t.Errorf("%s (driver %s, type %s): selected %v", d.Name, driver, str(d, AttrType), got)
+					}
+					if got {
+						matched++
+					}
+				}
+			}
+			if matched == 0 {
+				t.Errorf("class %s selects no golden device", kind)
+			}
+		})
+	}
+}
