@@ -39,7 +39,13 @@ const (
 	// reports none. k8s.io/dynamic-resource-allocation v0.37 adds the
 	// standard resource.kubernetes.io/numaNode and a helper for it; this
 	// module is on v0.36.3, which has neither.
-	AttrNUMANode     resourceapi.QualifiedName = "numaNode"
+	AttrNUMANode resourceapi.QualifiedName = "numaNode"
+	// AttrPCIeSwitch names the PCIe switch a device hangs off (the bus ID
+	// of the switch's upstream port), absent for a device on a root port.
+	// The standard pcieRoot is the root complex, which on DGX systems
+	// holds two GPU-NIC switches; matching pcieSwitch across a GPU and a
+	// NIC request gives the pair nvidia-smi topo calls PIX.
+	AttrPCIeSwitch   resourceapi.QualifiedName = "pcieSwitch"
 	AttrNVLinkDomain resourceapi.QualifiedName = "nvlinkDomain"
 	AttrNVLinkIsland resourceapi.QualifiedName = "nvlinkIsland"
 	AttrProfile      resourceapi.QualifiedName = "profile"
@@ -166,11 +172,14 @@ func (a attrs) version(name resourceapi.QualifiedName, v string) {
 	}
 }
 
-// pci sets the standard pciBusID and pcieRoot attributes and the NUMA node.
-func (b *builder) pci(a attrs, device, busID string, numa int) {
+// pci sets the standard pciBusID and pcieRoot attributes, the PCIe switch
+// and the NUMA node. path is the device's PCI path from its root port
+// (topology.GPU.PCIPath, topology.NIC.PCIPath).
+func (b *builder) pci(a attrs, device, busID string, path []string, numa int) {
 	if numa >= 0 {
 		a.int(AttrNUMANode, int64(numa))
 	}
+	a.str(AttrPCIeSwitch, pcieSwitch(path))
 	if busID == "" {
 		return
 	}
@@ -212,7 +221,7 @@ func (b *builder) gpu(g *topology.GPU) resourceapi.Device {
 	a.str(AttrUUID, g.UUID)
 	a.int(AttrIndex, int64(g.Index))
 	b.gpuCommon(a, g)
-	b.pci(a, name, g.PCIBusID, g.NUMANode)
+	b.pci(a, name, g.PCIBusID, g.PCIPath, g.NUMANode)
 	if i := g.Index; i >= 0 && i < len(b.domain) && b.domain[i] >= 0 {
 		a.str(AttrNVLinkDomain, GPUName(b.domain[i]))
 		a.str(AttrNVLinkIsland, GPUName(b.island[i]))
@@ -235,7 +244,7 @@ func (b *builder) mig(g *topology.GPU, m topology.MIGDevice) resourceapi.Device 
 	b.gpuCommon(a, g)
 	// A MIG device is a slice of its parent's PCI function: same bus ID,
 	// root and NUMA node (NVIDIA's driver gives it the parent's too).
-	b.pci(a, name, g.PCIBusID, g.NUMANode)
+	b.pci(a, name, g.PCIBusID, g.PCIPath, g.NUMANode)
 	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
 	for _, v := range []struct {
 		name resourceapi.QualifiedName
@@ -271,8 +280,20 @@ func (b *builder) nic(nic topology.NIC) resourceapi.Device {
 		a.str(AttrNetDev, nic.NetDevs[0])
 	}
 	a.str(AttrLinkLayer, nic.LinkLayer)
-	b.pci(a, name, nic.PCIBusID, nic.NUMANode)
+	b.pci(a, name, nic.PCIBusID, nic.PCIPath, nic.NUMANode)
 	return resourceapi.Device{Name: name, Attributes: a}
+}
+
+// pcieSwitch is the upstream port of the switch a device sits below: the
+// path runs root port, [switch upstream port, downstream port]..., device,
+// so with three or more elements the one before the device is a switch's
+// downstream port (a root port is only ever first) and the one before that
+// its upstream port. Empty for a device on a root port or an unknown path.
+func pcieSwitch(path []string) string {
+	if len(path) < 3 {
+		return ""
+	}
+	return topology.NormalizeBusID(path[len(path)-3])
 }
 
 func mib(n uint64) resourceapi.DeviceCapacity {

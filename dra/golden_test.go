@@ -240,8 +240,17 @@ func TestPCIeRootAlignsGPUAndNIC(t *testing.T) {
 						continue
 					}
 					pairs++
-					if gpuRoot := str(devs[GPUName(l.GPU)], root); gpuRoot != nicRoot {
+					gpu := devs[GPUName(l.GPU)]
+					if gpuRoot := str(gpu, root); gpuRoot != nicRoot {
 						t.Errorf("%s and gpu %d share a PCIe switch but not a pcieRoot: %q vs %q", nic.Name, l.GPU, nicRoot, gpuRoot)
+					}
+				}
+				// pcieSwitch is shared exactly by the pairs the model puts
+				// under one switch.
+				for _, l := range nic.GPUs {
+					same := str(devs[NICName(nic.Name)], AttrPCIeSwitch) == str(devs[GPUName(l.GPU)], AttrPCIeSwitch) && str(devs[GPUName(l.GPU)], AttrPCIeSwitch) != ""
+					if same != (l.PCIe == topology.PCIeSingleSwitch) {
+						t.Errorf("%s and gpu %d (%s): share pcieSwitch %v", nic.Name, l.GPU, l.PCIe, same)
 					}
 				}
 			}
