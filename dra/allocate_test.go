@@ -1,0 +1,277 @@
+package dra
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// docClaims are the ResourceClaims of docs/dra.md's examples, by name.
+func docClaims(t *testing.T) map[string]*resourceapi.ResourceClaim {
+	t.Helper()
+	text, err := os.ReadFile("../docs/dra.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*resourceapi.ResourceClaim{}
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(text, -1) {
+		var c resourceapi.ResourceClaim
+		if err := yaml.UnmarshalStrict(m[1], &c); err != nil {
+			t.Fatalf("docs/dra.md example: %v\n%s", err, m[1])
+		}
+		if c.Kind != "ResourceClaim" {
+			continue
+		}
+		c.UID = types.UID("uid-" + c.Name)
+		// What the API server's defaulting does to a stored claim
+		// (k8s.io/kubernetes pkg/apis/resource/v1 defaults.go:
+		// SetDefaults_ExactDeviceRequest): an exact request allocates
+		// ExactCount devices, one unless it says otherwise.
+		for i := range c.Spec.Devices.Requests {
+			if r := c.Spec.Devices.Requests[i].Exactly; r != nil {
+				if r.AllocationMode == "" {
+					r.AllocationMode = resourceapi.DeviceAllocationModeExactCount
+				}
+				if r.AllocationMode == resourceapi.DeviceAllocationModeExactCount && r.Count == 0 {
+					r.Count = 1
+				}
+			}
+		}
+		out[c.Name] = &c
+	}
+	for _, name := range []string{"two-gpus-one-island", "gpu-and-nic-aligned"} {
+		if out[name] == nil {
+			t.Fatalf("docs/dra.md has no ResourceClaim %s (have %v)", name, out)
+		}
+	}
+	return out
+}
+
+// classLister serves the chart's DeviceClasses.
+type classLister map[string]*resourceapi.DeviceClass
+
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
+	var out []*resourceapi.DeviceClass
+	for _, c := range l {
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	if c, ok := l[name]; ok {
+		return c, nil
+	}
+	return nil, fmt.Errorf("deviceclass %s not found", name)
+}
+
+func chartClasses(t *testing.T) classLister {
+	t.Helper()
+	text, err := os.ReadFile(chartDeviceClasses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindSubmatch(text)
+	if m == nil {
+		t.Fatalf("%s: no selector", chartDeviceClasses)
+	}
+	l := classLister{}
+	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
+		name := kind + "." + DriverName
+		l[name] = &resourceapi.DeviceClass{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
+				CEL: &resourceapi.CELDeviceSelector{Expression: strings.ReplaceAll(string(m[1]), "{{ $kind }}", kind)},
+			}}},
+		}
+	}
+	return l
+}
+
+const nodeName = "gpu-node"
+
+// resourceSlices is what the kubelet plugin will publish: the node's pool,
+// one ResourceSlice per Split chunk.
+func resourceSlices(devs []resourceapi.Device) []*resourceapi.ResourceSlice {
+	chunks := Split(devs)
+	var out []*resourceapi.ResourceSlice
+	for i, c := range chunks {
+		node := nodeName
+		out = append(out, &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", nodeName, i)},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:   DriverName,
+				Pool:     resourceapi.ResourcePool{Name: nodeName, Generation: 1, ResourceSliceCount: int64(len(chunks))},
+				NodeName: &node,
+				Devices:  c,
+			},
+		})
+	}
+	return out
+}
+
+// allocate runs the scheduler's structured allocator for one claim on the
+// node's slices; nil when the claim cannot be satisfied.
+func allocate(t *testing.T, devs []resourceapi.Device, claim *resourceapi.ResourceClaim, allocated ...string) []resourceapi.DeviceRequestAllocationResult {
+	t.Helper()
+	features := structured.Features{DeviceTaints: true, PrioritizedList: true}
+	state := structured.AllocatedState{AllocatedDevices: sets.New[structured.DeviceID]()}
+	for _, d := range allocated {
+		state.AllocatedDevices.Insert(structured.MakeDeviceID(DriverName, nodeName, d))
+	}
+	a, err := structured.NewAllocator(context.Background(), features, state, chartClasses(t), resourceSlices(devs), cel.NewCache(10, cel.Features{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		t.Fatalf("allocate %s: %v", claim.Name, err)
+	}
+	if res == nil {
+		return nil
+	}
+	for _, r := range res[0].Devices.Results {
+		if r.Driver != DriverName || r.Pool != nodeName {
+			t.Fatalf("%s: result from driver %s pool %s", claim.Name, r.Driver, r.Pool)
+		}
+	}
+	return res[0].Devices.Results
+}
+
+// TestDocClaims allocates docs/dra.md's example claims with the scheduler's
+// allocator and checks the devices it picks are aligned as the claims ask.
+func TestDocClaims(t *testing.T) {
+	claims := docClaims(t)
+	model, res := buildSim(t, "dgx-h100")
+	devs := byName(res.Devices)
+
+	t.Run("gpu and nic under one switch", func(t *testing.T) {
+		// Each GPU in turn is the only free one: the allocator must find
+		// its own NIC every time.
+		for _, g := range model.GPUs {
+			var busy []string
+			for _, o := range model.GPUs {
+				if o.Index != g.Index {
+					busy = append(busy, GPUName(o.Index))
+				}
+			}
+			got := allocate(t, res.Devices, claims["gpu-and-nic-aligned"], busy...)
+			if len(got) != 2 {
+				t.Fatalf("gpu %d free: allocated %v, want a GPU and a NIC", g.Index, got)
+			}
+			gpu, nic := devs[got[0].Device], devs[got[1].Device]
+			if got[0].Request != "gpu" {
+				gpu, nic = nic, gpu
+			}
+			if gpu.Name != GPUName(g.Index) || str(nic, AttrType) != TypeNIC {
+				t.Fatalf("gpu %d free: got %s and %s", g.Index, gpu.Name, nic.Name)
+			}
+			root := deviceattribute.StandardDeviceAttributePCIeRoot
+			if str(gpu, root) != str(nic, root) || str(gpu, AttrPCIeSwitch) != str(nic, AttrPCIeSwitch) {
+				t.Errorf("%s and %s: roots %s/%s switches %s/%s", gpu.Name, nic.Name, str(gpu, root), str(nic, root), str(gpu, AttrPCIeSwitch), str(nic, AttrPCIeSwitch))
+			}
+			if lvl := nicGPULevel(model, str(nic, AttrRDMADevice), g.Index); lvl != topology.PCIeSingleSwitch {
+				t.Errorf("%s and %s are %q apart in the model, want single-switch", gpu.Name, nic.Name, lvl)
+			}
+		}
+	})
+
+	t.Run("two gpus on one island", func(t *testing.T) {
+		got := allocate(t, res.Devices, claims["two-gpus-one-island"])
+		if len(got) != 2 || str(devs[got[0].Device], AttrNVLinkIsland) == "" ||
+			str(devs[got[0].Device], AttrNVLinkIsland) != str(devs[got[1].Device], AttrNVLinkIsland) {
+			t.Fatalf("allocated %v, want two GPUs of one island", got)
+		}
+	})
+
+	t.Run("two gpus on one island of the DGX-1V cube-mesh", func(t *testing.T) {
+		m1v, r1v := buildSim(t, "dgx-1v")
+		d1v := byName(r1v.Devices)
+		// With GPUs 1-3 and 5-7 busy, 0 and 4 are free: linked, but in
+		// different quads, so not one island.
+		got := allocate(t, r1v.Devices, claims["two-gpus-one-island"], "gpu-1", "gpu-2", "gpu-3", "gpu-5", "gpu-6", "gpu-7")
+		if got != nil {
+			t.Fatalf("allocated %v across the quads", got)
+		}
+		got = allocate(t, r1v.Devices, claims["two-gpus-one-island"], "gpu-0", "gpu-1", "gpu-4", "gpu-5")
+		if len(got) != 2 {
+			t.Fatalf("allocated %v, want gpus 2 and 3 (one quad)", got)
+		}
+		a, b := int(*d1v[got[0].Device].Attributes[AttrIndex].IntValue), int(*d1v[got[1].Device].Attributes[AttrIndex].IntValue)
+		if !nvlinked(m1v, a, b) {
+			t.Errorf("gpus %d and %d share an island without an NVLink", a, b)
+		}
+	})
+
+	t.Run("no island on a PCIe node", func(t *testing.T) {
+		_, rp := buildSim(t, "pcie-8gpu")
+		if got := allocate(t, rp.Devices, claims["two-gpus-one-island"]); got != nil {
+			t.Fatalf("allocated %v on GPUs without NVLink", got)
+		}
+	})
+}
+
+// TestTaintedDeviceNotAllocated: a device tainted NoSchedule by Build is
+// one the scheduler's allocator does not hand out.
+func TestTaintedDeviceNotAllocated(t *testing.T) {
+	claims := docClaims(t)
+	model, root := simNode(t, "dgx-h100")
+	var busy []string
+	for _, g := range model.GPUs[1:] {
+		busy = append(busy, GPUName(g.Index))
+	}
+	healthy, err := Build(model, Options{PCIeRoot: SysfsPCIeRoot(root)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := allocate(t, healthy.Devices, claims["gpu-and-nic-aligned"], busy...); len(got) != 2 {
+		t.Fatalf("healthy gpu-0: allocated %v", got)
+	}
+	for _, unhealthy := range []string{model.GPUs[0].UUID, model.NICs[0].Name} {
+		tainted, err := Build(model, Options{PCIeRoot: SysfsPCIeRoot(root), Unhealthy: map[string]Fault{unhealthy: {Cause: "xid-79"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := allocate(t, tainted.Devices, claims["gpu-and-nic-aligned"], busy...); got != nil {
+			t.Errorf("%s tainted: allocated %v", unhealthy, got)
+		}
+	}
+}
+
+func nicGPULevel(n *topology.Node, nic string, gpu int) topology.PCIeLevel {
+	for _, x := range n.NICs {
+		if x.Name != nic {
+			continue
+		}
+		for _, l := range x.GPUs {
+			if l.GPU == gpu {
+				return l.PCIe
+			}
+		}
+	}
+	return ""
+}
+
+func nvlinked(n *topology.Node, a, b int) bool {
+	for _, l := range n.Links {
+		if (l.A == a && l.B == b || l.A == b && l.B == a) && l.NVLinks > 0 {
+			return true
+		}
+	}
+	return false
+}
