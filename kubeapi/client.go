@@ -6,6 +6,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,6 +33,13 @@ type Client interface {
 	// Events is the Events (core/v1, as the kubelet posts node events) of
 	// namespace.
 	Events(namespace string) EventClient
+	// ResourceSlices is the cluster's ResourceSlices (resource.k8s.io/v1):
+	// the SlicePublisher's pool of this node.
+	ResourceSlices() ResourceSliceClient
+	// ResourceClaims is the ResourceClaims (resource.k8s.io/v1) of
+	// namespace: the DRA kubelet plugin reads a claim's allocation at
+	// prepare time.
+	ResourceClaims(namespace string) ResourceClaimClient
 }
 
 // NodeClient is what kubeapi does with Nodes: the NodeWatch's list and
@@ -58,6 +66,24 @@ type LeaseClient interface {
 // EventClient posts the tainter's node Events.
 type EventClient interface {
 	Create(ctx context.Context, event *corev1.Event, opts metav1.CreateOptions) (*corev1.Event, error)
+}
+
+// ResourceSliceClient is what the SlicePublisher does with ResourceSlices:
+// its informer's list and watch of this node's slices of our driver (field
+// selectors spec.nodeName and spec.driver), and the writes that reconcile
+// them.
+type ResourceSliceClient interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*resourcev1.ResourceSliceList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+	Create(ctx context.Context, slice *resourcev1.ResourceSlice, opts metav1.CreateOptions) (*resourcev1.ResourceSlice, error)
+	Update(ctx context.Context, slice *resourcev1.ResourceSlice, opts metav1.UpdateOptions) (*resourcev1.ResourceSlice, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// ResourceClaimClient reads one ResourceClaim (its status.allocation says
+// which of our devices a prepared claim holds).
+type ResourceClaimClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*resourcev1.ResourceClaim, error)
 }
 
 // Clients are one agent's API clients over one rest.Config: the typed

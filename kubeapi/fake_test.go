@@ -39,6 +39,10 @@ func (c clientset) Leases(namespace string) LeaseClient {
 	return c.cs.CoordinationV1().Leases(namespace)
 }
 func (c clientset) Events(namespace string) EventClient { return c.cs.CoreV1().Events(namespace) }
+func (c clientset) ResourceSlices() ResourceSliceClient { return c.cs.ResourceV1().ResourceSlices() }
+func (c clientset) ResourceClaims(namespace string) ResourceClaimClient {
+	return c.cs.ResourceV1().ResourceClaims(namespace)
+}
 
 // IsWatchListSemanticsUnSupported passes on the fake's answer (true): the
 // NodeWatch's reflector then lists and watches rather than asking for a

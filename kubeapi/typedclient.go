@@ -7,6 +7,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,17 +20,18 @@ import (
 
 // typedClient is the product's Client: the generated clientset's requests
 // (resource) over one REST client per API group, decoding with a scheme of
-// only core/v1 and coordination.k8s.io/v1. On the wire it is the
-// clientset's CoreV1() and CoordinationV1(): same paths, content types,
+// only core/v1, coordination.k8s.io/v1 and resource.k8s.io/v1. On the
+// wire it is the clientset's CoreV1(), CoordinationV1() and ResourceV1():
+// same paths, content types,
 // parameters, bodies, rate limiter and retries
 // (TestTypedClientOnTheWireAsClientset).
 type typedClient struct {
-	core, coordination rest.Interface
-	params             runtime.ParameterCodec
+	core, coordination, resource rest.Interface
+	params                       runtime.ParameterCodec
 }
 
 // newTypedClient builds the typed client over rc, as
-// kubernetes.NewForConfig does for the two groups: one HTTP client and one
+// kubernetes.NewForConfig does for the three groups: one HTTP client and one
 // token bucket (rc.QPS, rc.Burst) shared by both.
 func newTypedClient(rc *rest.Config) (*typedClient, error) {
 	scheme := runtime.NewScheme()
@@ -41,6 +43,9 @@ func newTypedClient(rc *rest.Config) (*typedClient, error) {
 	}
 	if err := coordinationv1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("coordination.k8s.io/v1 scheme: %w", err)
+	}
+	if err := resourcev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("resource.k8s.io/v1 scheme: %w", err)
 	}
 	codecs := serializer.NewCodecFactory(scheme)
 
@@ -74,7 +79,12 @@ func newTypedClient(rc *rest.Config) (*typedClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &typedClient{core: core, coordination: coordination, params: runtime.NewParameterCodec(scheme)}, nil
+	resource, err := groupClient(resourcev1.SchemeGroupVersion, "/apis")
+	if err != nil {
+		return nil, err
+	}
+	return &typedClient{core: core, coordination: coordination, resource: resource,
+		params: runtime.NewParameterCodec(scheme)}, nil
 }
 
 func (c *typedClient) Nodes() NodeClient {
@@ -95,6 +105,20 @@ func (c *typedClient) Events(namespace string) EventClient {
 		namespace: namespace,
 		newObject: func() *corev1.Event { return &corev1.Event{} },
 		newList:   func() *corev1.EventList { return &corev1.EventList{} }}
+}
+
+func (c *typedClient) ResourceSlices() ResourceSliceClient {
+	return &resource[*resourcev1.ResourceSlice, *resourcev1.ResourceSliceList]{client: c.resource, params: c.params,
+		name:      "resourceslices",
+		newObject: func() *resourcev1.ResourceSlice { return &resourcev1.ResourceSlice{} },
+		newList:   func() *resourcev1.ResourceSliceList { return &resourcev1.ResourceSliceList{} }}
+}
+
+func (c *typedClient) ResourceClaims(namespace string) ResourceClaimClient {
+	return &resource[*resourcev1.ResourceClaim, *resourcev1.ResourceClaimList]{client: c.resource, params: c.params,
+		name: "resourceclaims", namespace: namespace,
+		newObject: func() *resourcev1.ResourceClaim { return &resourcev1.ResourceClaim{} },
+		newList:   func() *resourcev1.ResourceClaimList { return &resourcev1.ResourceClaimList{} }}
 }
 
 // object is what resource reads and writes: a typed API object.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -68,6 +69,13 @@ func TestTypedClientOnTheWireAsClientset(t *testing.T) {
 		SendInitialEvents: ptr.To(true), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, TimeoutSeconds: ptr.To[int64](300)}
 	patch := []byte(`{"metadata":{"labels":{"a":"b"}}}`)
 	pre := metav1.Preconditions{ResourceVersion: ptr.To("7")}
+	slice := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{GenerateName: "00000-dra.example.com-gpu-1-"},
+		Spec: resourcev1.ResourceSliceSpec{Driver: "dra.example.com", NodeName: ptr.To("gpu-1"),
+			Pool:    resourcev1.ResourcePool{Name: "gpu-1", Generation: 1, ResourceSliceCount: 1},
+			Devices: []resourcev1.Device{{Name: "gpu-0"}}}}
+	updated := slice.DeepCopy()
+	updated.Name, updated.ResourceVersion = "00000-dra.example.com-gpu-1-abcde", "9"
+	sliceList := metav1.ListOptions{FieldSelector: "spec.driver=dra.example.com,spec.nodeName=gpu-1", ResourceVersion: "0"}
 
 	calls := []struct {
 		name string
@@ -160,6 +168,58 @@ func TestTypedClientOnTheWireAsClientset(t *testing.T) {
 			},
 			func(ctx context.Context, c kubernetes.Interface) error {
 				_, err := c.CoreV1().Events("default").Create(ctx, event, metav1.CreateOptions{})
+				return err
+			}},
+		{"list resourceslices",
+			func(ctx context.Context, c Client) error {
+				_, err := c.ResourceSlices().List(ctx, sliceList)
+				return err
+			},
+			func(ctx context.Context, c kubernetes.Interface) error {
+				_, err := c.ResourceV1().ResourceSlices().List(ctx, sliceList)
+				return err
+			}},
+		{"watch resourceslices",
+			func(ctx context.Context, c Client) error {
+				_, err := c.ResourceSlices().Watch(ctx, watchOpts)
+				return err
+			},
+			func(ctx context.Context, c kubernetes.Interface) error {
+				_, err := c.ResourceV1().ResourceSlices().Watch(ctx, watchOpts)
+				return err
+			}},
+		{"create resourceslice",
+			func(ctx context.Context, c Client) error {
+				_, err := c.ResourceSlices().Create(ctx, slice, metav1.CreateOptions{})
+				return err
+			},
+			func(ctx context.Context, c kubernetes.Interface) error {
+				_, err := c.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{})
+				return err
+			}},
+		{"update resourceslice",
+			func(ctx context.Context, c Client) error {
+				_, err := c.ResourceSlices().Update(ctx, updated, metav1.UpdateOptions{})
+				return err
+			},
+			func(ctx context.Context, c kubernetes.Interface) error {
+				_, err := c.ResourceV1().ResourceSlices().Update(ctx, updated, metav1.UpdateOptions{})
+				return err
+			}},
+		{"delete resourceslice with preconditions",
+			func(ctx context.Context, c Client) error {
+				return c.ResourceSlices().Delete(ctx, updated.Name, metav1.DeleteOptions{Preconditions: &pre})
+			},
+			func(ctx context.Context, c kubernetes.Interface) error {
+				return c.ResourceV1().ResourceSlices().Delete(ctx, updated.Name, metav1.DeleteOptions{Preconditions: &pre})
+			}},
+		{"get resourceclaim",
+			func(ctx context.Context, c Client) error {
+				_, err := c.ResourceClaims("ns").Get(ctx, "claim", metav1.GetOptions{})
+				return err
+			},
+			func(ctx context.Context, c kubernetes.Interface) error {
+				_, err := c.ResourceV1().ResourceClaims("ns").Get(ctx, "claim", metav1.GetOptions{})
 				return err
 			}},
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 )
 
-// Client is cs as a kubeapi.Client: its CoreV1 Nodes and Events and its
-// CoordinationV1 Leases.
+// Client is cs as a kubeapi.Client: its CoreV1 Nodes and Events, its
+// CoordinationV1 Leases and its ResourceV1 ResourceSlices and ResourceClaims.
 func Client(cs kubernetes.Interface) kubeapi.Client { return clientset{cs} }
 
 // Clients are cs and meta as kubeapi.Clients.
@@ -30,6 +30,14 @@ func (c clientset) Leases(namespace string) kubeapi.LeaseClient {
 
 func (c clientset) Events(namespace string) kubeapi.EventClient {
 	return c.cs.CoreV1().Events(namespace)
+}
+
+func (c clientset) ResourceSlices() kubeapi.ResourceSliceClient {
+	return c.cs.ResourceV1().ResourceSlices()
+}
+
+func (c clientset) ResourceClaims(namespace string) kubeapi.ResourceClaimClient {
+	return c.cs.ResourceV1().ResourceClaims(namespace)
 }
 
 // IsWatchListSemanticsUnSupported passes on cs's answer: client-go's fake
