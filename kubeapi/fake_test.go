@@ -3,6 +3,7 @@ package kubeapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	metadatafake "k8s.io/client-go/metadata/fake"
@@ -70,6 +72,11 @@ func (v *versionedTracker) stamp(obj runtime.Object) error {
 	}
 	v.next++
 	m.SetResourceVersion(strconv.Itoa(v.next))
+	if m.GetName() == "" && m.GetGenerateName() != "" {
+		// As the API server's name generator: a 5-character suffix.
+		m.SetName(m.GetGenerateName() + fmt.Sprintf("%05d", v.next))
+		m.SetUID(types.UID("uid-" + strconv.Itoa(v.next)))
+	}
 	return nil
 }
 
