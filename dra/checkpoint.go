@@ -42,14 +42,7 @@ type checkpoint struct {
 type preparedClaim struct {
 	Namespace string           `json:"namespace"`
 	Name      string           `json:"name"`
-	Devices   []preparedDevice `json:"devices"`
-}
-
-type preparedDevice struct {
-	Requests     []string `json:"requests"`
-	Pool         string   `json:"pool"`
-	Device       string   `json:"device"`
-	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	Devices   []PreparedDevice `json:"devices"`
 }
 
 // readCheckpoint reads path; an empty checkpoint if there is none,

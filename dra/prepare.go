@@ -57,11 +57,12 @@ type ClaimRef struct {
 }
 
 // PreparedDevice is one device of a prepared claim as the kubelet is told.
+// It is also the checkpoint's format of a device.
 type PreparedDevice struct {
-	Requests     []string
-	Pool         string
-	Device       string
-	CDIDeviceIDs []string
+	Requests     []string `json:"requests"`
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
 }
 
 // PrepareResult is the answer for one claim: its devices or why not.
@@ -151,7 +152,7 @@ func (p *Preparer) Prepare(ctx context.Context, claims []ClaimRef) map[string]Pr
 		pc, done := p.cp.Claims[ref.UID]
 		p.mu.Unlock()
 		if done && p.specExists(ref.UID) {
-			out[ref.UID] = PrepareResult{Devices: fromCheckpoint(pc.Devices)}
+			out[ref.UID] = PrepareResult{Devices: slices.Clone(pc.Devices)}
 			continue
 		}
 		// Slow API call outside the lock, as the library does.
@@ -268,7 +269,7 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 	if err := p.cdi.WriteSpec(spec, SpecFile(ref.UID)); err != nil {
 		return nil, fmt.Errorf("claim %s/%s: write cdi spec: %w", ref.Namespace, ref.Name, err)
 	}
-	p.cp.Claims[ref.UID] = preparedClaim{Namespace: ref.Namespace, Name: ref.Name, Devices: toCheckpoint(devs)}
+	p.cp.Claims[ref.UID] = preparedClaim{Namespace: ref.Namespace, Name: ref.Name, Devices: devs}
 	if err := writeCheckpoint(p.path, p.cp); err != nil {
 		delete(p.cp.Claims, ref.UID)
 		return nil, fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
@@ -359,22 +360,6 @@ func deviceNodes(specs []*pluginapi.DeviceSpec) []*cdispec.DeviceNode {
 	out := make([]*cdispec.DeviceNode, 0, len(specs))
 	for _, s := range specs {
 		out = append(out, &cdispec.DeviceNode{Path: s.ContainerPath, HostPath: s.HostPath, Type: "c", Permissions: s.Permissions})
-	}
-	return out
-}
-
-func toCheckpoint(devs []PreparedDevice) []preparedDevice {
-	out := make([]preparedDevice, len(devs))
-	for i, d := range devs {
-		out[i] = preparedDevice{Requests: d.Requests, Pool: d.Pool, Device: d.Device, CDIDeviceIDs: d.CDIDeviceIDs}
-	}
-	return out
-}
-
-func fromCheckpoint(devs []preparedDevice) []PreparedDevice {
-	out := make([]PreparedDevice, len(devs))
-	for i, d := range devs {
-		out[i] = PreparedDevice{Requests: d.Requests, Pool: d.Pool, Device: d.Device, CDIDeviceIDs: d.CDIDeviceIDs}
 	}
 	return out
 }
