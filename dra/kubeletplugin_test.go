@@ -434,6 +434,11 @@ func TestPrepareErrorsPerClaim(t *testing.T) {
 	e.claims.put(allocated("ns", "replaced", "uid-new", ours("gpu", "gpu-2")))
 	e.claims.put(allocated("ns", "gone-device", "uid-gone", ours("gpu", "gpu-1"), ours("gpu", "gpu-9")))
 	e.claims.put(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "unallocated", UID: "uid-un"}})
+	// A GPU whose device node is gone from the host cannot be handed out.
+	if err := os.Remove(filepath.Join(e.root, "dev", "nvidia7")); err != nil {
+		t.Fatal(err)
+	}
+	e.claims.put(allocated("ns", "no-node", "uid-nonode", ours("gpu", "gpu-7")))
 
 	got := prepare(t, c,
 		claimReq("ns", "good", "uid-good"),
@@ -441,6 +446,7 @@ func TestPrepareErrorsPerClaim(t *testing.T) {
 		claimReq("ns", "gone-device", "uid-gone"),
 		claimReq("ns", "unallocated", "uid-un"),
 		claimReq("ns", "missing", "uid-missing"),
+		claimReq("ns", "no-node", "uid-nonode"),
 	)
 	if got["uid-good"].Error != "" || len(got["uid-good"].Devices) != 1 {
 		t.Errorf("good claim: %v", got["uid-good"])
@@ -450,6 +456,7 @@ func TestPrepareErrorsPerClaim(t *testing.T) {
 		"uid-gone":    "gpu-9 is not on this node",
 		"uid-un":      "not allocated",
 		"uid-missing": "not found",
+		"uid-nonode":  "/dev/nvidia7",
 	} {
 		if r := got[uid]; !strings.Contains(r.Error, want) || len(r.Devices) != 0 {
 			t.Errorf("claim %s: error %q, devices %v; want an error containing %q", uid, r.Error, r.Devices, want)
@@ -562,5 +569,32 @@ func TestV1beta1Service(t *testing.T) {
 		Claims: []*drapbv1beta1.Claim{{Namespace: "ns", Name: "old-kubelet", Uid: "uid-b"}}})
 	if err != nil || u.Claims["uid-b"] == nil || u.Claims["uid-b"].Error != "" {
 		t.Fatalf("v1beta1 unprepare: %v, %v", u, err)
+	}
+}
+
+// TestPrepareRewritesLostSpec: a checkpointed claim whose spec is gone
+// (the CDI dir is a tmpfs and the node rebooted) is prepared again.
+func TestPrepareRewritesLostSpec(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	c := e.kubelet()
+	e.claims.put(allocated("ns", "c", "uid-l", ours("gpu", "gpu-1")))
+	first := prepare(t, c, claimReq("ns", "c", "uid-l"))["uid-l"]
+	if first.Error != "" {
+		t.Fatal(first.Error)
+	}
+	if err := os.Remove(filepath.Join(e.cdiDir, SpecFile("uid-l"))); err != nil {
+		t.Fatal(err)
+	}
+	gets := e.claims.getCount()
+	again := prepare(t, c, claimReq("ns", "c", "uid-l"))["uid-l"]
+	if again.Error != "" {
+		t.Fatal(again.Error)
+	}
+	checkDevices(t, again.Devices, first.Devices)
+	if e.claims.getCount() != gets+1 {
+		t.Error("the claim was not read again to rebuild its spec")
+	}
+	if files := specFiles(t, e.cdiDir); !slices.Equal(files, []string{SpecFile("uid-l")}) {
+		t.Errorf("cdi dir holds %v", files)
 	}
 }
