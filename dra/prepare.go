@@ -34,8 +34,8 @@ const (
 )
 
 // DefaultCDIDir is the host's directory for transient CDI specs, which
-// containerd and CRI-O read by default (NVIDIA's DRA driver and the
-// library's kubeletplugin write claim specs there too).
+// containerd and CRI-O read by default; the library's kubeletplugin uses
+// the same default (DefaultCDIDir in kubeletplugin/metadata.go, v0.36.3).
 const DefaultCDIDir = "/var/run/cdi"
 
 // ClaimGetter reads a ResourceClaim from the API server.
