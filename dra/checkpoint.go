@@ -1,0 +1,125 @@
+package dra
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// CheckpointFileName is the file under PluginConfig.StateDir that holds
+// the prepared claims.
+const CheckpointFileName = "dra-prepared-claims.json"
+
+// checkpointVersion is the version of the checkpoint format. A file with
+// another version fails closed, like a corrupt one: guessing at a format
+// this build does not know could forget a prepared claim.
+const checkpointVersion = 1
+
+// ErrCheckpointCorrupt marks a checkpoint that exists but cannot be used.
+// The plugin does not start on it (fail closed): serving with an empty set
+// would prepare claims twice and never unprepare the ones it forgot. An
+// operator who has checked that no pod on the node uses a claim of this
+// driver may delete the file.
+var ErrCheckpointCorrupt = errors.New("dra checkpoint unusable")
+
+// checkpoint is the persisted set of prepared claims, by claim UID.
+//
+// Format (version 1):
+//
+//	{"version":1,"claims":{"<uid>":{"namespace":"ns","name":"claim",
+//	  "devices":[{"requests":["gpu"],"pool":"node-1","device":"gpu-0",
+//	  "cdiDeviceIDs":["gpu-node-agent.io/claim=<uid>-gpu-0"]}]}}}
+type checkpoint struct {
+	Version int                      `json:"version"`
+	Claims  map[string]preparedClaim `json:"claims"`
+}
+
+// preparedClaim is what the kubelet was told for one claim; a repeated
+// Prepare answers the same.
+type preparedClaim struct {
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	Devices   []PreparedDevice `json:"devices"`
+}
+
+// readCheckpoint reads path; an empty checkpoint if there is none,
+// ErrCheckpointCorrupt (wrapped) if it cannot be trusted.
+func readCheckpoint(path string) (*checkpoint, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &checkpoint{Version: checkpointVersion, Claims: map[string]preparedClaim{}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %w", ErrCheckpointCorrupt, path, err)
+	}
+	var c checkpoint
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("%w: decode %s: %w", ErrCheckpointCorrupt, path, err)
+	}
+	if c.Version != checkpointVersion {
+		return nil, fmt.Errorf("%w: %s has version %d, this agent reads version %d", ErrCheckpointCorrupt, path, c.Version, checkpointVersion)
+	}
+	if c.Claims == nil {
+		return nil, fmt.Errorf("%w: %s has no claims map", ErrCheckpointCorrupt, path)
+	}
+	for uid, pc := range c.Claims {
+		if uid == "" || pc.Namespace == "" || pc.Name == "" {
+			return nil, fmt.Errorf("%w: %s: claim %q without UID, namespace or name", ErrCheckpointCorrupt, path, uid)
+		}
+		for _, d := range pc.Devices {
+			if d.Device == "" || d.Pool == "" || len(d.CDIDeviceIDs) == 0 {
+				return nil, fmt.Errorf("%w: %s: claim %s: device entry without name, pool or CDI IDs", ErrCheckpointCorrupt, path, uid)
+			}
+		}
+	}
+	return &c, nil
+}
+
+// writeCheckpoint replaces path atomically, as health's state file does: a
+// temporary file in the same directory, fsynced, renamed over the old one,
+// and the directory fsynced so the rename survives a power loss. A failure
+// leaves the old file whole and no temporary file behind.
+func writeCheckpoint(path string, c *checkpoint) (err error) {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode dra checkpoint: %w", err)
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create dra checkpoint dir: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("create temporary dra checkpoint: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("rename dra checkpoint: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open dra checkpoint dir for fsync: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dra checkpoint dir %s: %w", dir, err)
+	}
+	return nil
+}

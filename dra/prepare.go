@@ -1,0 +1,365 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
+)
+
+// CDI vendor and class of prepared claims: the devices of one claim are
+// "gpu-node-agent.io/claim=<claim UID>-<device name>" (device nodes) and
+// "gpu-node-agent.io/claim=<claim UID>-request-<request>" (the environment
+// of one request's devices), defined in one spec file per claim. The
+// vendor is the one rdma's device-plugin CDI spec uses.
+const (
+	CDIVendor = rdma.CDIVendor
+	CDIClass  = "claim"
+)
+
+// DefaultCDIDir is the host's directory for transient CDI specs, which
+// containerd and CRI-O read by default; the library's kubeletplugin uses
+// the same default (DefaultCDIDir in kubeletplugin/metadata.go, v0.36.3).
+const DefaultCDIDir = "/var/run/cdi"
+
+// ClaimGetter reads a ResourceClaim from the API server.
+type ClaimGetter interface {
+	Get(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
+}
+
+// Inventory is the node's devices as Prepare maps allocation results onto
+// them: the topology model (device names, as Build publishes them) and the
+// RDMA devices (their character devices and ports).
+type Inventory struct {
+	Node *topology.Node
+	RDMA []rdma.Device
+}
+
+// ClaimRef names one claim the kubelet asks about.
+type ClaimRef struct {
+	Namespace, Name, UID string
+}
+
+// PreparedDevice is one device of a prepared claim as the kubelet is told.
+// It is also the checkpoint's format of a device.
+type PreparedDevice struct {
+	Requests     []string `json:"requests"`
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+}
+
+// PrepareResult is the answer for one claim: its devices or why not.
+type PrepareResult struct {
+	Devices []PreparedDevice
+	Err     error
+}
+
+// PreparerConfig is what a Preparer needs.
+type PreparerConfig struct {
+	// NodeName is the node's name, which is the pool name of its slices.
+	NodeName string
+	// HostRoot is the agent's --host-root: device nodes are checked there.
+	HostRoot string
+	// CDIDir is where claim specs are written; DefaultCDIDir if empty.
+	CDIDir string
+	// StateDir holds the checkpoint (CheckpointFileName).
+	StateDir string
+	Claims   ClaimGetter
+	// Inventory returns the current devices; called once per Prepare.
+	Inventory func() Inventory
+	Log       *slog.Logger
+}
+
+// Preparer prepares and unprepares claims: CDI spec per claim, prepared
+// claims checkpointed. Calls are serialized, as the library's kubeletplugin
+// serializes them by default (Serialize option).
+type Preparer struct {
+	cfg  PreparerConfig
+	path string
+	cdi  *cdi.Cache
+
+	mu sync.Mutex
+	cp *checkpoint
+}
+
+// NewPreparer loads the checkpoint. A checkpoint that cannot be read is an
+// error wrapping ErrCheckpointCorrupt: the plugin must not serve then.
+func NewPreparer(cfg PreparerConfig) (*Preparer, error) {
+	if cfg.NodeName == "" || cfg.StateDir == "" || cfg.Claims == nil || cfg.Inventory == nil {
+		return nil, errors.New("dra preparer: node name, state dir, claim getter and inventory are required")
+	}
+	if cfg.CDIDir == "" {
+		cfg.CDIDir = DefaultCDIDir
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	path := filepath.Join(cfg.StateDir, CheckpointFileName)
+	cp, err := readCheckpoint(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.CDIDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create cdi dir %s: %w", cfg.CDIDir, err)
+	}
+	// No auto-refresh: the cache is only used to validate and write specs
+	// (atomically, as the CDI library writes them), never to inject.
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cfg.CDIDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("cdi cache on %s: %w", cfg.CDIDir, err)
+	}
+	return &Preparer{cfg: cfg, path: path, cdi: cache, cp: cp}, nil
+}
+
+// SpecFile is the CDI spec file name of a claim in the CDI dir, the
+// library's transient spec name ("gpu-node-agent.io-claim_<uid>.json").
+func SpecFile(claimUID string) string {
+	return cdi.GenerateTransientSpecName(CDIVendor, CDIClass, claimUID) + ".json"
+}
+
+// Prepared lists the UIDs of the checkpointed claims.
+func (p *Preparer) Prepared() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Sorted(maps.Keys(p.cp.Claims))
+}
+
+// Prepare prepares each claim; errors are per claim. A claim already
+// prepared whose spec is still on disk gets the checkpointed answer
+// without an API call.
+func (p *Preparer) Prepare(ctx context.Context, claims []ClaimRef) map[string]PrepareResult {
+	out := make(map[string]PrepareResult, len(claims))
+	var inv *Inventory
+	for _, ref := range claims {
+		p.mu.Lock()
+		pc, done := p.cp.Claims[ref.UID]
+		p.mu.Unlock()
+		if done && p.specExists(ref.UID) {
+			out[ref.UID] = PrepareResult{Devices: slices.Clone(pc.Devices)}
+			continue
+		}
+		// Slow API call outside the lock, as the library does.
+		claim, err := p.cfg.Claims.Get(ctx, ref.Namespace, ref.Name)
+		if err != nil {
+			out[ref.UID] = PrepareResult{Err: fmt.Errorf("get claim %s/%s: %w", ref.Namespace, ref.Name, err)}
+			continue
+		}
+		if inv == nil {
+			i := p.cfg.Inventory()
+			inv = &i
+		}
+		devs, err := p.prepareOne(ref, claim, inv)
+		if err != nil {
+			p.cfg.Log.Warn("dra prepare failed", "claim", ref.Namespace+"/"+ref.Name, "uid", ref.UID, "err", err)
+		} else {
+			p.cfg.Log.Info("dra claim prepared", "claim", ref.Namespace+"/"+ref.Name, "uid", ref.UID, "devices", len(devs))
+		}
+		out[ref.UID] = PrepareResult{Devices: devs, Err: err}
+	}
+	return out
+}
+
+func (p *Preparer) specExists(uid string) bool {
+	_, err := os.Stat(filepath.Join(p.cfg.CDIDir, SpecFile(uid)))
+	return err == nil
+}
+
+func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, inv *Inventory) ([]PreparedDevice, error) {
+	if string(claim.UID) != ref.UID {
+		return nil, fmt.Errorf("claim %s/%s has UID %s, not %s: it was replaced", ref.Namespace, ref.Name, claim.UID, ref.UID)
+	}
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", ref.Namespace, ref.Name)
+	}
+	index := deviceIndex(inv)
+	spec := &cdispec.Spec{Kind: CDIVendor + "/" + CDIClass}
+	var devs []PreparedDevice
+	reqDevs := map[string][]*namedDevice{} // by base request name
+	var reqOrder []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName || r.Pool != p.cfg.NodeName {
+			continue // another driver's or another node's device
+		}
+		d, ok := index[r.Device]
+		if !ok {
+			return nil, fmt.Errorf("claim %s/%s: device %s is not on this node (any more)", ref.Namespace, ref.Name, r.Device)
+		}
+		nodes, _, err := d.edits(p.cfg.HostRoot, inv)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s: device %s: %w", ref.Namespace, ref.Name, r.Device, err)
+		}
+		cdiDev := cdispec.Device{Name: ref.UID + "-" + r.Device}
+		cdiDev.ContainerEdits.DeviceNodes = deviceNodes(nodes)
+		spec.Devices = append(spec.Devices, cdiDev)
+		// A sub-request ("gpus/large") answers its parent request.
+		req, _, _ := strings.Cut(r.Request, "/")
+		if _, seen := reqDevs[req]; !seen {
+			reqOrder = append(reqOrder, req)
+		}
+		reqDevs[req] = append(reqDevs[req], d)
+		devs = append(devs, PreparedDevice{
+			Requests: []string{req}, Pool: r.Pool, Device: r.Device,
+			CDIDeviceIDs: []string{parser.QualifiedName(CDIVendor, CDIClass, cdiDev.Name)},
+		})
+	}
+	// The environment describes all devices of a request together
+	// (NVIDIA_VISIBLE_DEVICES lists every GPU of it), so it is one CDI
+	// device per request, handed out with the request's first device.
+	for _, req := range reqOrder {
+		env := map[string]string{}
+		for _, kind := range []string{TypeGPU, TypeNIC} {
+			var same []*namedDevice
+			for _, d := range reqDevs[req] {
+				if d.kind == kind || kind == TypeGPU && d.kind == TypeMIG {
+					same = append(same, d)
+				}
+			}
+			if len(same) == 0 {
+				continue
+			}
+			_, e, err := editsOf(p.cfg.HostRoot, inv, same)
+			if err != nil {
+				return nil, fmt.Errorf("claim %s/%s: request %s: %w", ref.Namespace, ref.Name, req, err)
+			}
+			maps.Copy(env, e)
+		}
+		cdiDev := cdispec.Device{Name: ref.UID + "-request-" + req}
+		for _, k := range slices.Sorted(maps.Keys(env)) {
+			cdiDev.ContainerEdits.Env = append(cdiDev.ContainerEdits.Env, k+"="+env[k])
+		}
+		spec.Devices = append(spec.Devices, cdiDev)
+		for i := range devs {
+			if devs[i].Requests[0] == req {
+				devs[i].CDIDeviceIDs = append(devs[i].CDIDeviceIDs, parser.QualifiedName(CDIVendor, CDIClass, cdiDev.Name))
+				break
+			}
+		}
+	}
+	if len(devs) == 0 {
+		// Nothing of ours on this node: nothing to write or remember.
+		return nil, nil
+	}
+	v, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s/%s: cdi spec version: %w", ref.Namespace, ref.Name, err)
+	}
+	spec.Version = v
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// Spec first, then the checkpoint: a crash between them leaves a spec
+	// the next Prepare overwrites or an Unprepare removes.
+	if err := p.cdi.WriteSpec(spec, SpecFile(ref.UID)); err != nil {
+		return nil, fmt.Errorf("claim %s/%s: write cdi spec: %w", ref.Namespace, ref.Name, err)
+	}
+	p.cp.Claims[ref.UID] = preparedClaim{Namespace: ref.Namespace, Name: ref.Name, Devices: devs}
+	if err := writeCheckpoint(p.path, p.cp); err != nil {
+		delete(p.cp.Claims, ref.UID)
+		return nil, fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	return devs, nil
+}
+
+// Unprepare removes each claim's CDI spec and forgets it; a claim not
+// prepared (or already unprepared) is a success. Errors are per claim.
+func (p *Preparer) Unprepare(claims []ClaimRef) map[string]error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]error, len(claims))
+	for _, ref := range claims {
+		// Removed even when the checkpoint does not hold the claim: a
+		// crash after writing the spec and before the checkpoint leaves one.
+		if err := p.cdi.RemoveSpec(SpecFile(ref.UID)); err != nil {
+			out[ref.UID] = fmt.Errorf("claim %s/%s: remove cdi spec: %w", ref.Namespace, ref.Name, err)
+			continue
+		}
+		pc, ok := p.cp.Claims[ref.UID]
+		if !ok {
+			out[ref.UID] = nil
+			continue
+		}
+		delete(p.cp.Claims, ref.UID)
+		if err := writeCheckpoint(p.path, p.cp); err != nil {
+			p.cp.Claims[ref.UID] = pc
+			out[ref.UID] = fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
+			continue
+		}
+		p.cfg.Log.Info("dra claim unprepared", "claim", ref.Namespace+"/"+ref.Name, "uid", ref.UID)
+		out[ref.UID] = nil
+	}
+	return out
+}
+
+// namedDevice is a published device name resolved to what backs it.
+type namedDevice struct {
+	kind string
+	// id is the GPU or MIG UUID, or the RDMA device name.
+	id string
+}
+
+func (d *namedDevice) edits(hostRoot string, inv *Inventory) ([]*pluginapi.DeviceSpec, map[string]string, error) {
+	return editsOf(hostRoot, inv, []*namedDevice{d})
+}
+
+// editsOf asks gpu or rdma for the device specs and environment of devs,
+// all of one kind (GPU and MIG count as one), so the container gets what
+// the device plugin's Allocate would give it.
+func editsOf(hostRoot string, inv *Inventory, devs []*namedDevice) ([]*pluginapi.DeviceSpec, map[string]string, error) {
+	ids := make([]string, len(devs))
+	for i, d := range devs {
+		ids[i] = d.id
+	}
+	if devs[0].kind == TypeNIC {
+		return rdma.DeviceEdits(inv.RDMA, ids)
+	}
+	return gpu.DeviceEdits(hostRoot, inv.Node, ids)
+}
+
+// deviceIndex maps the device names Build publishes to what backs them.
+func deviceIndex(inv *Inventory) map[string]*namedDevice {
+	out := map[string]*namedDevice{}
+	if inv.Node == nil {
+		return out
+	}
+	for i := range inv.Node.GPUs {
+		g := &inv.Node.GPUs[i]
+		if !g.MIGEnabled {
+			if g.UUID != "" {
+				out[GPUName(g.Index)] = &namedDevice{kind: TypeGPU, id: g.UUID}
+			}
+			continue
+		}
+		for _, m := range g.MIG {
+			out[MIGName(g.Index, m)] = &namedDevice{kind: TypeMIG, id: m.UUID}
+		}
+	}
+	for _, n := range inv.Node.NICs {
+		out[NICName(n.Name)] = &namedDevice{kind: TypeNIC, id: n.Name}
+	}
+	return out
+}
+
+func deviceNodes(specs []*pluginapi.DeviceSpec) []*cdispec.DeviceNode {
+	out := make([]*cdispec.DeviceNode, 0, len(specs))
+	for _, s := range specs {
+		out = append(out, &cdispec.DeviceNode{Path: s.ContainerPath, HostPath: s.HostPath, Type: "c", Permissions: s.Permissions})
+	}
+	return out
+}
