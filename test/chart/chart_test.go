@@ -863,3 +863,127 @@ func TestDeviceClassesAreOptional(t *testing.T) {
 		t.Errorf("%d DeviceClasses, want 3: %v", len(got), got)
 	}
 }
+
+// draRules is the ClusterRole's verbs by resource, for the core group
+// and for resource.k8s.io (a rule on any other group is an error).
+func draRules(t *testing.T, files map[string]string) (core, resource map[string][]string) {
+	t.Helper()
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict([]byte(docs(files["rbac.yaml"])[0]), &role); err != nil {
+		t.Fatal(err)
+	}
+	core, resource = map[string][]string{}, map[string][]string{}
+	for _, r := range role.Rules {
+		if len(r.APIGroups) != 1 || len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
+			t.Errorf("unexpected rule shape: %+v", r)
+			continue
+		}
+		into := map[string]map[string][]string{"": core, "resource.k8s.io": resource}[r.APIGroups[0]]
+		if into == nil {
+			t.Errorf("rule on API group %q", r.APIGroups[0])
+			continue
+		}
+		for _, res := range r.Resources {
+			into[res] = append(into[res], r.Verbs...)
+		}
+	}
+	return core, resource
+}
+
+// TestDRARBACAndPolicy: with dra.enabled the ClusterRole grants exactly
+// get, list, watch, create, update, delete on resourceslices and get on
+// resourceclaims (core rules unchanged), and the admission policy matches
+// ResourceSlice creates, updates and deletes and confines them to the
+// token's node and the agent's driver, before and after the write; with
+// dra.enabled=false none of it renders. test/health's
+// TestAdmissionPolicyResourceSlices runs the rules on a real API server.
+func TestDRARBACAndPolicy(t *testing.T) {
+	const driver = "dra.gpu-node-agent.io"
+	wantCore := map[string][]string{
+		"nodes": {"get", "list", "watch", "patch"}, "nodes/status": {"patch"}, "events": {"create", "patch"},
+	}
+	for _, enabled := range []bool{true, false} {
+		t.Run(fmt.Sprintf("dra.enabled=%v", enabled), func(t *testing.T) {
+			files := render(t, map[string]any{"dra": map[string]any{"enabled": enabled}})
+			core, res := draRules(t, files)
+			if !reflect.DeepEqual(core, wantCore) {
+				t.Errorf("core rules %v, want %v", core, wantCore)
+			}
+			wantRes := map[string][]string{}
+			if enabled {
+				wantRes = map[string][]string{
+					"resourceslices": {"get", "list", "watch", "create", "update", "delete"},
+					"resourceclaims": {"get"},
+				}
+			}
+			if !reflect.DeepEqual(res, wantRes) {
+				t.Errorf("resource.k8s.io rules %v, want exactly %v", res, wantRes)
+			}
+
+			var policy admissionregistrationv1.ValidatingAdmissionPolicy
+			if err := yaml.UnmarshalStrict([]byte(docs(files["validatingadmissionpolicy.yaml"])[0]), &policy); err != nil {
+				t.Fatal(err)
+			}
+			var sliceRules []admissionregistrationv1.NamedRuleWithOperations
+			for _, r := range policy.Spec.MatchConstraints.ResourceRules {
+				if slices.Contains(r.APIGroups, "resource.k8s.io") || slices.Contains(r.Resources, "resourceslices") {
+					sliceRules = append(sliceRules, r)
+				}
+			}
+			var isSlice string
+			for _, v := range policy.Spec.Variables {
+				if v.Name == "isSlice" {
+					isSlice = v.Expression
+				}
+			}
+			var sliceValidations []admissionregistrationv1.Validation
+			for _, v := range policy.Spec.Validations {
+				if strings.Contains(v.Expression, "isSlice") || strings.Contains(v.Expression, driver) ||
+					strings.Contains(v.MessageExpression, "ResourceSlice") {
+					sliceValidations = append(sliceValidations, v)
+				}
+			}
+			if !enabled {
+				if len(sliceRules) != 0 || isSlice != "" || len(sliceValidations) != 0 {
+					t.Errorf("dra disabled, yet the policy has ResourceSlice rules %+v, variable %q, validations %+v",
+						sliceRules, isSlice, sliceValidations)
+				}
+				return
+			}
+			wantRule := admissionregistrationv1.RuleWithOperations{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"resource.k8s.io"}, APIVersions: []string{"*"}, Resources: []string{"resourceslices"}},
+			}
+			if len(sliceRules) != 1 || !reflect.DeepEqual(sliceRules[0].RuleWithOperations, wantRule) {
+				t.Errorf("ResourceSlice match rules %+v, want only %+v", sliceRules, wantRule)
+			}
+			if isSlice != "request.resource.group == 'resource.k8s.io' && request.resource.resource == 'resourceslices'" {
+				t.Errorf("isSlice variable %q", isSlice)
+			}
+			if len(sliceValidations) != 1 {
+				t.Fatalf("%d ResourceSlice validations, want 1: %+v", len(sliceValidations), sliceValidations)
+			}
+			v := sliceValidations[0]
+			expr := strings.Join(strings.Fields(v.Expression), " ")
+			for _, want := range []string{
+				"!variables.isSlice ||",
+				"oldObject.spec.?nodeName == optional.of(variables.nodeName)",
+				"oldObject.spec.driver == '" + driver + "'",
+				"object.spec.?nodeName == optional.of(variables.nodeName)",
+				"object.spec.driver == '" + driver + "'",
+			} {
+				if !strings.Contains(expr, want) {
+					t.Errorf("ResourceSlice validation %q lacks %q", expr, want)
+				}
+			}
+			if v.Reason == nil || *v.Reason != "Forbidden" || !strings.Contains(v.MessageExpression, "ResourceSlices of driver "+driver) {
+				t.Errorf("ResourceSlice validation reason %v message %q", v.Reason, v.MessageExpression)
+			}
+			// The credential check still comes first, so a token without a
+			// node is refused before any slice rule is read.
+			if policy.Spec.Validations[0].Expression != "variables.nodeName != ''" {
+				t.Errorf("first validation %q, want the node-name check", policy.Spec.Validations[0].Expression)
+			}
+		})
+	}
+}

@@ -126,6 +126,17 @@ func apply(t *testing.T, c kubernetes.Interface, objs []runtime.Object) {
 // account sa, bound to pod when pod is not nil.
 func tokenClient(t *testing.T, c *cluster.Cluster, sa *corev1.ServiceAccount, pod *corev1.Pod) kubernetes.Interface {
 	t.Helper()
+	client, err := kubernetes.NewForConfig(tokenConfig(t, c, sa, pod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+// tokenConfig is tokenClient's client configuration (for the agent's own
+// kubeapi clients).
+func tokenConfig(t *testing.T, c *cluster.Cluster, sa *corev1.ServiceAccount, pod *corev1.Pod) *rest.Config {
+	t.Helper()
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}
 	if pod != nil {
 		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
@@ -136,11 +147,7 @@ func tokenClient(t *testing.T, c *cluster.Cluster, sa *corev1.ServiceAccount, po
 	}
 	cfg := rest.AnonymousClientConfig(c.RESTConfig)
 	cfg.BearerToken = tok.Status.Token
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client
+	return cfg
 }
 
 // whoAmI returns the user info the API server authenticates client as.
