@@ -168,26 +168,16 @@ func checkPodAttribution(t *testing.T, a *agentdeploy.Agent, pod *corev1.Pod, uu
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", a.MetricsPort)
 	var missing []string
 	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
+		body, ok := scrapeAgent(ctx, a)
+		if !ok {
 			return false, nil
 		}
 		missing = missing[:0]
 		for _, uuid := range uuids {
 			found := false
-			for _, line := range strings.Split(string(body), "\n") {
+			for _, line := range strings.Split(body, "\n") {
 				if strings.HasPrefix(line, "DCGM_FI_DEV_FB_USED{") &&
 					strings.Contains(line, `UUID="`+uuid+`"`) &&
 					strings.Contains(line, `pod="`+pod.Name+`"`) &&
@@ -206,6 +196,23 @@ func checkPodAttribution(t *testing.T, a *agentdeploy.Agent, pod *corev1.Pod, uu
 	if err != nil {
 		t.Fatalf("no DCGM_FI_DEV_FB_USED series attributed to pod %s/%s for GPUs %v: %v", pod.Namespace, pod.Name, missing, err)
 	}
+}
+
+// scrapeAgent returns the agent's /metrics, ok false when it did not
+// answer (the caller polls again).
+func scrapeAgent(ctx context.Context, a *agentdeploy.Agent) (string, bool) {
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", a.MetricsPort)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err == nil && resp.StatusCode == http.StatusOK
 }
 
 // TestMIGPod: a pod asking for one MIG slice gets a MIG device.

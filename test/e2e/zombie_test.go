@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,23 +121,13 @@ func TestZombieGPUProcess(t *testing.T) {
 // waitMetric waits until the agent's /metrics has the line want.
 func waitMetric(ctx context.Context, t *testing.T, a *agentdeploy.Agent, want string) {
 	t.Helper()
-	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", a.MetricsPort)
 	var last string
 	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
+		body, ok := scrapeAgent(ctx, a)
+		if !ok {
 			return false, nil
 		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return false, nil
-		}
-		last = string(body)
+		last = body
 		return slices.Contains(strings.Split(last, "\n"), want), nil
 	})
 	if err != nil {
