@@ -113,6 +113,10 @@ type EventWatcher struct {
 	failing bool              // the last Wait (or build) failed
 	retryAt time.Time         // when a build or registrations are retried
 	idle    bool              // no event sets here: wait for a GPU set change
+	// tried is the GPU set generation the last build was for: a newer
+	// one is tried at once, idle or not (wanted consumes the change
+	// signal that sleep would otherwise wake on).
+	tried uint64
 }
 
 // NewEventWatcher returns a watcher over o. Call SetGPUs and Run.
@@ -244,6 +248,11 @@ func (w *EventWatcher) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		want, gen := w.wanted()
 		if w.set == nil {
+			if gen != w.tried {
+				// The GPU set changed since the last build (its signal
+				// may have been consumed by wanted just now).
+				w.retryAt, w.idle = time.Time{}, false
+			}
 			if len(want) == 0 || w.idle || !w.retryAt.IsZero() && w.cfg.Clock.Now().Before(w.retryAt) {
 				w.sleep(ctx)
 				continue
@@ -328,6 +337,7 @@ func (w *EventWatcher) waitFailed(ctx context.Context, err error) {
 // (nvml.h, nvmlDeviceRegisterEvents: "event set is in undefined state and
 // should be freed"), and a new one is tried after the retry period.
 func (w *EventWatcher) rebuild(ctx context.Context, want map[string]bool, gen uint64) {
+	w.tried = gen
 	old := w.set
 	set, handles, err := w.build(ctx, want)
 	if err != nil {
