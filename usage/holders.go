@@ -66,8 +66,7 @@ func (a *Assignments) Holders(id string) []Holder {
 			index[k] = i
 			out = append(out, Holder{Pod: as.Pod, Namespace: as.Namespace, Container: as.Container, PodUID: as.PodUID})
 			if u := a.uses[base][k]; u != nil {
-				c := *u
-				out[i].Use = &c
+				out[i].Use = u.clone()
 			}
 		}
 		if out[i].PodUID == "" {
@@ -136,6 +135,18 @@ func holderUses(a *Assignments, devices []deviceUse, verdicts []deviceVerdict) m
 		}
 	}
 	return out
+}
+
+// clone is a deep copy of u: a Holder's Use is the caller's.
+func (u *Use) clone() *Use {
+	c := *u
+	for _, p := range []**uint64{&c.MemoryBytes, &c.SMUtil, &c.MemUtil, &c.EncUtil, &c.DecUtil} {
+		if *p != nil {
+			v := **p
+			*p = &v
+		}
+	}
+	return &c
 }
 
 // newUse is the use of a container with no process yet: zero memory and,

@@ -84,6 +84,12 @@ func TestHoldersShareReplicas(t *testing.T) {
 			t.Errorf("Holders(%s) = %s, want %s", id, holdersString(got), holdersString(want))
 		}
 	}
+	// Each call hands out its own copy.
+	h := holdersOf(t, r, gpu1)
+	*h[0].Use.MemoryBytes, h[0].IDs[0] = 0, "x"
+	if again := holdersOf(t, r, gpu1); *again[0].Use.MemoryBytes != 4000*mib || again[0].IDs[0] != gpu1+"::0" {
+		t.Errorf("a caller's change reached the next caller: %s", holdersString(again))
+	}
 	if got, want := holdersOf(t, r, gpu0), []Holder{{Pod: "train-0", Namespace: "ml", Container: "trainer", PodUID: uidTrain,
 		IDs: []string{gpu0}, Use: use(0, 0, 0, 0, 0, 0)}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Holders(gpu0) = %s, want %s", holdersString(got), holdersString(want))
