@@ -18,7 +18,8 @@ import (
 // value). Instead:
 //   - the DCGM_ series stay one per device; their pod, namespace and
 //     container labels name the holder only when there is one (as
-//     dcgm-exporter does), else only what all holders have in common:
+//     dcgm-exporter does for an unshared device), else only what all
+//     holders have in common:
 //     the pod and namespace when they are one pod's containers, nothing
 //     when they are different pods;
 //   - gpu_node_agent_gpu_holders counts a device's holders (above 1:
