@@ -78,7 +78,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		n := getNode()
 		return n.Annotations[kubeapi.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
 	})
-	want := topology.Labels(a.rec.current().node, cfg.GPU.MIGStrategy)
+	want := topology.Labels(a.rec.current().node, cfg.GPU.MIGStrategy, nil)
 	n := getNode()
 	for k, v := range want {
 		if n.Labels[k] != v {
