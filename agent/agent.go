@@ -204,6 +204,10 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	recent := rdma.NewRecent(0)
 	gcfg := cfg.GPU
 	gcfg.HostRoot = hostRoot
+	if simulated(hw) {
+		// The simulated node's device nodes live under its root.
+		gcfg.HostDevPrefix = hostRoot
+	}
 	gcfg.Recorder = recent
 	sources := []source{{
 		name: "gpu",

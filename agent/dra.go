@@ -267,12 +267,17 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	devPrefix := ""
+	if simulated(a.hw) {
+		devPrefix = hostRoot // the simulated node's device nodes live there
+	}
 	s := &draServer{log: log, split: a.split, objs: objs, root: &pcieRootCache{resolve: dra.SysfsPCIeRoot(hostRoot)}}
 	s.prep, err = dra.NewPreparer(dra.PreparerConfig{
 		NodeName: cfg.NodeName, HostRoot: hostRoot, CDIDir: cfg.DRA.CDIDir, StateDir: cfg.Health.StateDir,
-		Claims:    objs,
-		Inventory: func() dra.Inventory { return s.inventory(a.rec, a.nics) },
-		Log:       log,
+		HostDevPrefix: devPrefix,
+		Claims:        objs,
+		Inventory:     func() dra.Inventory { return s.inventory(a.rec, a.nics) },
+		Log:           log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dra: %w", err)

@@ -81,6 +81,10 @@ type PreparerConfig struct {
 	NodeName string
 	// HostRoot is the agent's --host-root: device nodes are checked there.
 	HostRoot string
+	// HostDevPrefix is prepended to GPU device nodes' host paths in the CDI
+	// specs: the simulated node's root when simulating, empty on a real
+	// node (gpu.HostFiles).
+	HostDevPrefix string
 	// CDIDir is where claim specs are written; DefaultCDIDir if empty.
 	CDIDir string
 	// StateDir holds the checkpoint (CheckpointFileName).
@@ -130,6 +134,11 @@ func NewPreparer(cfg PreparerConfig) (*Preparer, error) {
 		return nil, fmt.Errorf("cdi cache on %s: %w", cfg.CDIDir, err)
 	}
 	return &Preparer{cfg: cfg, path: path, cdi: cache, cp: cp}, nil
+}
+
+// files is where the GPU device nodes are looked up and found on the host.
+func (c PreparerConfig) files() gpu.HostFiles {
+	return gpu.HostFiles{HostRoot: c.HostRoot, HostDevPrefix: c.HostDevPrefix}
 }
 
 // SpecFile is the CDI spec file name of a claim in the CDI dir, the
@@ -223,7 +232,7 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		if inv.Kinds != nil && !inv.Kinds[d.kind] {
 			return nil, fmt.Errorf("claim %s/%s: device %s is a %s, which this node serves through the device plugin, not DRA", ref.Namespace, ref.Name, r.Device, d.kind)
 		}
-		nodes, _, err := d.edits(p.cfg.HostRoot, inv)
+		nodes, _, err := d.edits(p.cfg.files(), inv)
 		if err != nil {
 			return nil, fmt.Errorf("claim %s/%s: device %s: %w", ref.Namespace, ref.Name, r.Device, err)
 		}
@@ -256,7 +265,7 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 			if len(same) == 0 {
 				continue
 			}
-			_, e, err := editsOf(p.cfg.HostRoot, inv, same)
+			_, e, err := editsOf(p.cfg.files(), inv, same)
 			if err != nil {
 				return nil, fmt.Errorf("claim %s/%s: request %s: %w", ref.Namespace, ref.Name, req, err)
 			}
@@ -336,14 +345,14 @@ type namedDevice struct {
 	id string
 }
 
-func (d *namedDevice) edits(hostRoot string, inv *Inventory) ([]*pluginapi.DeviceSpec, map[string]string, error) {
-	return editsOf(hostRoot, inv, []*namedDevice{d})
+func (d *namedDevice) edits(files gpu.HostFiles, inv *Inventory) ([]*pluginapi.DeviceSpec, map[string]string, error) {
+	return editsOf(files, inv, []*namedDevice{d})
 }
 
 // editsOf asks gpu or rdma for the device specs and environment of devs,
 // all of one kind (GPU and MIG count as one), so the container gets what
 // the device plugin's Allocate would give it.
-func editsOf(hostRoot string, inv *Inventory, devs []*namedDevice) ([]*pluginapi.DeviceSpec, map[string]string, error) {
+func editsOf(files gpu.HostFiles, inv *Inventory, devs []*namedDevice) ([]*pluginapi.DeviceSpec, map[string]string, error) {
 	ids := make([]string, len(devs))
 	for i, d := range devs {
 		ids[i] = d.id
@@ -351,7 +360,7 @@ func editsOf(hostRoot string, inv *Inventory, devs []*namedDevice) ([]*pluginapi
 	if devs[0].kind == TypeNIC {
 		return rdma.DeviceEdits(inv.RDMA, ids)
 	}
-	return gpu.DeviceEdits(hostRoot, inv.Node, ids)
+	return gpu.DeviceEdits(files, inv.Node, ids)
 }
 
 // deviceIndex maps the device names Build publishes to what backs them.

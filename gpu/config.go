@@ -53,12 +53,25 @@ type Config struct {
 	// HostRoot is where the host's / is visible (e.g. /host in a pod); device
 	// nodes and /proc/driver files are looked up under it.
 	HostRoot string
+	// HostDevPrefix is prepended to the device nodes' host paths in
+	// Allocate's device specs (and DRA's CDI specs): empty on a real node,
+	// whose runtime resolves /dev/nvidiaN on the host itself; the
+	// simulated node's root when simulating, whose nodes live there (as
+	// rdma.DiscoverOptions.HostDevPrefix).
+	HostDevPrefix string
 	// Recorder, if set, is told the GPUs behind every successful Allocate
 	// (e.g. *rdma.Recent, so RDMA can prefer NICs near them).
 	Recorder AllocationRecorder
 	// TimeSlicing, if set, serves the resources it names as time-sliced
 	// replicas (sharing.timeSlicing).
 	TimeSlicing *TimeSlicing
+}
+
+// HostFiles says where a node's GPU device nodes are read (HostRoot) and
+// where the container runtime finds them (HostDevPrefix), as in Config.
+type HostFiles struct {
+	HostRoot      string
+	HostDevPrefix string
 }
 
 // AllocationRecorder is told the GPU UUIDs just allocated to a container:

@@ -15,8 +15,8 @@ import (
 // exist under hostRoot, and the control nodes present) and
 // NVIDIA_VISIBLE_DEVICES listing the UUIDs. The DRA plugin turns it into a
 // CDI spec, so both APIs hand a container the same nodes.
-func DeviceEdits(hostRoot string, node *topology.Node, uuids []string) ([]*pluginapi.DeviceSpec, map[string]string, error) {
-	caps := loadMIGCaps(hostRoot)
+func DeviceEdits(files HostFiles, node *topology.Node, uuids []string) ([]*pluginapi.DeviceSpec, map[string]string, error) {
+	caps := loadMIGCaps(files.HostRoot)
 	byUUID := map[string]device{}
 	for i := range node.GPUs {
 		g := &node.GPUs[i]
@@ -38,7 +38,7 @@ func DeviceEdits(hostRoot string, node *topology.Node, uuids []string) ([]*plugi
 		}
 		devs = append(devs, &d)
 	}
-	r := &resource{cfg: Config{HostRoot: hostRoot}}
+	r := &resource{cfg: Config{HostRoot: files.HostRoot, HostDevPrefix: files.HostDevPrefix}}
 	specs, err := r.deviceSpecs(devs)
 	if err != nil {
 		return nil, nil, err

@@ -175,8 +175,8 @@ func (r *resource) Allocate(_ context.Context, ids []string) (*pluginapi.Contain
 // once. A device's own nodes must exist under the host root: without them
 // the container would start with no GPU, so that is an error. The control
 // nodes are passed only when present (nvidia-uvm-tools, for one, is often
-// absent). Paths are the host's own (without the host root): the runtime
-// resolves them on the host.
+// absent). Paths are the host's own (without the host root: the runtime
+// resolves them on the host), under HostDevPrefix when simulating.
 func (r *resource) deviceSpecs(devs []*device) ([]*pluginapi.DeviceSpec, error) {
 	var specs []*pluginapi.DeviceSpec
 	seen := map[string]bool{}
@@ -188,7 +188,7 @@ func (r *resource) deviceSpecs(devs []*device) ([]*pluginapi.DeviceSpec, error) 
 		if _, err := os.Stat(filepath.Join(r.cfg.HostRoot, p)); err != nil {
 			return err
 		}
-		specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+		specs = append(specs, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: filepath.Join("/", r.cfg.HostDevPrefix, p), Permissions: "rw"})
 		return nil
 	}
 	for _, d := range devs {

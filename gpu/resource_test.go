@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"golang.org/x/sys/unix"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
@@ -395,6 +396,28 @@ func TestAllocateOnSimHostRoot(t *testing.T) {
 	}
 	if got := specPaths(resp.Devices); !slices.Equal(got, []string{fmt.Sprintf("/dev/nvidia%d", spec.GPUs[4].Minor), "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) {
 		t.Errorf("whole GPU specs = %v", got)
+	}
+
+	// Simulating, the runtime finds the nodes under the simulated root
+	// (HostDevPrefix); the container paths stay the real ones. As root the
+	// simulator makes them character devices with the driver's numbers.
+	rs, err = Resources(spec, Config{PassDeviceSpecs: true, HostRoot: node.HostRoot(), HostDevPrefix: node.HostRoot()}, healthMap{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err = findResource(t, rs, ResourceGPU).Allocate(context.Background(), []string{whole})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0 := resp.Devices[0]
+	if want := fmt.Sprintf("/dev/nvidia%d", spec.GPUs[4].Minor); s0.ContainerPath != want || s0.HostPath != filepath.Join(node.HostRoot(), want) {
+		t.Fatalf("simulated spec %s -> %s, want %s under %s", s0.HostPath, s0.ContainerPath, want, node.HostRoot())
+	}
+	if os.Geteuid() == 0 {
+		var st unix.Stat_t
+		if err := unix.Stat(s0.HostPath, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != 195 || unix.Minor(st.Rdev) != uint32(spec.GPUs[4].Minor) {
+			t.Errorf("%s: mode %o rdev %d:%d (%v), want a character device 195:%d", s0.HostPath, st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev), err, spec.GPUs[4].Minor)
+		}
 	}
 }
 

@@ -7,7 +7,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -165,15 +168,61 @@ func pciConfig(fn pciFunction, vgpu *topology.VGPU) []byte {
 	return c
 }
 
+// placeholder makes a GPU device node: a character device with the
+// driver's numbers when the process may mknod (so a container runtime
+// accepts it as a device spec or CDI device node in end-to-end runs), else
+// an empty file. NVIDIA's numbers: major 195 ("nvidia-frontend" in
+// /proc/devices), minor N for /dev/nvidiaN and 255 for /dev/nvidiactl
+// (nvidia-modprobe's NV_CTL_DEVICE_MINOR); nvidia-uvm and nvidia-caps get
+// dynamic majors from the kernel, stood in for here by 510 and 511 (minor
+// 0 uvm, 1 uvm-tools; the capability's minor for nvidia-capN).
 func placeholder(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
+	}
+	if major, minor, ok := nvidiaDevNumbers(filepath.Base(path)); ok {
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(major, minor) {
+			return nil
+		}
+		_ = os.Remove(path)
+		err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
+		if err == nil {
+			return os.Chmod(path, 0o666)
+		}
+		if !errors.Is(err, unix.EPERM) {
+			return fmt.Errorf("mknod %s: %w", path, err)
+		}
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o666)
 	if err != nil {
 		return err
 	}
 	return f.Close()
+}
+
+// nvidiaDevNumbers are the device numbers of a GPU device node by name
+// (see placeholder).
+func nvidiaDevNumbers(name string) (major, minor uint32, ok bool) {
+	num := func(prefix string) (uint32, bool) {
+		n, err := strconv.ParseUint(strings.TrimPrefix(name, prefix), 10, 20)
+		return uint32(n), err == nil && strings.HasPrefix(name, prefix)
+	}
+	switch name {
+	case "nvidiactl":
+		return 195, 255, true
+	case "nvidia-uvm":
+		return 510, 0, true
+	case "nvidia-uvm-tools":
+		return 510, 1, true
+	}
+	if n, ok := num("nvidia-cap"); ok {
+		return 511, n, true
+	}
+	if n, ok := num("nvidia"); ok && n < 255 {
+		return 195, n, true
+	}
+	return 0, 0, false
 }
 
 // MIG capability minors as the driver numbers them in
