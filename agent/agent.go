@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
@@ -74,6 +77,10 @@ type Config struct {
 	// second).
 	KubeRetry time.Duration
 
+	// DRA says which device kinds are served through DRA instead of the
+	// device plugin.
+	DRA DRAConfig
+
 	// PrintInventory prints what is served at start and on every change.
 	PrintInventory bool
 }
@@ -112,9 +119,16 @@ type Agent struct {
 	sampler   *nvmlowner.Sampler
 	tracker   *usage.Tracker
 	watcher   *rdma.Watcher
-	// node is nil unless a node name and tainting or labels are set.
+	// node is nil unless a node name and tainting, labels, the GPU process
+	// check or DRA are set.
 	node *kubeapi.NodeObject
-	rec  *reconciler
+	// split says which API serves each device kind; dra is nil unless
+	// DRA serves or should serve one.
+	split *apiSplit
+	dra   *draServer
+	// clients builds the API clients once for every part that needs them.
+	clients *clientsOnce
+	rec     *reconciler
 	// labelsHeld is why the last discovery was not labelled ("" when it
 	// was); reconciler goroutine only.
 	labelsHeld string
@@ -151,8 +165,9 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	hcfg := cfg.Health
 	hcfg.HostRoot = hostRoot
 	// Under --mig-strategy none the kubelet knows whole GPUs only: XIDs
-	// tagged with a MIG instance go to the GPU.
-	hcfg.MIGDevicesServed = cfg.GPU.MIGStrategy != gpu.MIGStrategyNone
+	// tagged with a MIG instance go to the GPU (unless DRA serves MIG
+	// devices).
+	hcfg.MIGDevicesServed = cfg.GPU.MIGStrategy != gpu.MIGStrategyNone || slices.Contains(cfg.DRA.Kinds, dra.TypeMIG)
 	if a.mon, err = health.NewMonitor(hcfg, hw.Owner(), log.With("component", "health"), a.reg); err != nil {
 		return nil, err
 	}
@@ -160,7 +175,11 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	// and metrics alike, on the NVML owner's per-GPU lanes.
 	a.sampler = nvmlowner.NewSampler(hw.Owner(), nvmlowner.SamplerConfig{Interval: cfg.sampleInterval()})
 	a.mon.SetSampler(a.sampler)
-	if cfg.needsAPI() {
+	a.clients = newClientsOnce(cfg)
+	if a.split, err = a.openSplit(); err != nil {
+		return nil, err
+	}
+	if cfg.needsAPI() || a.split.active() {
 		a.node = kubeapi.NewNodeObject(a.nodeConfig(), a.mon, a.reg, log.With("component", "node"))
 	}
 	if a.tracker, err = a.newTracker(hcfg, hostRoot); err != nil {
@@ -196,6 +215,11 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 			return gpu.Resources(n, gcfg, a.mon, topology.NewAllocator(n))
 		},
 	}}
+	if a.split.active() {
+		if a.dra, err = a.openDRA(hostRoot); err != nil {
+			return nil, err
+		}
+	}
 	if a.nics.Served() {
 		cdi := cfg.GPU.DeviceListStrategy == gpu.DeviceListCDICRI
 		sources = append(sources, source{name: "rdma", build: func(n *topology.Node) ([]plugin.Resource, error) {
@@ -224,8 +248,15 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		sync:       a.mgr.Sync,
 		rescan:     cfg.RescanInterval,
 		rediscover: []<-chan struct{}{changed(hw), a.sampler.LayoutChanged(), a.rescan},
-		// Health changes re-sync the plugin manager without rediscovery.
-		resync: []<-chan struct{}{a.mon.Changes()},
+		// Health changes and device kinds moving between the APIs re-sync
+		// the plugin manager (and DRA) without rediscovery.
+		resync: []<-chan struct{}{a.mon.Changes(), a.split.changed},
+		// The device plugin serves the kinds DRA does not.
+		filter: a.devicePluginResources,
+	}
+	if a.dra != nil {
+		noExecute := cfg.DRA.NoExecute
+		a.rec.publish = func(st state) { a.dra.publish(st, a.mon.Snapshot(), noExecute) }
 	}
 	if cfg.PrintInventory {
 		a.rec.report = (&inventory{out: stdout, what: describe(hw), fit: a.mon.NodeFit}).report
@@ -265,18 +296,12 @@ func (a *Agent) observePort(id string, ok bool, reason string) {
 // nodeConfig is the node object's configuration.
 func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
 	cfg := a.cfg
-	newClients := cfg.KubeClients
-	if newClients == nil {
-		newClients = func() (kubeapi.Clients, error) {
-			return kubeapi.NewClients(cfg.Kubeconfig, "gpu-node-agent/"+cfg.Version, cfg.KubeClient)
-		}
-	}
 	return kubeapi.NodeObjectConfig{
 		NodeName:    cfg.NodeName,
 		Taint:       cfg.Taint,
 		Labels:      cfg.NodeLabels,
 		MIGStrategy: cfg.GPU.MIGStrategy,
-		NewClients:  newClients,
+		NewClients:  a.clients.get,
 		Retry:       cfg.KubeRetry,
 	}
 }
@@ -294,6 +319,11 @@ func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker,
 		DevicePluginDir:  a.cfg.DevicePluginDir,
 		MIGDevicesServed: hcfg.MIGDevicesServed,
 		SimulatedPIDs:    simulated(a.hw),
+	}
+	if a.split.active() {
+		// Devices of our DRA driver in this node's pool count as the
+		// pods' that pod-resources lists them for.
+		ucfg.DRAPool = a.cfg.NodeName
 	}
 	if a.cfg.PodAttribution || judge {
 		ucfg.PodResourcesSocket = usage.PodResourcesSocketPath(hostRoot)
@@ -331,6 +361,9 @@ func (a *Agent) offered() map[string]bool {
 	m := map[string]bool{}
 	if a.rec == nil {
 		return m
+	}
+	if a.dra != nil {
+		maps.Copy(m, a.dra.offeredIDs())
 	}
 	for _, r := range a.rec.current().resources {
 		for _, d := range r.Devices() {
@@ -408,6 +441,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	log.Info("gpu-node-agent starting", "version", cfg.Version, "hardware", describe(a.hw), "hostRoot", a.hw.HostRoot(),
 		"devicePluginDir", cfg.DevicePluginDir, "migStrategy", cfg.GPU.MIGStrategy, "deviceListStrategy", cfg.GPU.DeviceListStrategy)
 
+	// The DRA kubelet plugin's sockets, like the metrics port, fail the
+	// start before anything is served.
+	if a.dra != nil {
+		if err := a.dra.plugin.Start(); err != nil {
+			return fmt.Errorf("dra kubelet plugin: %w", err)
+		}
+		defer a.dra.plugin.Stop()
+	}
 	// Listen before anything is served, so a port in use fails the start.
 	var srv *metrics.Server
 	if cfg.MetricsAddress != "" {
@@ -451,6 +492,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.node != nil {
 		start("node object", func() error { return a.node.Run(ctx) })
 	}
+	if a.split.active() {
+		start("device api split", func() error { a.split.run(ctx, splitRetry); return nil })
+	}
+	if a.dra != nil {
+		start("dra objects", func() error { return a.dra.objs.Run(ctx) })
+	}
 	if srv != nil {
 		start("metrics", func() error { return srv.Serve(ctx) })
 	}
@@ -471,6 +518,11 @@ func (a *Agent) ready() error {
 	st := a.rec.current()
 	if err := st.errs["discovery"]; err != nil {
 		return fmt.Errorf("device discovery failed: %w", err)
+	}
+	if a.dra != nil {
+		if ok, msg := a.dra.plugin.Registered(); !ok {
+			return fmt.Errorf("the DRA kubelet plugin is not registered with the kubelet: %s", msg)
+		}
 	}
 	registered := a.mgr.Registered()
 	for _, r := range st.resources {

@@ -31,6 +31,11 @@ type reconciler struct {
 	sources    []source
 	// sync hands the full resource list to the plugin manager.
 	sync func([]plugin.Resource)
+	// filter, if set, picks the resources the device plugin serves (the
+	// kinds DRA does not); it is applied to every pass and re-sync.
+	filter func([]plugin.Resource) []plugin.Resource
+	// publish, if set, is told every applied state after sync (DRA).
+	publish func(state)
 	// report, if set, is told every applied state (the inventory printer).
 	report func(state)
 	rescan time.Duration
@@ -46,7 +51,8 @@ type reconciler struct {
 	good    *topology.Node
 	lastErr string
 
-	// shown is the last applied state, for readers on other goroutines.
+	// shown is the last applied state as served (filtered), for readers
+	// on other goroutines.
 	mu    sync.Mutex
 	shown state
 }
@@ -177,10 +183,16 @@ func (r *reconciler) finish(node *topology.Node, err error) {
 
 func (r *reconciler) apply(st state) {
 	r.last = st
+	if r.filter != nil {
+		st.resources = r.filter(st.resources)
+	}
 	r.mu.Lock()
 	r.shown = st
 	r.mu.Unlock()
 	r.sync(st.resources)
+	if r.publish != nil {
+		r.publish(st)
+	}
 	if r.report != nil {
 		r.report(st)
 	}

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
+
+	"github.com/gpu-node-agent/gpu-node-agent/internal/atomicfile"
 )
 
 // CheckpointFileName is the file under PluginConfig.StateDir that holds
@@ -78,48 +79,15 @@ func readCheckpoint(path string) (*checkpoint, error) {
 	return &c, nil
 }
 
-// writeCheckpoint replaces path atomically, as health's state file does: a
-// temporary file in the same directory, fsynced, renamed over the old one,
-// and the directory fsynced so the rename survives a power loss. A failure
-// leaves the old file whole and no temporary file behind.
-func writeCheckpoint(path string, c *checkpoint) (err error) {
+// writeCheckpoint replaces path atomically (atomicfile.Write, as health's
+// state file is written).
+func writeCheckpoint(path string, c *checkpoint) error {
 	data, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode dra checkpoint: %w", err)
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create dra checkpoint dir: %w", err)
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("create temporary dra checkpoint: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename dra checkpoint: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open dra checkpoint dir for fsync: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dra checkpoint dir %s: %w", dir, err)
+	if err := atomicfile.Write(path, append(data, '\n')); err != nil {
+		return fmt.Errorf("dra checkpoint: %w", err)
 	}
 	return nil
 }

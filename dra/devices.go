@@ -83,6 +83,9 @@ type Result struct {
 	// by parent index in the model's order, then the NICs in the model's
 	// order.
 	Devices []resourceapi.Device
+	// IDs are the health monitor's IDs of Devices, index by index (the
+	// keys of Options.Unhealthy).
+	IDs []string
 	// Unread lists attributes that could not be resolved and were left
 	// out ("gpu-3: pcieRoot: ..."), as topology.Node.Unread does for
 	// discovery: the device is still published.
@@ -147,6 +150,7 @@ func (b *builder) add(d resourceapi.Device, id string) {
 		d.Taints = []resourceapi.DeviceTaint{f.taint()}
 	}
 	b.res.Devices = append(b.res.Devices, d)
+	b.res.IDs = append(b.res.IDs, id)
 }
 
 func (b *builder) unread(device, what string, err error) {

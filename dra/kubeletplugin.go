@@ -9,11 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/clock"
 )
 
 // DefaultKubeletDir is the kubelet's root directory.
@@ -36,15 +39,26 @@ func DRASocket(kubeletDir string) string {
 // SupportedServices are the DRA gRPC services the plugin serves and
 // advertises in GetInfo's supported versions: v1 (kubelet 1.34 and later
 // prefer it) and v1beta1 (which kubelet 1.34 to 1.37 still speak), the
-// default of the library's kubeletplugin (NodeV1, NodeV1beta1 options).
-var SupportedServices = []string{drapbv1.DRAPluginService, drapbv1beta1.DRAPluginService}
+// default of the library's kubeletplugin (NodeV1, NodeV1beta1 options),
+// and the health service (HealthService), which kubelet 1.37 opens only
+// when it is listed here (see health.go).
+var SupportedServices = []string{drapbv1.DRAPluginService, drapbv1beta1.DRAPluginService, HealthService}
 
 // KubeletPlugin serves a Preparer to the kubelet: the registration service
-// on RegistrationSocket and the DRA service (v1 and v1beta1) on DRASocket.
+// on RegistrationSocket, and the DRA service (v1 and v1beta1) and the
+// health service (SetHealth) on DRASocket.
 type KubeletPlugin struct {
 	prep       *Preparer
 	kubeletDir string
 	log        *slog.Logger
+	clock      clock.WithTicker // tests replace it before Start
+
+	// healthMu guards the health state and the streams waiting for it; it
+	// is not mu, so SetHealth never waits for Start or Stop.
+	healthMu      sync.Mutex
+	health        *healthState // nil until the first SetHealth
+	healthSubs    map[chan struct{}]struct{}
+	healthStreams atomic.Int64
 
 	mu         sync.Mutex
 	registered bool
@@ -64,7 +78,8 @@ func NewKubeletPlugin(prep *Preparer, kubeletDir string, log *slog.Logger) *Kube
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &KubeletPlugin{prep: prep, kubeletDir: kubeletDir, log: log}
+	return &KubeletPlugin{prep: prep, kubeletDir: kubeletDir, log: log, clock: clock.RealClock{},
+		healthSubs: map[chan struct{}]struct{}{}}
 }
 
 // Start listens on both sockets and serves them until Stop. The DRA
@@ -77,9 +92,13 @@ func (p *KubeletPlugin) Start() error {
 	if len(p.servers) > 0 {
 		return errors.New("dra kubelet plugin: already started")
 	}
-	dra := grpc.NewServer()
+	// Stop waits for the DRA handlers, so no health stream outlives it.
+	// Not the registration server: its NotifyRegistrationStatus takes mu,
+	// which Stop holds.
+	dra := grpc.NewServer(grpc.WaitForHandlers(true))
 	drapbv1.RegisterDRAPluginServer(dra, p)
 	drapbv1beta1.RegisterDRAPluginServer(dra, drapbv1beta1.V1ServerWrapper{DRAPluginServer: p})
+	drahealth.RegisterDRAResourceHealthServer(dra, healthServer{p: p})
 	if err := p.serve(dra, DRASocket(p.kubeletDir)); err != nil {
 		return err
 	}
@@ -118,7 +137,8 @@ func (p *KubeletPlugin) serve(s *grpc.Server, socket string) error {
 
 // Stop stops both servers and removes their sockets, the registration
 // socket first so the kubelet stops calling (it unregisters the plugin
-// when the socket goes).
+// when the socket goes). It returns once every call in progress,
+// health streams included, has ended.
 func (p *KubeletPlugin) Stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()

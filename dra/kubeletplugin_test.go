@@ -252,7 +252,7 @@ func TestRegistration(t *testing.T) {
 	if info.Type != registerapi.DRAPlugin || info.Name != DriverName || info.Endpoint != DRASocket(e.kubeletDir) {
 		t.Errorf("GetInfo = %v", info)
 	}
-	if !slices.Equal(info.SupportedVersions, []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}) {
+	if !slices.Equal(info.SupportedVersions, []string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}) {
 		t.Errorf("supported versions %v", info.SupportedVersions)
 	}
 	if ok, _ := e.plugin.Registered(); ok {

@@ -70,3 +70,19 @@ func labelPart(s string) string {
 	}
 	return strings.Trim(string(b), "-")
 }
+
+// TypeOf is the type (TypeGPU, TypeMIG, TypeNIC) of a device by its name,
+// as GPUName, MIGName and NICName make them; "" for a name they do not
+// make.
+func TypeOf(name string) string {
+	switch {
+	case strings.HasPrefix(name, "nic-"):
+		return TypeNIC
+	case !strings.HasPrefix(name, "gpu-"):
+		return ""
+	case strings.Contains(name, "-mig-"):
+		return TypeMIG
+	default:
+		return TypeGPU
+	}
+}

@@ -102,3 +102,14 @@ func TestSemver(t *testing.T) {
 		})
 	}
 }
+
+func TestTypeOf(t *testing.T) {
+	for name, want := range map[string]string{
+		"gpu-0": TypeGPU, "gpu-12": TypeGPU, "gpu-1-mig-3g20gb-1-0": TypeMIG, "gpu-0-mig-1g24gb-meall-9-0": TypeMIG,
+		"nic-mlx5-0": TypeNIC, "fpga-0": "", "": "",
+	} {
+		if got := TypeOf(name); got != want {
+			t.Errorf("TypeOf(%q) = %q, want %q", name, got, want)
+		}
+	}
+}

@@ -49,6 +49,10 @@ type ClaimGetter interface {
 type Inventory struct {
 	Node *topology.Node
 	RDMA []rdma.Device
+	// Kinds are the device types (TypeGPU, TypeMIG, TypeNIC) served
+	// through DRA; a device of another kind fails the claim (it is the
+	// device plugin's). Nil: every kind.
+	Kinds map[string]bool
 }
 
 // ClaimRef names one claim the kubelet asks about.
@@ -141,6 +145,21 @@ func (p *Preparer) Prepared() []string {
 	return slices.Sorted(maps.Keys(p.cp.Claims))
 }
 
+// PreparedDevices lists the device names of each checkpointed claim, by
+// "<namespace>/<name>".
+func (p *Preparer) PreparedDevices() map[string][]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string][]string, len(p.cp.Claims))
+	for _, c := range p.cp.Claims {
+		key := c.Namespace + "/" + c.Name
+		for _, d := range c.Devices {
+			out[key] = append(out[key], d.Device)
+		}
+	}
+	return out
+}
+
 // Prepare prepares each claim; errors are per claim. A claim already
 // prepared whose spec is still on disk gets the checkpointed answer
 // without an API call.
@@ -200,6 +219,9 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		d, ok := index[r.Device]
 		if !ok {
 			return nil, fmt.Errorf("claim %s/%s: device %s is not on this node (any more)", ref.Namespace, ref.Name, r.Device)
+		}
+		if inv.Kinds != nil && !inv.Kinds[d.kind] {
+			return nil, fmt.Errorf("claim %s/%s: device %s is a %s, which this node serves through the device plugin, not DRA", ref.Namespace, ref.Name, r.Device, d.kind)
 		}
 		nodes, _, err := d.edits(p.cfg.HostRoot, inv)
 		if err != nil {

@@ -154,6 +154,10 @@ func sameProfile(node *topology.Node) error {
 	return nil
 }
 
+// IsMIGResource reports whether name is a mixed-strategy MIG resource
+// (nvidia.com/mig-<profile>).
+func IsMIGResource(name string) bool { return strings.HasPrefix(name, migResourcePrefix) }
+
 // migResourceName names a MIG profile's resource the way NVIDIA's plugin
 // does: "mig-" + profile, with "+" (media extensions, e.g. 1g.10gb+me)
 // turned into "." because "+" is not allowed in a resource name.

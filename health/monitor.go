@@ -30,6 +30,13 @@ type Status struct {
 	Since time.Time
 	// Flaps counts how often the device failed again soon after recovering.
 	Flaps int
+	// Causes are short codes of the same causes, own first, then the
+	// parent's and the node's: the check and its key ("xid-79",
+	// "gpu-lost"), valid in a label value.
+	Causes []string
+	// NodeWide is set while the device shares a node-wide fault (NVML
+	// failing; not the state file's unverified start).
+	NodeWide bool
 }
 
 // Fitness is the node's fitness as the tainter needs it.
@@ -592,11 +599,16 @@ func (m *Monitor) statusLocked(id string) Status {
 	if s := m.states[id]; s != nil {
 		st.Flaps = s.flaps
 		st.Reasons = s.reasons()
+		st.Causes = s.causeCodes()
 	}
 	inherit := func(from string) {
 		if s := m.states[from]; s != nil && !s.healthy {
 			for _, r := range s.reasons() {
 				st.Reasons = append(st.Reasons, from+": "+r)
+			}
+			st.Causes = append(st.Causes, s.causeCodes()...)
+			if from == NodeID {
+				st.NodeWide = slices.ContainsFunc(s.checks(), func(c string) bool { return c != CheckState })
 			}
 		}
 	}

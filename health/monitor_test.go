@@ -170,6 +170,9 @@ func TestMonitorXIDEvents(t *testing.T) {
 			if len(st.Reasons) != 1 || !strings.HasPrefix(st.Reasons[0], "xid ") {
 				t.Fatalf("reasons %q", st.Reasons)
 			}
+			if want := "xid-" + strconv.FormatUint(tc.xid, 10); !slices.Equal(st.Causes, []string{want}) || st.NodeWide {
+				t.Fatalf("causes %q node-wide %v, want [%s] and not node-wide", st.Causes, st.NodeWide, want)
+			}
 			if tc.held {
 				h.step(t, 5*time.Minute)
 				if h.m.Healthy("GPU-0") {
@@ -215,6 +218,10 @@ func TestMonitorMIG(t *testing.T) {
 	if st.Kind != KindMIG || len(st.Reasons) != 1 || !strings.HasPrefix(st.Reasons[0], "GPU-1: row remapping pending") {
 		t.Fatalf("MIG-1-b status %+v", st)
 	}
+	// The MIG device's own XID 74 and its parent's cause, as codes.
+	if st := h.m.Status("MIG-1-a"); len(st.Causes) != 2 || st.Causes[0] != "xid-74" || st.NodeWide {
+		t.Fatalf("MIG-1-a causes %q node-wide %v", st.Causes, st.NodeWide)
+	}
 	// An event without instance IDs belongs to the parent.
 	h.f.xid(0, 79)
 	h.waitFor(t, "GPU-0 unhealthy", func() bool { return !h.m.Healthy("GPU-0") })
@@ -248,6 +255,9 @@ func TestMonitorNVMLFailure(t *testing.T) {
 			}
 			if f := h.m.Fitness(); !f.NodeWide || f.Reason != "nvml" {
 				t.Fatalf("fitness %+v, want node-wide nvml", f)
+			}
+			if st := h.m.Status("MIG-1-a"); !st.NodeWide || !slices.ContainsFunc(st.Causes, func(c string) bool { return strings.HasPrefix(c, "nvml-") }) {
+				t.Fatalf("MIG-1-a status %+v, want a node-wide nvml cause", st)
 			}
 			if !h.m.Healthy("some-nic") {
 				t.Fatal("an unrelated device went unhealthy with NVML")

@@ -183,6 +183,26 @@ func (s *deviceState) reasons() []string {
 	return out
 }
 
+// causeCodes lists the active-or-recovering causes as short codes,
+// sorted by cause: the check and its key, spaces made "-", the check not
+// repeated when the key starts with it ("xid 79" of check xid is
+// "xid-79", "poll" of nvml "nvml-poll").
+func (s *deviceState) causeCodes() []string {
+	out := make([]string, 0, len(s.causes))
+	for _, k := range slices.Sorted(maps.Keys(s.causes)) {
+		check, key, ok := strings.Cut(k, "/")
+		code := check
+		if ok {
+			code = strings.ReplaceAll(key, " ", "-")
+			if !strings.HasPrefix(code, check) {
+				code = check + "-" + code
+			}
+		}
+		out = append(out, code)
+	}
+	return out
+}
+
 // checks lists the checks of the active-or-recovering causes, sorted.
 func (s *deviceState) checks() []string {
 	var out []string

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-node-agent/gpu-node-agent/internal/atomicfile"
 )
 
 // CheckState is the check of the node-wide cause that keeps every GPU
@@ -110,43 +112,10 @@ func readStateFile(dir string) (*stateFile, error) {
 	return &f, nil
 }
 
-// writeStateFile replaces dir's state file atomically: a temporary file in
-// the same directory, fsynced, renamed over the old one, and the directory
-// fsynced so the rename itself survives a power loss. A failure leaves the
-// old file whole and no temporary file behind.
-func writeStateFile(dir string, data []byte) (err error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create state dir: %w", err)
-	}
-	tmp, err := os.CreateTemp(dir, "."+StateFileName+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("create temporary state file: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, StateFileName)); err != nil {
-		return fmt.Errorf("rename state file: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open state dir for fsync: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync state dir %s: %w", dir, err)
+// writeStateFile replaces dir's state file atomically (atomicfile.Write).
+func writeStateFile(dir string, data []byte) error {
+	if err := atomicfile.Write(filepath.Join(dir, StateFileName), data); err != nil {
+		return fmt.Errorf("state file: %w", err)
 	}
 	return nil
 }

@@ -98,22 +98,9 @@ func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
 // once, then runs the tainter and the labeler on it until ctx ends. It
 // never fails the agent: it returns nil.
 func (o *NodeObject) Run(ctx context.Context) error {
-	var clients Clients
-	backoff := RetryBackoff()
-	backoff.Duration = o.cfg.Retry
-	for {
-		c, err := o.cfg.NewClients()
-		if err == nil {
-			clients = c
-			break
-		}
-		d := backoff.Step()
-		o.log.Error("no Kubernetes API access: node taint and labels not updated; retrying", "err", err, "retry", d)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(d):
-		}
+	clients, ok := waitForClients(ctx, o.cfg.NewClients, o.cfg.Retry, o.log, "node taint and labels not updated")
+	if !ok {
+		return nil
 	}
 	taint := o.cfg.Taint.WithDefaults()
 	var wg sync.WaitGroup

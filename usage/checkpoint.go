@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,4 +117,20 @@ func checkpointDeviceIDs(raw json.RawMessage) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// checkpointNotWritten says err (from ReadCheckpoint) is the checkpoint
+// absent from a device-plugin directory that exists: the kubelet has not
+// written one yet. Its device manager writes the checkpoint when a device
+// plugin's device list arrives, when a registered resource goes away and
+// after an allocation (kubelet v1.37 pkg/kubelet/cm/devicemanager/
+// manager.go, the callers of writeCheckpoint), so a kubelet no device
+// plugin ever registered with has none, and no device-plugin assignment.
+// A missing directory (not mounted) is not this.
+func checkpointNotWritten(devicePluginDir string, err error) bool {
+	if !errors.Is(err, fs.ErrNotExist) || devicePluginDir == "" {
+		return false
+	}
+	st, serr := os.Stat(devicePluginDir)
+	return serr == nil && st.IsDir()
 }

@@ -159,16 +159,19 @@ func judge(d deviceUse, a attribution, leakedThreshold uint64) deviceVerdict {
 }
 
 // classify judges one resolved process on a device assigned to owners.
+// A process is its pod's own when any owner has the process's pod UID;
+// another pod's process on an assigned device is foreign only when every
+// owner's UID is known (else it may be an owner's: unknown).
 func classify(p procUse, owners []Assignment, a attribution) Verdict {
 	uid := p.Proc.Cgroup.PodUID
 	assigned := len(owners) > 0
-	ownerUIDsKnown := true
+	var uidUnknown []Assignment
 	for _, o := range owners {
-		if o.PodUID == "" {
-			ownerUIDsKnown = false
-		}
 		if uid != "" && o.PodUID == uid {
 			return Verdict{Class: ClassOwn, Why: "a process of the pod assigned the device"}
+		}
+		if o.PodUID == "" {
+			uidUnknown = append(uidUnknown, o)
 		}
 	}
 	switch {
@@ -176,14 +179,14 @@ func classify(p procUse, owners []Assignment, a attribution) Verdict {
 		return Verdict{Class: ClassForeign, Why: "a host process on a device assigned to " + ownerNames(owners)}
 	case uid == "":
 		return Verdict{Class: ClassZombie, KillSafe: true, Why: "a host process (outside every pod) on a device no running pod is assigned"}
-	case !a.checkpointOK:
-		// Without the checkpoint no assignment carries a pod UID: this
-		// process may be the owner's.
-		return Verdict{Class: ClassUnknown, Why: "the kubelet's device checkpoint is unreadable: the device's pod UID is unknown"}
-	case assigned && !ownerUIDsKnown:
-		return Verdict{Class: ClassUnknown, Why: "the checkpoint does not (yet) hold the assignment to " + ownerNames(owners)}
+	case len(uidUnknown) > 0:
+		return Verdict{Class: ClassUnknown, Why: ownerUIDUnknown(uidUnknown, a)}
 	case assigned:
 		return Verdict{Class: ClassForeign, Why: "a process of pod " + uid + " on a device assigned to " + ownerNames(owners)}
+	case !a.checkpointOK:
+		// Without the checkpoint the pods holding device-plugin devices
+		// may not all be known to run: this process's pod may be one.
+		return Verdict{Class: ClassUnknown, Why: "the kubelet's device checkpoint is unreadable: the device's pod UID is unknown"}
 	case a.running[uid]:
 		return Verdict{Class: ClassForeign, Why: "a process of running pod " + uid + " on a device not assigned to it"}
 	case a.runningComplete:
@@ -191,6 +194,30 @@ func classify(p procUse, owners []Assignment, a attribution) Verdict {
 	}
 	return Verdict{Class: ClassZombie, Why: "a process of pod " + uid + ", which is not among the pods whose UID is known to run (the pod log directories are not readable), " +
 		"on a device no running pod is assigned; not killed: the pod may still run without a device assigned"}
+}
+
+// ownerUIDUnknown says why owners' pod UIDs are not known.
+func ownerUIDUnknown(owners []Assignment, a attribution) string {
+	var dp, viaDRA []Assignment
+	for _, o := range owners {
+		if o.Claim != "" {
+			viaDRA = append(viaDRA, o)
+		} else {
+			dp = append(dp, o)
+		}
+	}
+	var why []string
+	switch {
+	case len(dp) > 0 && !a.checkpointOK:
+		why = append(why, "the kubelet's device checkpoint is unreadable: the device's pod UID is unknown")
+	case len(dp) > 0:
+		why = append(why, "the checkpoint does not (yet) hold the assignment to "+ownerNames(dp))
+	}
+	if len(viaDRA) > 0 {
+		why = append(why, "the UID of "+ownerNames(viaDRA)+", assigned the device through DRA, is unknown: "+
+			"not one pod log directory names the pod")
+	}
+	return strings.Join(why, "; ")
 }
 
 // ownerNames lists owners as namespace/pod (container), once each.

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/dra"
 )
 
 // podResourcesMaxMsgSize matches the kubelet's own pod-resources client
@@ -33,37 +37,63 @@ func PodResourcesSocketPath(hostRoot string) string {
 // errNoSocket is a List with the kubelet's socket absent.
 var errNoSocket = errors.New("kubelet pod-resources socket absent")
 
-// Assignment is one container a device is assigned to.
+// Assignment is one container a device is assigned to, through the
+// device plugin or through DRA.
 type Assignment struct {
-	// PodUID is the pod's UID from the device manager's checkpoint; empty
-	// when the checkpoint does not hold this assignment (unreadable, or
-	// not written yet).
+	// PodUID is the pod's UID, empty when not known. A device-plugin
+	// assignment has it from the device manager's checkpoint (absent when
+	// the checkpoint is unreadable or does not hold the assignment yet).
+	// The pod-resources API names pods without UIDs and DRA has no such
+	// checkpoint, so a DRA assignment has its pod's UID from a checkpoint
+	// entry of the same pod, else from the pod's only log directory
+	// (<namespace>_<name>_<uid>); none, or two (a pod of the same name
+	// deleted and created again, the old directory not yet removed), is
+	// unknown.
 	PodUID    string
 	Pod       string
 	Namespace string
 	Container string
 	// Resource is the extended resource the device was allocated as
-	// (e.g. nvidia.com/gpu).
+	// (e.g. nvidia.com/gpu); for a DRA device, the driver
+	// (dra.DriverName).
 	Resource string
 	// DeviceID is the ID as the kubelet assigned it (a replica keeps its
-	// "::<n>").
+	// "::<n>"); for a DRA device, the ID its name resolved to (GPU or MIG
+	// UUID, RDMA device name), so both kinds are looked up alike.
 	DeviceID string
+	// Claim is the ResourceClaim (namespace/name) a DRA device was
+	// allocated through; empty for a device-plugin assignment.
+	Claim string
+	// DRADevice is a DRA device's name in this node's pool (gpu-0,
+	// gpu-1-mig-1g10gb-9-0, nic-mlx5-0); empty for a device-plugin
+	// assignment.
+	DRADevice string
 }
 
 // Assignments are the devices the kubelet has assigned to its running
-// pods' containers, from one pod-resources List: the API's ListPodResources
-// answers for the pods the kubelet considers active, so a pod that is gone
-// is not in it (while its device-manager checkpoint entry may linger until
-// the kubelet reuses the device). A nil *Assignments is "unknown": the
-// List failed. Immutable once built.
+// pods' containers, from one pod-resources List: the device plugin's
+// (each container's devices) and, when the tracker knows this node's DRA
+// pool, our DRA driver's (each container's dynamic resources). The API's
+// ListPodResources answers for the pods the kubelet considers active, so
+// a pod that is gone is not in it (while its device-manager checkpoint
+// entry may linger until the kubelet reuses the device). A nil
+// *Assignments is "unknown": the List failed. Immutable once built.
 type Assignments struct {
 	// byBase holds every assignment by the device's base ID (a
 	// replica's "::<n>" cut), in List order.
 	byBase map[string][]Assignment
-	// ids are the device IDs as the kubelet assigned them.
+	// ids are the device IDs as the kubelet assigned them (DRA devices:
+	// as resolved).
 	ids map[string]bool
 	// pods are the running pods' namespace/name.
 	pods map[string]bool
+	// dpDevices says the List names a device-plugin device (of any
+	// resource), which only the checkpoint gives a pod UID.
+	dpDevices bool
+	// unresolved are the DRA devices of our pool the List named that
+	// the node does not have, each name once (with the first claim
+	// naming it), sorted by name.
+	unresolved []draDevice
 }
 
 // Container returns the first container (in the kubelet's List order)
@@ -90,7 +120,8 @@ func (a *Assignments) Of(id string) []Assignment {
 }
 
 // Allocated is the set of device IDs the kubelet has assigned, as it
-// assigned them (replicas "<uuid>::<n>"). The caller must not modify it.
+// assigned them (replicas "<uuid>::<n>"; DRA devices by the ID their name
+// resolved to). The caller must not modify it.
 func (a *Assignments) Allocated() map[string]bool {
 	if a == nil {
 		return nil
@@ -115,12 +146,24 @@ func baseID(id string) string {
 	return id
 }
 
-// NewAssignments indexes a pod-resources List answer by device, filling
-// each assignment's pod UID from the checkpoint entries (nil: unknown) that
-// hold the same device for the same container and resource. A checkpoint
-// entry for a pod the List does not have (a terminated pod whose entry the
-// kubelet has not dropped yet) is never used.
+// NewAssignments indexes a pod-resources List answer's device-plugin
+// devices by device, filling each assignment's pod UID from the
+// checkpoint entries (nil: unknown) that hold the same device for the same
+// container and resource. A checkpoint entry for a pod the List does not
+// have (a terminated pod whose entry the kubelet has not dropped yet) is
+// never used. Dynamic resources are ignored (the tracker also counts its
+// DRA pool's: see Config.DRAPool).
 func NewAssignments(resp *podresourcesv1.ListPodResourcesResponse, checkpoint []CheckpointEntry) *Assignments {
+	return newAssignments(resp, checkpoint, nil, nil)
+}
+
+// newAssignments is NewAssignments that also counts the devices of our DRA
+// driver in devs' pool (nil: none) named in each container's dynamic
+// resources as assigned to that container. A DRA device's pod UID is the
+// one the checkpoint gives the same pod's device-plugin devices, else the
+// only one logUIDs (the pod log directories; nil: unread) has for the pod.
+func newAssignments(resp *podresourcesv1.ListPodResourcesResponse, checkpoint []CheckpointEntry, devs *draDevices,
+	logUIDs map[podName][]string) *Assignments {
 	type key struct{ container, resource, id string }
 	uids := map[key]string{}
 	for _, e := range checkpoint {
@@ -129,8 +172,16 @@ func NewAssignments(resp *podresourcesv1.ListPodResourcesResponse, checkpoint []
 		}
 	}
 	a := &Assignments{byBase: map[string][]Assignment{}, ids: map[string]bool{}, pods: map[string]bool{}}
+	add := func(as Assignment) {
+		a.byBase[baseID(as.DeviceID)] = append(a.byBase[baseID(as.DeviceID)], as)
+		a.ids[as.DeviceID] = true
+	}
+	unresolved := map[string]draDevice{}
 	for _, pod := range resp.GetPodResources() {
 		a.pods[pod.GetNamespace()+"/"+pod.GetName()] = true
+		// The pod's UID as the checkpoint has it (from any of its
+		// device-plugin assignments), for its DRA assignments.
+		podUID := ""
 		for _, ctr := range pod.GetContainers() {
 			for _, dev := range ctr.GetDevices() {
 				for _, id := range dev.GetDeviceIds() {
@@ -139,11 +190,37 @@ func NewAssignments(resp *podresourcesv1.ListPodResourcesResponse, checkpoint []
 						Pod:    pod.GetName(), Namespace: pod.GetNamespace(), Container: ctr.GetName(),
 						Resource: dev.GetResourceName(), DeviceID: id,
 					}
-					a.byBase[baseID(id)] = append(a.byBase[baseID(id)], as)
-					a.ids[id] = true
+					if podUID == "" {
+						podUID = as.PodUID
+					}
+					a.dpDevices = true
+					add(as)
 				}
 			}
 		}
+		if devs == nil {
+			continue
+		}
+		if l := logUIDs[podName{namespace: pod.GetNamespace(), name: pod.GetName()}]; podUID == "" && len(l) == 1 {
+			podUID = l[0]
+		}
+		for _, ctr := range pod.GetContainers() {
+			for _, d := range devs.of(ctr) {
+				if d.id == "" {
+					if _, ok := unresolved[d.name]; !ok {
+						unresolved[d.name] = d
+					}
+					continue
+				}
+				add(Assignment{
+					PodUID: podUID, Pod: pod.GetName(), Namespace: pod.GetNamespace(), Container: ctr.GetName(),
+					Resource: dra.DriverName, DeviceID: d.id, Claim: d.claim, DRADevice: d.name,
+				})
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(unresolved)) {
+		a.unresolved = append(a.unresolved, unresolved[name])
 	}
 	return a
 }

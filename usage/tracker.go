@@ -17,6 +17,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -90,6 +91,13 @@ type Config struct {
 	// whose /proc files are under HostRoot: no host PID namespace is
 	// needed to read them.
 	SimulatedPIDs bool
+	// DRAPool is this node's pool of our DRA driver (dra.DriverName):
+	// the node's name. When set, the devices of that driver and pool a
+	// container's pod-resources dynamic resources name count as assigned
+	// to its pod and container exactly as device-plugin devices do (for
+	// the process check, the fragmentation collector and the metrics' pod
+	// labels). Empty: dynamic resources are ignored.
+	DRAPool string
 }
 
 // Options are the tracker's collaborators; all but Samples may be nil.
@@ -153,6 +161,9 @@ type Tracker struct {
 	names map[string]namedPod
 	// announced tells whether the kill fallback was announced.
 	announced bool
+	// unresolved are the DRA device names the last List named that the
+	// node does not have, so each is logged once while it lasts.
+	unresolved map[string]bool
 }
 
 // findingKey identifies one finding: a process (by PID and start time) of
@@ -200,13 +211,14 @@ func NewTracker(cfg Config, opts Options) (*Tracker, error) {
 	}
 	t := &Tracker{
 		cfg: cfg, opts: opts, log: opts.Logger, clock: opts.Clock,
-		updates:  opts.Samples.Subscribe(),
-		procs:    newProcReader(cfg.HostRoot),
-		signal:   opts.Signaller,
-		findings: map[findingKey]*finding{},
-		reported: map[string]map[Class]string{},
-		names:    map[string]namedPod{},
-		action:   cfg.Zombies.Action,
+		updates:    opts.Samples.Subscribe(),
+		procs:      newProcReader(cfg.HostRoot),
+		signal:     opts.Signaller,
+		findings:   map[findingKey]*finding{},
+		reported:   map[string]map[Class]string{},
+		names:      map[string]namedPod{},
+		unresolved: map[string]bool{},
+		action:     cfg.Zombies.Action,
 	}
 	if t.signal == nil {
 		t.signal = NewPidfdSignaller(cfg.HostRoot)
@@ -310,7 +322,7 @@ func (t *Tracker) Cycle(ctx context.Context) {
 	}
 	now := t.clock.Now()
 
-	attr, resp := t.attribute(ctx, now)
+	attr, resp := t.attribute(ctx, node, now)
 	if ctx.Err() != nil {
 		return
 	}
@@ -343,7 +355,7 @@ func (t *Tracker) Cycle(ctx context.Context) {
 
 // attribute gathers this cycle's attribution: the kubelet's List, the
 // checkpoint, the running pods' UIDs.
-func (t *Tracker) attribute(ctx context.Context, now time.Time) (attribution, *podresourcesv1.ListPodResourcesResponse) {
+func (t *Tracker) attribute(ctx context.Context, node *topology.Node, now time.Time) (attribution, *podresourcesv1.ListPodResourcesResponse) {
 	attr := attribution{pids: t.pidView, pidsWhy: t.pidWhy, running: map[string]bool{}}
 	if t.pods == nil {
 		return attr, nil
@@ -352,15 +364,28 @@ func (t *Tracker) attribute(ctx context.Context, now time.Time) (attribution, *p
 	if err != nil {
 		return attr, nil
 	}
+	devs := newDRADevices(t.cfg.DRAPool, node)
 	if !t.cfg.Judge {
 		// Pod labels and allocations need the List alone.
-		attr.assignments = NewAssignments(resp, nil)
+		attr.assignments = newAssignments(resp, nil, devs, nil)
+		t.noteUnresolved(attr.assignments)
 		return attr, resp
 	}
 	entries, cpErr := ReadCheckpoint(CheckpointPath(t.cfg.DevicePluginDir))
+	dirs, logErr := readPodLogDirs(PodLogsDir(t.cfg.HostRoot))
+	if errors.Is(logErr, fs.ErrNotExist) {
+		logErr = fmt.Errorf("%w (not mounted?)", logErr)
+	}
+	attr.assignments = newAssignments(resp, entries, devs, dirs)
+	t.noteUnresolved(attr.assignments)
+	if cpErr != nil && !attr.assignments.dpDevices && checkpointNotWritten(t.cfg.DevicePluginDir, cpErr) {
+		// No device plugin has registered with this kubelet yet (a node
+		// whose devices are all served through DRA): no checkpoint,
+		// and no assignment needs one.
+		cpErr = nil
+	}
 	attr.checkpointOK = cpErr == nil
 	t.metrics.noteSource(t.log, SourceCheckpoint, cpErr)
-	attr.assignments = NewAssignments(resp, entries)
 	byName := map[podName]string{}
 	for _, l := range attr.assignments.byBase {
 		for _, as := range l {
@@ -371,10 +396,6 @@ func (t *Tracker) attribute(ctx context.Context, now time.Time) (attribution, *p
 				t.names[as.PodUID] = namedPod{name: p, seen: now}
 			}
 		}
-	}
-	dirs, logErr := readPodLogDirs(PodLogsDir(t.cfg.HostRoot))
-	if errors.Is(logErr, fs.ErrNotExist) {
-		logErr = fmt.Errorf("%w (not mounted?)", logErr)
 	}
 	complete := logErr == nil && attr.checkpointOK
 	for _, p := range runningPods(resp) {
@@ -402,6 +423,22 @@ func (t *Tracker) attribute(ctx context.Context, now time.Time) (attribution, *p
 		}
 	}
 	return attr, resp
+}
+
+// noteUnresolved logs, once while the kubelet keeps listing it, each
+// device name of our DRA pool that the node's model does not have (a MIG
+// re-layout or a rediscovery since the claim was prepared). Such a device
+// is ignored: there is no device of the model to count it against.
+func (t *Tracker) noteUnresolved(a *Assignments) {
+	now := make(map[string]bool, len(a.unresolved))
+	for _, d := range a.unresolved {
+		now[d.name] = true
+		if !t.unresolved[d.name] {
+			t.log.Debug("dra device of a pod not on this node, ignored", "driver", dra.DriverName, "pool", t.cfg.DRAPool,
+				"device", d.name, "claim", d.claim)
+		}
+	}
+	t.unresolved = now
 }
 
 // devicesOf lists the served devices of node with their use in snap.

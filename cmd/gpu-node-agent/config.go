@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/agent"
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
@@ -75,6 +76,8 @@ type Config struct {
 	Taint   TaintSection   `json:"taint"`
 	Metrics MetricsSection `json:"metrics"`
 	RDMA    rdma.Config    `json:"rdma"`
+	// DRA says which device kinds are served through DRA.
+	DRA agent.DRAConfig `json:"dra"`
 }
 
 // MetricsSection configures the GPU metrics collector and the endpoint
@@ -305,6 +308,17 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateSections()...)
+	if err := c.DRA.Validate(c.MIGStrategy); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.DRA.Kinds) > 0 {
+		if c.NodeName == "" {
+			add("dra.devices", "serving devices through DRA needs node-name (the pool is named after the node)")
+		}
+		if c.StateDir == "" {
+			add("dra.devices", "serving devices through DRA needs state-dir (prepared claims are checkpointed there)")
+		}
+	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		add("log-format", "%q is not one of text, json", c.LogFormat)
 	}

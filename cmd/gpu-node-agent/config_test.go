@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/agent"
 )
 
 func env(m map[string]string) func(string) string {
@@ -42,6 +44,19 @@ func TestConfigPrecedence(t *testing.T) {
 				}
 				if c.MetricsAddress != ":9400" || c.HostRoot != "/" {
 					t.Errorf("defaults not kept for keys absent from the file: %+v", c)
+				}
+			},
+		},
+		{
+			name: "dra section",
+			args: []string{"--config", "testdata/dra.yaml"},
+			check: func(t *testing.T, c Config) {
+				want := agent.DRAConfig{Kinds: []string{"gpu", "nic"}, KubeletDir: "/var/lib/k", CDIDir: "/run/cdi", NoExecute: true}
+				if !reflect.DeepEqual(c.DRA, want) {
+					t.Errorf("dra = %+v, want %+v", c.DRA, want)
+				}
+				if got := c.agentConfig("/").DRA; !reflect.DeepEqual(got, want) {
+					t.Errorf("agent's dra = %+v, want %+v", got, want)
 				}
 			},
 		},
@@ -114,6 +129,7 @@ func TestConfigLoadErrors(t *testing.T) {
 		{name: "bad env bool", env: map[string]string{"GNA_PASS_DEVICE_SPECS": "yes please"}, wantErr: `pass-device-specs: env GNA_PASS_DEVICE_SPECS="yes please"`},
 		{name: "bad env duration", env: map[string]string{"GNA_RESCAN_INTERVAL": "soon"}, wantErr: "rescan-interval: env GNA_RESCAN_INTERVAL"},
 		{name: "unknown flag", args: []string{"--mig"}, wantErr: "flag provided but not defined: -mig"},
+		{name: "unknown key in dra section", args: []string{"--config", "testdata/dra-unknown-key.yaml"}, wantErr: `unknown field "device"`},
 		{name: "bad flag duration", args: []string{"--exit-after", "3"}, wantErr: `invalid value "3" for flag -exit-after`},
 		{name: "stray argument", args: []string{"--simulate", "dgx-h100", "extra"}, wantErr: `unexpected argument "extra"`},
 	}
@@ -160,6 +176,15 @@ func TestConfigValidate(t *testing.T) {
 		{name: "kube-api-burst", mutate: func(c *Config) { c.KubeAPIBurst = -2 }, wantErr: "kube-api-burst -2: must be at least 1"},
 		{name: "log-format", mutate: func(c *Config) { c.LogFormat = "xml" }, wantErr: `log-format: "xml" is not one of text, json`},
 		{name: "log-level", mutate: func(c *Config) { c.LogLevel = "verbose" }, wantErr: `log-level: "verbose" is not one of debug, info, warn, error`},
+		{name: "dra", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"gpu", "mig", "nic"} }},
+		{name: "dra gpu alone under mixed", mutate: func(c *Config) { c.NodeName = "node-a"; c.MIGStrategy = "mixed"; c.DRA.Kinds = []string{"gpu"} }},
+		{name: "dra gpu without mig", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"gpu", "nic"} },
+			wantErr: "dra.devices: gpu and mig must be listed together unless mig-strategy is mixed (it is none)"},
+		{name: "dra unknown kind", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"nic", "fpga"} }, wantErr: `dra.devices: unknown device kind "fpga" (want gpu, mig, nic)`},
+		{name: "dra kind twice", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"nic", "nic"} }, wantErr: `dra.devices: device kind "nic" listed twice`},
+		{name: "dra without node-name", mutate: func(c *Config) { c.DRA.Kinds = []string{"nic"} }, wantErr: "dra.devices: serving devices through DRA needs node-name"},
+		{name: "dra without state-dir", mutate: func(c *Config) { c.NodeName = "node-a"; c.StateDir = ""; c.DRA.Kinds = []string{"nic"} }, wantErr: "dra.devices: serving devices through DRA needs state-dir"},
+		{name: "dra relative dirs", mutate: func(c *Config) { c.DRA.KubeletDir = "kubelet"; c.DRA.CDIDir = "cdi" }, wantErr: "dra.kubeletDir: \"kubelet\" is not an absolute path\ndra.cdiDir: \"cdi\" is not an absolute path"},
 		{name: "several errors reported together", mutate: func(c *Config) { c.LogFormat = "xml"; c.MIGStrategy = "foo" }, wantErr: "mig-strategy: \"foo\" is not one of none, single, mixed\nlog-format"},
 	}
 	for _, tc := range tests {

@@ -74,5 +74,6 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		Kubeconfig:           c.Kubeconfig,
 		KubeClient:           c.kubeClient(),
 		PrintInventory:       c.PrintInventory,
+		DRA:                  c.DRA,
 	}
 }
