@@ -1060,6 +1060,15 @@ func TestDRAMounts(t *testing.T) {
 			}
 		})
 	}
+	// With no kind left (the first step of turning DRA off) the agent
+	// still hands kinds back through the plugin and CDI dirs.
+	ds := decode[appsv1.DaemonSet](t, render(t, map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{}}}), "daemonset.yaml")
+	paths := hostPaths(&ds.Spec.Template.Spec)
+	for _, name := range draVolumes {
+		if _, ok := paths[name]; !ok {
+			t.Errorf("dra.devices=[]: volume %s not mounted (have %v)", name, paths)
+		}
+	}
 }
 
 // draConfig renders the chart and returns the config file's dra section
@@ -1105,6 +1114,10 @@ func TestDRAConfig(t *testing.T) {
 			map[string]any{"devices": []any{"gpu"}, "noExecute": true, "kubeletDir": "/data/kubelet", "cdiDir": "/etc/cdi"}},
 		{"simulate", map[string]any{"simulate": "dgx-h100", "dra": map[string]any{"enabled": true, "devices": []any{"mig", "nic"}}},
 			map[string]any{"devices": []any{"mig", "nic"}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
+		// The first step of turning DRA off: no kind, mounts and RBAC kept
+		// so the agent can hand the kinds back.
+		{"no kind", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{}}},
+			map[string]any{"devices": []any{}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := draConfig(t, tt.vals)
@@ -1165,7 +1178,6 @@ func TestDRAValuesRefused(t *testing.T) {
 		vals map[string]any
 		want string
 	}{
-		{"no kinds", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{}}}, "dra.devices must name at least one of gpu, mig, nic"},
 		{"unknown kind", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{"gpu", "fpga"}}}, `dra.devices: unknown device kind "fpga"`},
 		{"kind twice", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{"gpu", "gpu"}}}, "dra.devices names a kind twice"},
 		{"not a list", map[string]any{"dra": map[string]any{"enabled": true, "devices": "gpu"}}, "dra.devices must be a list"},

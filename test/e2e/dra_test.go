@@ -83,9 +83,11 @@ func TestDRA(t *testing.T) {
 	start := time.Now()
 	opts := defaults
 	opts.DRA = draKinds
-	agentPod, err := a.Reinstall(ctx, shared, opts)
+	rctx, rcancel := context.WithTimeout(ctx, 4*time.Minute)
+	agentPod, err := a.Reinstall(rctx, shared, opts)
+	rcancel()
 	if err != nil {
-		t.Fatalf("reinstall the agent with DRA: %v", err)
+		t.Fatalf("reinstall the agent with DRA: %v\nagent log:\n%s", err, agentLog(a))
 	}
 	t.Logf("agent reinstalled with DRA %v: pod %s Ready after %s", draKinds, agentPod.Name, time.Since(start).Round(time.Millisecond))
 
@@ -161,31 +163,60 @@ func requireNoDevicePluginPods(t *testing.T) {
 	}
 }
 
-// restoreDeviceplugin reinstalls the agent as the other tests expect it
-// (device plugin only) and waits until the node offers the demo resources
-// again; the ResourceSlices of the driver must be gone, so no device is
-// offered through both APIs. Slices left behind are reported, then
-// removed so later runs start clean.
+// restoreDeviceplugin turns DRA off as the chart says to (two upgrades:
+// first no kind with DRA still installed, so the agent hands its kinds
+// back to the device plugin and deletes its ResourceSlices; then DRA
+// uninstalled) and waits until the node offers the demo resources again
+// through the device plugin, as the other tests expect. The driver's
+// slices must be gone after the first step, so no device is offered
+// through both APIs; slices left behind are reported, then removed so
+// later runs start clean.
 func restoreDeviceplugin(t *testing.T, a *agentdeploy.Agent, defaults agentdeploy.Options) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	if specs, err := cluster.AgentCDISpecs(); err != nil || slices.ContainsFunc(specs, isClaimSpec) {
 		t.Errorf("claim CDI specs left in %s after every claim was unprepared: %v %v", cluster.CDIDir, specs, err)
 	}
 	start := time.Now()
+	noKind := defaults
+	noKind.DRA = []string{}
+	if _, err := a.Reinstall(ctx, shared, noKind); err != nil {
+		t.Errorf("turn DRA off (dra.devices empty): %v\nagent log:\n%s", err, agentLog(a))
+	}
+	waitDevicePluginBack(ctx, t, "dra.devices was emptied")
+	slicesGone(ctx, t)
+	t.Logf("dra.devices emptied: device plugin serving again, no ResourceSlice, after %s", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
 	if _, err := a.Reinstall(ctx, shared, defaults); err != nil {
-		t.Errorf("restore the default install: %v", err)
+		t.Errorf("restore the default install: %v\nagent log:\n%s", err, agentLog(a))
 		return
 	}
+	waitDevicePluginBack(ctx, t, "DRA was uninstalled")
+	slicesGone(ctx, t)
+	t.Logf("default install restored (DRA uninstalled) in %s", time.Since(start).Round(time.Millisecond))
+}
+
+// waitDevicePluginBack waits until the device plugin offers every demo
+// resource again.
+func waitDevicePluginBack(ctx context.Context, t *testing.T, after string) {
+	t.Helper()
 	for prefix, want := range map[string]map[string]int64{"nvidia.com/": agentdeploy.DemoResources, "rdma/": agentdeploy.DemoRDMA} {
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 		if err := shared.WaitNodeResources(wctx, prefix, want, want); err != nil {
-			t.Errorf("device plugin after DRA was turned off: %v", err)
+			t.Errorf("device plugin after %s: %v", after, err)
 		}
 		wcancel()
 	}
+}
+
+// slicesGone checks that the driver publishes no slice for the node any
+// more (within a minute); left ones are deleted after the error.
+func slicesGone(ctx context.Context, t *testing.T) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	var left []string
-	err := poll(ctx, func(ctx context.Context) (bool, error) {
+	err := poll(wctx, func(ctx context.Context) (bool, error) {
 		list, err := listSlices(ctx)
 		if err != nil {
 			return false, nil
@@ -202,8 +233,30 @@ func restoreDeviceplugin(t *testing.T, a *agentdeploy.Agent, defaults agentdeplo
 			_ = shared.Client.ResourceV1().ResourceSlices().Delete(context.Background(), name, metav1.DeleteOptions{})
 		}
 	}
-	t.Logf("default install restored: device plugin serving, no ResourceSlice, in %s", time.Since(start).Round(time.Millisecond))
 }
+
+// agentLog is the agent container's log, or its previous one's when the
+// current one has not written anything (a crash loop), for failure
+// messages.
+func agentLog(a *agentdeploy.Agent) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pod, err := a.Pod(ctx, shared)
+	if err != nil {
+		return err.Error()
+	}
+	var out string
+	for _, previous := range []bool{false, true} {
+		raw, err := shared.Client.CoreV1().Pods(a.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Previous: previous, TailLines: ptrTo(int64(60))}).DoRaw(ctx)
+		if err == nil && len(strings.TrimSpace(string(raw))) > 0 {
+			return fmt.Sprintf("(pod %s, previous container %v)\n%s", pod.Name, previous, raw)
+		}
+		out += fmt.Sprintf("previous=%v: %v; ", previous, err)
+	}
+	return out
+}
+
+func ptrTo[T any](v T) *T { return &v }
 
 func isClaimSpec(name string) bool {
 	return strings.HasPrefix(name, strings.TrimSuffix(dra.SpecFile(""), ".json"))

@@ -72,7 +72,9 @@ type Options struct {
 	// DRA lists the device kinds ("gpu", "mig", "nic") the agent serves
 	// through its DRA driver (chart values dra.enabled, dra.devices): the
 	// chart's DeviceClasses, RBAC, config section and kubelet plugin and
-	// CDI mounts. Empty: everything through the device plugin.
+	// CDI mounts. Nil: DRA not installed, everything through the device
+	// plugin. Empty but not nil: installed with no kind, the step before
+	// uninstalling it in which the agent hands its kinds back.
 	DRA []string
 	// MetricsPort and ControlPort are the agent's metrics port and the
 	// simulator's control port on the node; 0 picks a free one.
@@ -154,7 +156,7 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(c.APIServerPort)},
 		},
 	}
-	if len(opts.DRA) > 0 {
+	if opts.DRA != nil {
 		devices := make([]any, len(opts.DRA))
 		for i, k := range opts.DRA {
 			devices[i] = k

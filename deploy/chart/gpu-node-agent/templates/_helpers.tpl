@@ -42,16 +42,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* Refuses dra values the agent would refuse, at render time: dra.devices
-must name at least one kind, each of gpu, mig, nic, once; on real GPUs a
+lists kinds among gpu, mig, nic, each once (none is the step before
+dra.enabled=false, see values.yaml); on real GPUs a
 stateDir is needed (the prepared-claims checkpoint); dra.cdiDir must be an
 absolute path. */}}
 {{- define "gpu-node-agent.draValidate" -}}
 {{- $devices := .Values.dra.devices | default list }}
 {{- if not (kindIs "slice" $devices) }}
 {{- fail (printf "dra.devices must be a list of device kinds (gpu, mig, nic), got %v" .Values.dra.devices) }}
-{{- end }}
-{{- if not $devices }}
-{{- fail "dra.devices must name at least one of gpu, mig, nic with dra.enabled" }}
 {{- end }}
 {{- range $devices }}
 {{- if not (has . (list "gpu" "mig" "nic")) }}
