@@ -22,7 +22,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
@@ -174,8 +174,17 @@ func requireNoDevicePluginPods(t *testing.T) {
 func restoreDeviceplugin(t *testing.T, a *agentdeploy.Agent, defaults agentdeploy.Options) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	if specs, err := cluster.AgentCDISpecs(); err != nil || slices.ContainsFunc(specs, isClaimSpec) {
-		t.Errorf("claim CDI specs left in %s after every claim was unprepared: %v %v", cluster.CDIDir, specs, err)
+	cctx, ccancel := context.WithTimeout(ctx, 90*time.Second)
+	defer ccancel()
+	// The kubelet unprepares a deleted pod's claims after the pod is gone
+	// from the API: wait for it.
+	var specs []string
+	if err := poll(cctx, func(context.Context) (bool, error) {
+		all, err := cluster.AgentCDISpecs()
+		specs = slices.DeleteFunc(all, func(n string) bool { return !isClaimSpec(n) })
+		return err == nil && len(specs) == 0, nil
+	}); err != nil {
+		t.Errorf("claim CDI specs %v left in %s after every claim's pod and claim were deleted", specs, cluster.CDIDir)
 	}
 	start := time.Now()
 	noKind := defaults
@@ -727,7 +736,6 @@ func checkContainerDevices(t *testing.T, pod string, nodes map[string]map[string
 // root complex in the model. Returns the claim's name, its GPU name and
 // the pod.
 func runGPUNICClaim(ctx context.Context, t *testing.T, node *topology.Node, devs map[string]resourcev1.Device) gpuPod {
-	t.Helper()
 	const name = "dra-gpu-nic"
 	root := resourcev1.FullyQualifiedName(pcieRootAttr)
 	createClaim(ctx, t, name, resourcev1.DeviceClaim{
@@ -814,7 +822,6 @@ type gpuPod struct {
 // runTwoGPUClaim: (b) a claim for 2 GPUs with matchAttribute nvlinkIsland
 // gets two GPUs the model links by NVLink, and its pod sees both.
 func runTwoGPUClaim(ctx context.Context, t *testing.T, node *topology.Node, devs map[string]resourcev1.Device) gpuPod {
-	t.Helper()
 	const name = "dra-two-gpus"
 	island := resourcev1.FullyQualifiedName(nvlinkIsland)
 	createClaim(ctx, t, name, resourcev1.DeviceClaim{
@@ -927,7 +934,6 @@ func containerOf(ctx context.Context, t *testing.T, name string) (id string, res
 // is deleted the new agent unprepares the claim: its CDI spec and
 // checkpoint entry go, and the claim is deallocated.
 func agentRestartWhilePrepared(ctx context.Context, t *testing.T, a *agentdeploy.Agent, p gpuPod, want []string) {
-	t.Helper()
 	claim := getClaim(ctx, t, p.claim)
 	uid := string(claim.UID)
 	spec := filepath.Join(cluster.CDIDir, dra.SpecFile(uid))
@@ -1037,30 +1043,28 @@ func waitGPUHealth(ctx context.Context, t *testing.T, p gpuPod, want corev1.Reso
 }
 
 // watchTaint returns a channel that receives the time the node's slices
-// first show want (the agent's taint on device present, or absent), seen
-// by a watch opened before the caller acts.
+// first show want (the agent's taint on device present, or absent). It
+// lists them every 100 ms from the call on (one node's slices: a few
+// objects), so the time is the API server's state to within that.
 func watchTaint(ctx context.Context, t *testing.T, device string, present bool) <-chan time.Time {
 	t.Helper()
-	w, err := shared.Client.ResourceV1().ResourceSlices().Watch(ctx, sliceSelector())
-	if err != nil {
-		t.Fatalf("watch ResourceSlices: %v", err)
-	}
 	out := make(chan time.Time, 1)
 	go func() {
-		defer w.Stop()
-		for ev := range w.ResultChan() {
-			if ev.Type != watch.Added && ev.Type != watch.Modified {
-				continue
-			}
-			s, ok := ev.Object.(*resourcev1.ResourceSlice)
-			if !ok {
-				continue
-			}
-			for _, d := range s.Spec.Devices {
-				if d.Name == device && (agentTaint(d) != nil) == present {
-					out <- time.Now()
-					return
+		for {
+			if list, err := listSlices(ctx); err == nil {
+				for _, s := range list {
+					for _, d := range s.Spec.Devices {
+						if d.Name == device && (agentTaint(d) != nil) == present {
+							out <- time.Now()
+							return
+						}
+					}
 				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	}()
@@ -1073,7 +1077,6 @@ func watchTaint(ctx context.Context, t *testing.T, device string, present bool) 
 // claim for exactly that GPU is not allocated while one tolerating the
 // taint is; a GPU reset then clears the taint.
 func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent, node *topology.Node, p gpuPod) {
-	t.Helper()
 	// ResourceHealthStatus (KEP-4680, pod allocatedResourcesStatus) is
 	// beta and on by default since 1.36 (k8s.io/kubernetes v1.37.2
 	// pkg/features/kube_features.go: {1.36, Default: true, Beta}), and so
@@ -1091,11 +1094,19 @@ func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent
 	if err := a.Control.InjectFault(ctx, fault); err != nil {
 		t.Fatal(err)
 	}
+	// XID 79 holds the GPU unhealthy until reset evidence, across agent
+	// restarts: reset it before anything else runs, also on failure.
+	resetDone := false
+	t.Cleanup(func() {
+		if !resetDone {
+			resetGPU(t, a, p.index)
+		}
+	})
 	select {
 	case at := <-tainted:
 		t.Logf("XID 79 on GPU %d (%s) → device taint %s on the API server after %s", p.index, p.gpu, dra.TaintKey, at.Sub(injected).Round(time.Millisecond))
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("no taint %s on %s two minutes after XID 79", dra.TaintKey, p.gpu)
+		t.Fatalf("no taint %s on %s two minutes after XID 79; %s", dra.TaintKey, p.gpu, draDiagnostics(ctx, a))
 	}
 	devs := waitSliceDevices(ctx, t, "XID 79 on "+p.gpu, func(devs map[string]resourcev1.Device) error {
 		return sameDevices(devs, want, p.gpu)
@@ -1197,8 +1208,69 @@ func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("taint still on %s two minutes after a GPU reset", p.gpu)
 	}
+	resetDone = true
 	waitSliceDevices(ctx, t, "the GPU reset", func(devs map[string]resourcev1.Device) error {
 		return sameDevices(devs, want, "")
 	})
 	waitNodeHealth(ctx, t, true, "the GPU reset")
+}
+
+// resetGPU resets a simulated GPU after a failed fault scenario and waits
+// until the node is healthy again, so the held fault does not outlive the
+// test (a restarted agent's fresh simulator would show no reset evidence);
+// if the reset is not enough it asks the agent to clear every fault
+// (annotation gpu-node-agent.io/clear-faults).
+func resetGPU(t *testing.T, a *agentdeploy.Agent, gpu int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := a.Control.InjectFault(ctx, agentproc.Fault{Kind: "gpu-reset", GPU: gpu}); err != nil {
+		t.Logf("cleanup: reset GPU %d: %v", gpu, err)
+	}
+	healthy := func(d time.Duration) bool {
+		wctx, wcancel := context.WithTimeout(ctx, d)
+		defer wcancel()
+		return poll(wctx, func(ctx context.Context) (bool, error) {
+			taint, cond, err := nodeHealth(ctx)
+			return err == nil && taint == nil && cond != nil && cond.Status == corev1.ConditionTrue, nil
+		}) == nil
+	}
+	if healthy(time.Minute) {
+		return
+	}
+	patch := []byte(`{"metadata":{"annotations":{"gpu-node-agent.io/clear-faults":"all"}}}`)
+	if _, err := shared.Client.CoreV1().Nodes().Patch(ctx, shared.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Errorf("cleanup: clear faults: %v", err)
+	}
+	if !healthy(time.Minute) {
+		t.Errorf("cleanup: node still unhealthy after resetting GPU %d and clearing faults", gpu)
+	}
+}
+
+// draDiagnostics is what explains a DRA failure: the agent's DRA log
+// lines and slice metrics, and the taints in the node's slices.
+func draDiagnostics(ctx context.Context, a *agentdeploy.Agent) string {
+	var b strings.Builder
+	if body, ok := scrapeAgent(ctx, a); ok {
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "gpu_node_agent_dra_") || strings.HasPrefix(line, "gpu_node_agent_device_healthy") {
+				fmt.Fprintf(&b, "\n  metric %s", line)
+			}
+		}
+	}
+	if list, err := listSlices(ctx); err == nil {
+		for _, s := range list {
+			for _, d := range s.Spec.Devices {
+				if len(d.Taints) > 0 {
+					fmt.Fprintf(&b, "\n  slice %s device %s taints %+v", s.Name, d.Name, d.Taints)
+				}
+			}
+		}
+	}
+	if logs, err := a.Logs(ctx, shared); err == nil {
+		lines := strings.Split(logs, "\n")
+		for _, l := range lines[max(0, len(lines)-80):] {
+			fmt.Fprintf(&b, "\n  log %s", l)
+		}
+	}
+	return b.String()
 }
