@@ -301,6 +301,7 @@ func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
 		Taint:       cfg.Taint,
 		Labels:      cfg.NodeLabels,
 		MIGStrategy: cfg.GPU.MIGStrategy,
+		Sharing:     cfg.GPU.TimeSlicing.LabelSharing(),
 		NewClients:  a.clients.get,
 		Retry:       cfg.KubeRetry,
 	}

@@ -72,6 +72,7 @@ func publishedDevices(t *testing.T, client *fake.Clientset) map[string]resourcea
 func TestAgentServesDRA(t *testing.T) {
 	dir := shortTempDir(t)
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
+	kubeapitest.GenerateNames(client)
 	cfg := draTestConfig(t, dir, client, "gpu", "mig", "nic")
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
@@ -97,6 +98,12 @@ func TestAgentServesDRA(t *testing.T) {
 				t.Errorf("%s tainted on a healthy node: %v", name, d.Taints)
 			}
 		}
+	}
+	if l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 1 {
+		t.Fatalf("slices: %d, %v; want 1", len(l.Items), err)
+	}
+	if n := sliceWrites(t, a, "create"); n != 1 {
+		t.Errorf("slice creates = %v, want 1", n)
 	}
 	if rs := a.rec.current().resources; len(rs) != 0 {
 		t.Errorf("device plugin serves %d resources with every kind on DRA", len(rs))
@@ -143,8 +150,8 @@ func TestAgentServesDRA(t *testing.T) {
 	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
 	taint := func() []resourceapi.DeviceTaint { return publishedDevices(t, client)[dra.GPUName(2)].Taints }
 	waitFor(t, "gpu-2 tainted after XID 79", func() bool { return len(taint()) == 1 })
-	if tn := taint()[0]; tn.Key != dra.TaintKey || tn.Value != "xid-79" || tn.Effect != resourceapi.DeviceTaintEffectNoSchedule {
-		t.Errorf("taint = %+v, want %s=xid-79:NoSchedule", tn, dra.TaintKey)
+	if tn := taint()[0]; tn.Key != dra.TaintKey || !strings.Contains(tn.Value, "xid-79") || tn.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		t.Errorf("taint = %+v, want %s=...xid-79...:NoSchedule (the driver may ask for a reset too: recovery-action)", tn, dra.TaintKey)
 	}
 	if d := publishedDevices(t, client)[dra.GPUName(3)]; len(d.Taints) != 0 {
 		t.Errorf("gpu-3 tainted too: %v", d.Taints)
@@ -163,6 +170,7 @@ func TestAgentServesDRA(t *testing.T) {
 func TestAgentDRAKindsOnly(t *testing.T) {
 	dir := shortTempDir(t)
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
+	kubeapitest.GenerateNames(client)
 	cfg := draTestConfig(t, dir, client, "nic")
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
@@ -231,4 +239,25 @@ func TestAgentCorruptDRACheckpointFailsTheStart(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), dra.CheckpointFileName) {
 		t.Fatalf("open error = %v, want one naming the checkpoint", err)
 	}
+}
+
+// sliceWrites is the agent's ResourceSlice write count for verb.
+func sliceWrites(t *testing.T, a *Agent, verb string) float64 {
+	t.Helper()
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpu_node_agent_dra_resourceslice_writes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == verb {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s writes metric", verb)
+	return 0
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"text/tabwriter"
 
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -79,7 +80,8 @@ func (v *inventory) render(st state) string {
 			if !d.Healthy {
 				health = "UNHEALTHY"
 			}
-			on := where[d.ID]
+			// A time-sliced replica is on the device it shares.
+			on := where[gpu.SharedUUID(d.ID)]
 			if on == "" {
 				on = "-"
 			}

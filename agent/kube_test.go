@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	metadatafake "k8s.io/client-go/metadata/fake"
 
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
@@ -24,9 +25,9 @@ import (
 
 // TestAgentTaintsAndLabelsNode runs the agent with a node name against a
 // fake API server whose client only becomes available on the second try:
-// devices are served meanwhile, then the node gets the topology labels and
-// the NIC annotation, and an injected XID taints it until the device
-// recovers.
+// devices are served meanwhile, then the node gets the topology labels
+// (with GFD's sharing labels of its time-sliced GPUs) and the NIC
+// annotation, and an injected XID taints it until the device recovers.
 func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	dir := shortTempDir(t)
 	cfg := defaults()
@@ -39,6 +40,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	cfg.Taint.Mode = kubeapi.TaintOn
 	cfg.Health.RecoveryPeriod = time.Second
 	cfg.Health.DCGMMode = "off"
+	cfg.GPU.TimeSlicing = &gpu.TimeSlicing{Resources: []gpu.SharedResource{{Name: gpu.ResourceGPU, Replicas: 4}}}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	tries := 0
 	cfg.KubeRetry = 50 * time.Millisecond
@@ -78,7 +80,10 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		n := getNode()
 		return n.Annotations[kubeapi.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
 	})
-	want := topology.Labels(a.rec.current().node, cfg.GPU.MIGStrategy)
+	want := topology.Labels(a.rec.current().node, cfg.GPU.MIGStrategy, cfg.GPU.TimeSlicing.LabelSharing())
+	if want[topology.LabelGPUReplicas] != "4" || want[topology.LabelGPUSharingStrategy] != "time-slicing" {
+		t.Errorf("want labels without the GPUs' sharing: %v", want)
+	}
 	n := getNode()
 	for k, v := range want {
 		if n.Labels[k] != v {

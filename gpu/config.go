@@ -56,6 +56,9 @@ type Config struct {
 	// Recorder, if set, is told the GPUs behind every successful Allocate
 	// (e.g. *rdma.Recent, so RDMA can prefer NICs near them).
 	Recorder AllocationRecorder
+	// TimeSlicing, if set, serves the resources it names as time-sliced
+	// replicas (sharing.timeSlicing).
+	TimeSlicing *TimeSlicing
 }
 
 // AllocationRecorder is told the GPU UUIDs just allocated to a container:
@@ -64,7 +67,8 @@ type AllocationRecorder interface {
 	Record(gpuUUIDs []string)
 }
 
-// Validate checks the strategies, naming the option that is wrong.
+// Validate checks the strategies and the time-slicing section, naming the
+// option that is wrong.
 func (c Config) Validate() error {
 	if c.MIGStrategy != "" && !slices.Contains(MIGStrategies, c.MIGStrategy) {
 		return fmt.Errorf("mig-strategy: %q is not one of %s", c.MIGStrategy, strings.Join(MIGStrategies, ", "))
@@ -72,7 +76,7 @@ func (c Config) Validate() error {
 	if c.DeviceListStrategy != "" && !slices.Contains(DeviceListStrategies, c.DeviceListStrategy) {
 		return fmt.Errorf("device-list-strategy: %q is not one of %s", c.DeviceListStrategy, strings.Join(DeviceListStrategies, ", "))
 	}
-	return nil
+	return c.TimeSlicing.Validate(c.MIGStrategy)
 }
 
 func (c Config) withDefaults() Config {

@@ -30,9 +30,19 @@ const (
 // needs, passed with device specs when they exist.
 var controlNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 
-// device is one allocatable GPU or MIG device.
+// device is one allocatable GPU or MIG device, or one time-sliced replica
+// of one.
 type device struct {
+	// id is the kubelet's device ID: uuid, or "<uuid>::<n>" for replica n.
 	id string
+	// uuid is the GPU or MIG device a container allocated id gets.
+	uuid string
+	// index is NVIDIA's device index: the GPU's NVML index ("3"), or for
+	// a MIG device its GPU's and its own MIG handle index ("3:1").
+	index string
+	// replicas is how many replicas of uuid the resource serves (0: uuid
+	// is not shared).
+	replicas int
 	// gpu is the UUID of the physical GPU: the device itself or its parent.
 	gpu  string
 	numa []int64
@@ -93,26 +103,41 @@ func (r *resource) healthy(d *device) bool {
 }
 
 // Allocate builds the container response for ids under the configured
-// device-list strategy, with device specs when asked for.
+// device-list strategy, with device specs when asked for. Replicas are
+// mapped to the device they share, each device named once (two replicas
+// of one GPU give the container that GPU, once). With
+// failRequestsGreaterThanOne a request of more than one device that
+// includes a replica is refused, as NVIDIA's plugin refuses it
+// (internal/rm/rm.go ValidateRequest).
 func (r *resource) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	devs := make([]*device, 0, len(ids))
+	var uuids []string
+	replica := false
 	for _, id := range ids {
 		d, ok := r.byID[id]
 		if !ok {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device %q", r.name, id)
 		}
+		replica = replica || d.replicas > 0
+		if slices.Contains(uuids, d.uuid) {
+			continue
+		}
+		uuids = append(uuids, d.uuid)
 		devs = append(devs, d)
+	}
+	if ts := r.cfg.TimeSlicing; replica && len(ids) > 1 && ts != nil && ts.FailRequestsGreaterThanOne {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: maximum request size for shared resources is 1; found %d (sharing.timeSlicing.failRequestsGreaterThanOne)", r.name, len(ids))
 	}
 
 	resp := &pluginapi.ContainerAllocateResponse{}
 	switch r.cfg.DeviceListStrategy {
 	case DeviceListEnvvar:
-		resp.Envs = map[string]string{visibleDevicesEnv: strings.Join(ids, ",")}
+		resp.Envs = map[string]string{visibleDevicesEnv: strings.Join(uuids, ",")}
 	case DeviceListVolumeMounts:
 		// The runtime reads the device list from the mount points, not the
 		// env var, so a pod can't widen its own access by setting it.
 		resp.Envs = map[string]string{visibleDevicesEnv: volumeMountsRoot}
-		for _, id := range ids {
+		for _, id := range uuids {
 			resp.Mounts = append(resp.Mounts, &pluginapi.Mount{
 				HostPath:      "/dev/null",
 				ContainerPath: filepath.Join(volumeMountsRoot, id),
@@ -120,7 +145,7 @@ func (r *resource) Allocate(_ context.Context, ids []string) (*pluginapi.Contain
 			})
 		}
 	case DeviceListCDICRI:
-		for _, id := range ids {
+		for _, id := range uuids {
 			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: parser.QualifiedName(cdiVendor, cdiClass, id)})
 		}
 	default:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -34,12 +35,15 @@ type PreferredSolver interface {
 }
 
 // Resources turns the node model into kubelet resources under cfg's MIG
-// strategy. Resources without devices are left out, so a MIG change can make
-// a resource disappear. Each device is healthy only when health says so for
-// it and, for a MIG device, for its parent GPU too; a GPU discovery marked
-// lost is never healthy. Resources implement plugin.PreferredAllocator only
-// when solver is non-nil. It fails when the node's MIG layout does not fit
-// the strategy (see MIGStrategySingle).
+// strategy, time-sliced as cfg.TimeSlicing says. Resources without devices
+// are left out, so a MIG change can make a resource disappear. Each device
+// is healthy only when health says so for it and, for a MIG device, for
+// its parent GPU too; a GPU discovery marked lost is never healthy; a
+// replica is healthy exactly when the device it shares is. Resources
+// implement plugin.PreferredAllocator when solver is non-nil or they serve
+// replicas. It fails when the node's MIG layout does not fit the strategy
+// (see MIGStrategySingle) or the time-slicing section names devices the
+// node does not have.
 func Resources(node *topology.Node, cfg Config, health HealthView, solver PreferredSolver) ([]plugin.Resource, error) {
 	if node == nil {
 		return nil, errors.New("gpu resources: node model is nil")
@@ -57,6 +61,9 @@ func Resources(node *topology.Node, cfg Config, health HealthView, solver Prefer
 	if err != nil {
 		return nil, err
 	}
+	if groups, err = share(groups, cfg.TimeSlicing); err != nil {
+		return nil, err
+	}
 
 	names := make([]string, 0, len(groups))
 	for name := range groups {
@@ -67,7 +74,7 @@ func Resources(node *topology.Node, cfg Config, health HealthView, solver Prefer
 	out := make([]plugin.Resource, 0, len(names))
 	for _, name := range names {
 		r := newResource(name, groups[name], cfg, health)
-		if solver != nil {
+		if solver != nil || r.shared() {
 			out = append(out, &preferredResource{resource: r, solver: solver})
 			continue
 		}
@@ -190,6 +197,8 @@ func numa(n int) []int64 {
 func gpuDevice(g *topology.GPU) device {
 	return device{
 		id:        g.UUID,
+		uuid:      g.UUID,
+		index:     strconv.Itoa(g.Index),
 		gpu:       g.UUID,
 		numa:      numa(g.NUMANode),
 		healthIDs: []string{g.UUID},
@@ -201,6 +210,8 @@ func gpuDevice(g *topology.GPU) device {
 func migDevice(g *topology.GPU, m *topology.MIGDevice, caps migCaps) device {
 	d := device{
 		id:        m.UUID,
+		uuid:      m.UUID,
+		index:     fmt.Sprintf("%d:%d", g.Index, m.Index),
 		gpu:       g.UUID,
 		numa:      numa(g.NUMANode),
 		healthIDs: []string{m.UUID, g.UUID},

@@ -9,14 +9,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // TestDRAObjects: devices set before the client exists are published once
 // it does; a claim read waits for the client, or fails with the caller's
 // deadline while there is none.
 func TestDRAObjects(t *testing.T) {
-	cs := fake.NewClientset(
+	cs := newFake(t,
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", UID: "node-uid"}},
 		&resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c", UID: "claim-uid"}},
 	)

@@ -23,6 +23,8 @@ type NodeObjectConfig struct {
 	Labels bool
 	// MIGStrategy is the served MIG strategy, which the labels describe.
 	MIGStrategy string
+	// Sharing is the time-sliced resources, which the labels describe.
+	Sharing topology.Sharing
 	// NewClients builds the API clients; it is retried until it succeeds.
 	NewClients func() (Clients, error)
 	// Retry is the first delay between failed client builds (jittered,
@@ -91,7 +93,7 @@ func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
 	if n == nil {
 		return nil, nil, false
 	}
-	return topology.Labels(n, o.cfg.MIGStrategy), topology.Annotations(n), true
+	return topology.Labels(n, o.cfg.MIGStrategy, o.cfg.Sharing), topology.Annotations(n), true
 }
 
 // Run builds the client (retrying until it can), starts the node informer

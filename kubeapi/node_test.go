@@ -67,7 +67,7 @@ func TestNodeObject(t *testing.T) {
 			}
 			tainted := func() bool { return hasTaint(get().Spec.Taints, TaintConfig{}.WithDefaults().Key) }
 			if tc.wantLabels {
-				want := topology.Labels(node, "none")
+				want := topology.Labels(node, "none", nil)
 				waitFor(t, "the topology labels", func() bool {
 					n := get()
 					for k, v := range want {

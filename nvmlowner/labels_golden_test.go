@@ -55,7 +55,7 @@ func TestGFDLabelsGolden(t *testing.T) {
 			if why := topology.LabelsComplete(node); why != "" {
 				t.Fatalf("discovered node is incomplete: %s", why)
 			}
-			got := topology.Labels(node, tc.strategy)
+			got := topology.Labels(node, tc.strategy, nil)
 			want := readLabels(t, filepath.Join("testdata", "labels", tc.golden+".labels"))
 			for _, k := range slices.Sorted(maps.Keys(want)) {
 				if g, ok := got[k]; !ok {
@@ -92,7 +92,7 @@ func TestVGPULabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := topology.Labels(node, "none")
+	l := topology.Labels(node, "none", nil)
 	for k, v := range map[string]string{
 		topology.LabelVGPUPresent:    "true",
 		topology.LabelVGPUHostDriver: "550.54.16",
@@ -114,7 +114,7 @@ func TestVGPULabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := topology.Labels(node, "none")[topology.LabelVGPUPresent]; ok {
+	if v, ok := topology.Labels(node, "none", nil)[topology.LabelVGPUPresent]; ok {
 		t.Errorf("short config space: vgpu.present=%s, want no label", v)
 	}
 }

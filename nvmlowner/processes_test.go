@@ -46,20 +46,32 @@ func TestSamplerReadsProcesses(t *testing.T) {
 	before := node.NVMLCalls()
 	snap := s.SampleNow(context.Background())
 	after := node.NVMLCalls()
-	for _, call := range []string{"GetComputeRunningProcesses", "GetGraphicsRunningProcesses"} {
-		if got := after[call] - before[call]; got != 8 {
-			t.Errorf("%s: %d calls in a cycle, want 8 (one per GPU)", call, got)
+	for call, want := range map[string]uint64{
+		// One per GPU, and one on the MIG device whose process's memory
+		// the parent's list does not give.
+		"GetComputeRunningProcesses":  9,
+		"GetGraphicsRunningProcesses": 8,
+		// One per GPU with a process (GPUs 0 and 1).
+		"GetProcessUtilization": 2,
+	} {
+		if got := after[call] - before[call]; got != want {
+			t.Errorf("%s: %d calls in a cycle, want %d", call, got, want)
 		}
 	}
 
 	g0 := snap.Samples[0]
+	// The processes are idle: no utilisation sample, 0.
+	idle := ProcessUtil{SM: okMem(0), Memory: okMem(0), Encoder: okMem(0), Decoder: okMem(0)}
 	want0 := []Process{
-		{PID: comp, UsedMemory: okMem(1000 * mib), Compute: true},
-		{PID: both, UsedMemory: okMem(500 * mib), Compute: true, Graphics: true},
-		{PID: gfx, UsedMemory: okMem(300 * mib), Graphics: true},
+		{PID: comp, UsedMemory: okMem(1000 * mib), Compute: true, Util: idle},
+		{PID: both, UsedMemory: okMem(500 * mib), Compute: true, Graphics: true, Util: idle},
+		{PID: gfx, UsedMemory: okMem(300 * mib), Graphics: true, Util: idle},
 	}
 	if g0.Err != nil || g0.ProcessesRead != (Value{V: 3, Status: OK}) || !reflect.DeepEqual(g0.Processes, want0) {
 		t.Errorf("gpu 0: err %v read %+v processes %+v; want %+v", g0.Err, g0.ProcessesRead, g0.Processes, want0)
+	}
+	if g0.ProcessUtilRead != (Value{Status: OK}) {
+		t.Errorf("gpu 0: utilization read %+v, want OK with no sample", g0.ProcessUtilRead)
 	}
 	// GetMemoryInfo's used is reserved + allocated (nvmlMemory_t);
 	// GetMemoryInfo_v2's reserved is read alongside.
@@ -68,12 +80,14 @@ func TestSamplerReadsProcesses(t *testing.T) {
 	}
 
 	g1 := snap.Samples[1]
-	want1 := []Process{{PID: onMIG, MIG: mig.UUID, UsedMemory: Value{Status: NotSupported}, Compute: true}}
+	// The parent's list gives a MIG process's memory as not available;
+	// the MIG device's own list gives it.
+	want1 := []Process{{PID: onMIG, MIG: mig.UUID, UsedMemory: okMem(2000 * mib), Compute: true}}
 	if g1.ProcessesRead.Status != OK || !reflect.DeepEqual(g1.Processes, want1) || g1.MIGChanged {
 		t.Errorf("gpu 1 (MIG): read %+v processes %+v changed %v; want %+v", g1.ProcessesRead, g1.Processes, g1.MIGChanged, want1)
 	}
-	if !g1.Processes[0].UsedMemory.NoData() {
-		t.Error("a MIG process's memory through the parent is not NoData")
+	if g1.ProcessUtilRead.Status != NotSupported {
+		t.Errorf("gpu 1 (MIG): utilization read %+v, want NotSupported (nvml.h: not on MIG-enabled GPUs)", g1.ProcessUtilRead)
 	}
 	if m := g1.MIG[1]; m.UUID != mig.UUID || m.FBUsed != okMem(2000*mib) {
 		t.Errorf("MIG device %s fb used %+v, want 2000 MiB", m.UUID, m.FBUsed)

@@ -155,6 +155,13 @@ type Sample struct {
 	// Processes are sorted by MIG, then PID.
 	Processes     []Process
 	ProcessesRead Value
+	// ProcessUtilRead says whether the processes' utilisation was read
+	// (nvmlDeviceGetProcessUtilization, asked only of a GPU with a
+	// process): OK (V is the number of samples used; each Process's Util
+	// holds its reading), NotSupported / NoPermission (no data: before
+	// Maxwell, or MIG enabled), Failed, or Absent (not asked: no process
+	// listed, or the lists were not read).
+	ProcessUtilRead Value
 }
 
 // Process is one process holding a context on a GPU or MIG device.
@@ -169,6 +176,21 @@ type Process struct {
 	// Compute and Graphics say which lists the process is on (both for a
 	// process with a compute and a graphics context).
 	Compute, Graphics bool
+	// Util is the process's utilisation since the GPU's previous read,
+	// when Sample.ProcessUtilRead is OK.
+	Util ProcessUtil
+}
+
+// ProcessUtil is one process's share of a GPU's engines over the window
+// NVML's samples cover (nvmlProcessUtilizationSample_t), each in percent
+// of the time: SM (3D/compute), frame-buffer memory (the memory
+// controller, as DCGM_FI_DEV_MEM_COPY_UTIL is for the whole GPU), video
+// encoder, video decoder. A process NVML gave no sample for was idle (0):
+// nvml.h returns a sample only for a process "that had some non-zero
+// utilization during the last sample period". A sample out of range (over
+// 100, as nvtop issue #110 saw from real drivers) is Failed.
+type ProcessUtil struct {
+	SM, Memory, Encoder, Decoder Value
 }
 
 // Get returns field f.

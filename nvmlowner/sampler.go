@@ -98,6 +98,12 @@ type Sampler struct {
 	// about links the GPU has: an H100 has 18 of NVLINK_MAX_LINKS.
 	linksMu sync.Mutex
 	links   map[string]int
+
+	// lastSeen is, per GPU, the newest process utilisation sample
+	// timestamp read (nvmlDeviceGetProcessUtilization's lastSeenTimeStamp
+	// for the next read).
+	lastSeenMu sync.Mutex
+	lastSeen   map[string]uint64
 }
 
 // NewSampler returns a sampler over o. Call SetTargets, then Run.
@@ -105,7 +111,8 @@ func NewSampler(o *Owner, cfg SamplerConfig) *Sampler {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultSampleInterval
 	}
-	return &Sampler{o: o, cfg: cfg, kick: make(chan struct{}, 1), layout: make(chan struct{}, 1), links: map[string]int{}}
+	return &Sampler{o: o, cfg: cfg, kick: make(chan struct{}, 1), layout: make(chan struct{}, 1), links: map[string]int{},
+		lastSeen: map[string]uint64{}}
 }
 
 // Interval is the sampling period.
@@ -124,6 +131,13 @@ func (s *Sampler) SetTargets(t []Target) {
 	for i, g := range t {
 		uuids[i] = g.UUID
 	}
+	s.lastSeenMu.Lock()
+	for uuid := range s.lastSeen {
+		if !slices.Contains(uuids, uuid) {
+			delete(s.lastSeen, uuid)
+		}
+	}
+	s.lastSeenMu.Unlock()
 	s.o.SetGPUs(uuids)
 	select {
 	case s.kick <- struct{}{}:
@@ -279,10 +293,12 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 	)
 	err := s.o.Do(ctx, t.UUID, "sample", func(dev Device) nvml.Return {
 		r := &Sample{UUID: t.UUID, Time: out.Time}
-		ret := readSample(dev, t, r, s.linkBound(t.UUID))
+		seen := s.utilSeen(t.UUID)
+		ret := readSample(dev, t, r, s.linkBound(t.UUID), &seen)
 		if ret == nvml.SUCCESS {
 			s.learnLinks(t.UUID, r.Links)
 		}
+		s.setUtilSeen(t.UUID, seen)
 		mu.Lock()
 		done = r
 		mu.Unlock()
@@ -299,14 +315,15 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 		out.Err = err
 		out.Values = [NumFields]Value{}
 		out.Links, out.MIG = nil, nil
-		out.Processes, out.ProcessesRead = nil, Value{}
+		out.Processes, out.ProcessesRead, out.ProcessUtilRead = nil, Value{}, Value{}
 	}
 }
 
 // readSample reads every field of one GPU. It returns non-SUCCESS only
 // when the GPU as a whole is gone (GPU_IS_LOST), which makes the sample's
-// Err; a field that fails otherwise fails alone.
-func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
+// Err; a field that fails otherwise fails alone. utilSeen is the GPU's
+// process utilisation lastSeenTimeStamp, updated by the read.
+func readSample(dev Device, t Target, r *Sample, links int, utilSeen *uint64) nvml.Return {
 	v := &r.Values
 	lost := false
 	note := func(ret nvml.Return) nvml.Return {
@@ -386,6 +403,7 @@ func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
 	v[FieldFabricState], v[FieldFabricStatus] = valueOf(uint64(fi.State), note(ret)), valueOf(uint64(fi.Status), ret)
 
 	r.Links = readLinks(dev, note, links)
+	var migs map[string]Device
 	for _, mt := range t.MIG {
 		ms := MIGSample{UUID: mt.UUID}
 		mig, ret := dev.GetMigDeviceHandleByIndex(mt.Index)
@@ -406,10 +424,18 @@ func readSample(dev Device, t Target, r *Sample, links int) nvml.Return {
 		default:
 			mm, ret := mig.GetMemoryInfo()
 			ms.FBUsed, ms.FBFree = valueOf(mm.Used, note(ret)), valueOf(mm.Free, ret)
+			if migs == nil {
+				migs = map[string]Device{}
+			}
+			migs[mt.UUID] = mig
 		}
 		r.MIG = append(r.MIG, ms)
 	}
 	readProcesses(dev, t, r, note)
+	if !r.MIGChanged {
+		readMIGProcessMemory(migs, r, note)
+	}
+	*utilSeen = readProcessUtil(dev, r, *utilSeen, note)
 	if lost {
 		return nvml.ERROR_GPU_IS_LOST
 	}
@@ -521,6 +547,31 @@ func readRecoveries(dev Device, links []Link, note func(nvml.Return) nvml.Return
 		if x, ok := fieldUint(fv); ok {
 			links[idx[k]].Recoveries = Value{V: x, Status: OK}
 		}
+	}
+}
+
+// utilSeen is GPU uuid's process utilisation lastSeenTimeStamp (0 before
+// its first sample).
+func (s *Sampler) utilSeen(uuid string) uint64 {
+	s.lastSeenMu.Lock()
+	defer s.lastSeenMu.Unlock()
+	return s.lastSeen[uuid]
+}
+
+// setUtilSeen records GPU uuid's process utilisation lastSeenTimeStamp,
+// unless the GPU is no longer a target.
+func (s *Sampler) setUtilSeen(uuid string, seen uint64) {
+	if seen == 0 {
+		return
+	}
+	targeted := false
+	if p := s.targets.Load(); p != nil {
+		targeted = slices.ContainsFunc(*p, func(t Target) bool { return t.UUID == uuid })
+	}
+	s.lastSeenMu.Lock()
+	defer s.lastSeenMu.Unlock()
+	if targeted {
+		s.lastSeen[uuid] = seen
 	}
 }
 

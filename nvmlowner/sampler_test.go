@@ -14,7 +14,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-func simSampler(t *testing.T, profile string, opts ...sim.ProfileOption) (*sim.Node, *Owner, *Sampler, []Target) {
+func simSampler(t testing.TB, profile string, opts ...sim.ProfileOption) (*sim.Node, *Owner, *Sampler, []Target) {
 	t.Helper()
 	spec, err := sim.Profile(profile, opts...)
 	if err != nil {

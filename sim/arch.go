@@ -28,6 +28,9 @@ import (
 //     counters, NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY/_RECOVERY/_CRC (161-163),
 //     "unsupported for Blackwell+. Please use
 //     NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*" (213-215, NVLink5 counters).
+//   - Per-process utilisation: nvml.h nvmlDeviceGetProcessUtilization (and
+//     nvmlDeviceGetProcessesUtilizationInfo), "For Maxwell or newer fully
+//     supported devices"; MIG-enabled GPUs are refused in process_util.go.
 //   - Privileges: see privilegedCalls and SetUnprivileged.
 
 // Features whose support depends on the GPU architecture.
@@ -36,6 +39,7 @@ const (
 	featureRowRemap      = "row-remap"             // nvmlDeviceGetRemappedRows
 	featureNVLinkErrors  = "nvlink-error-counters" // nvmlDeviceGetNvLinkErrorCounter
 	featureNVLink5Counts = "nvlink5-counters"      // NVML_FI_DEV_NVLINK_COUNT_*
+	featureProcessUtil   = "process-utilization"   // nvmlDeviceGetProcessUtilization
 )
 
 // archState is the node-wide state of this file.
@@ -60,6 +64,8 @@ func archSupports(arch nvml.DeviceArchitecture, feature string) bool {
 		return arch < nvml.DEVICE_ARCH_BLACKWELL
 	case featureNVLink5Counts:
 		return arch >= nvml.DEVICE_ARCH_BLACKWELL
+	case featureProcessUtil:
+		return arch >= nvml.DEVICE_ARCH_MAXWELL
 	}
 	return true
 }
@@ -236,6 +242,12 @@ func (n *Node) installArch() {
 			}
 		}
 		n.installNVLinkErrorFields(i, &d.Device)
+
+		if !archSupports(arch, featureProcessUtil) {
+			d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+				return nil, nvml.ERROR_NOT_SUPPORTED
+			}
+		}
 
 		// nvml.h nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
 		// nvmlDeviceGetComputeRunningProcesses_v3 and

@@ -75,6 +75,7 @@ const (
 	devGetGridLicensableFeatures
 	devGetComputeRunningProcesses
 	devGetGraphicsRunningProcesses
+	devGetProcessUtilization
 	numDeviceCalls
 )
 
@@ -88,7 +89,7 @@ var deviceCallNames = [numDeviceCalls]string{
 	"GetPcieReplayCounter", "GetFieldValues", "GetEccMode", "GetTotalEccErrors", "GetRetiredPages",
 	"GetRetiredPagesPendingStatus", "GetRemappedRows", "GetGpuFabricInfo", "GetNvLinkErrorCounter",
 	"GetCudaComputeCapability", "GetEncoderUtilization", "GetDecoderUtilization", "GetMemoryInfo_v2",
-	"GetGridLicensableFeatures", "GetComputeRunningProcesses", "GetGraphicsRunningProcesses",
+	"GetGridLicensableFeatures", "GetComputeRunningProcesses", "GetGraphicsRunningProcesses", "GetProcessUtilization",
 }
 
 // count counts one call of library method k (an index into libCallNames).

@@ -57,6 +57,7 @@ const maxControlBody = 1 << 16
 //	GET    /processes               the running processes (Process JSON, by PID)
 //	DELETE /processes/{pid}         the process exits (StopProcess)
 //	POST   /processes/{pid}/signal  {"signal":"SIGTERM"} (SignalProcess)
+//	POST   /processes/{pid}/utilization  {"smUtil":40,"memUtil":10} from now on (SetProcessUtilization)
 //	POST   /leaked-memory           {"gpu":0,"mig":"MIG-...","memoryMiB":2048} (SetLeakedMemory)
 //	GET    /leaked-memory           the leaks ([{"gpu":0,"memoryMiB":2048}])
 //

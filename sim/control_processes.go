@@ -42,6 +42,7 @@ func (n *Node) processRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /processes", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Processes()) })
 	mux.HandleFunc("DELETE /processes/{pid}", n.handleStopProcess)
 	mux.HandleFunc("POST /processes/{pid}/signal", n.handleSignalProcess)
+	mux.HandleFunc("POST /processes/{pid}/utilization", n.handleProcessUtilization)
 	mux.HandleFunc("POST /leaked-memory", n.handleLeakedMemory)
 	mux.HandleFunc("GET /leaked-memory", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Leaks()) })
 }
@@ -100,6 +101,24 @@ func (n *Node) handleSignalProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := n.SignalProcess(pid, sig); err != nil {
+		httpError(w, processErrorCode(err), err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (n *Node) handleProcessUtilization(w http.ResponseWriter, r *http.Request) {
+	pid, err := pathPID(r)
+	if err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	var req ProcessUtilization
+	if err := decodeStrict(r, &req); err != nil {
+		httpError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := n.SetProcessUtilization(pid, req); err != nil {
 		httpError(w, processErrorCode(err), err)
 		return
 	}

@@ -432,3 +432,10 @@ func (d device) GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) 
 	d.g.enter(devGetGraphicsRunningProcesses)
 	return d.m.GetGraphicsRunningProcessesFunc()
 }
+
+// GetProcessUtilization answers per-process utilisation samples
+// (process_util.go).
+func (d device) GetProcessUtilization(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	d.g.enter(devGetProcessUtilization)
+	return d.m.GetProcessUtilizationFunc(lastSeen)
+}

@@ -98,6 +98,9 @@ type ProcessSpec struct {
 	Uninterruptible bool `json:"uninterruptible,omitempty"`
 	// IgnoreTerm: the process ignores SIGTERM (and ends on SIGKILL).
 	IgnoreTerm bool `json:"ignoreTerm,omitempty"`
+	// ProcessUtilization is what the process keeps busy from its start
+	// (process_util.go); SetProcessUtilization changes it. Default idle.
+	ProcessUtilization
 }
 
 // Process is a running simulated process: its spec with every default
@@ -113,6 +116,12 @@ type Process struct {
 	StartTime uint64 `json:"startTime"`
 	// State is /proc/<pid>/stat field 3: S, or D when uninterruptible.
 	State string `json:"state"`
+
+	// started is when the process started; history is its utilisation
+	// since then (at most utilBuffer back), oldest first. Guarded by
+	// procState.mu.
+	started time.Time
+	history []utilPoint
 }
 
 // procState is the simulated processes and leaked memory of a node. It has
@@ -131,6 +140,8 @@ type procState struct {
 	// lastStart keeps start times increasing.
 	boot      time.Time
 	lastStart uint64
+	// now is the clock of utilisation samples (time.Now; tests set it).
+	now func() time.Time
 }
 
 type leakKey struct {
@@ -146,7 +157,8 @@ const bootUptime = 24 * time.Hour
 // memory answer from the node's processes and leaked memory, and removes
 // the /proc entries an earlier simulator left in the host root.
 func (n *Node) installProcesses() error {
-	ps := &procState{next: FirstPID, procs: map[uint32]*Process{}, leaked: map[leakKey]uint64{}, boot: time.Now().Add(-bootUptime)}
+	ps := &procState{next: FirstPID, procs: map[uint32]*Process{}, leaked: map[leakKey]uint64{}, boot: time.Now().Add(-bootUptime),
+		now: time.Now}
 	n.procs = ps
 	for i, d := range n.devices {
 		g := n.gpus[i]
@@ -220,6 +232,9 @@ func (n *Node) installProcesses() error {
 		}
 		d.GetComputeRunningProcessesFunc = list(false)
 		d.GetGraphicsRunningProcessesFunc = list(true)
+		d.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			return n.processUtilization(i, lastSeen)
+		}
 	}
 	// MIG devices are built after the install hooks (New), so the hook
 	// reaches the initial layout too.
@@ -452,6 +467,9 @@ func (n *Node) newProcess(spec ProcessSpec) (*Process, error) {
 	if spec.Graphics && spec.MIG != "" {
 		return nil, errors.New("graphics: MIG devices have no graphics contexts")
 	}
+	if err := spec.ProcessUtilization.validate(); err != nil {
+		return nil, err
+	}
 	dev, err := n.memoryDevice(spec.GPU, spec.MIG, false)
 	if err != nil {
 		return nil, err
@@ -519,6 +537,8 @@ func (n *Node) newProcess(spec ProcessSpec) (*Process, error) {
 	ps.next++
 	p.StartTime = max(uint64(time.Since(ps.boot)/(time.Second/clockTicks)), ps.lastStart+1)
 	ps.lastStart = p.StartTime
+	p.started = ps.now()
+	p.history = []utilPoint{{at: p.started, util: spec.ProcessUtilization}}
 	ps.mu.Unlock()
 	return p, nil
 }
@@ -698,7 +718,9 @@ func (n *Node) Processes() []Process {
 	defer ps.mu.Unlock()
 	out := make([]Process, 0, len(ps.procs))
 	for _, p := range ps.procs {
-		out = append(out, *p)
+		c := *p
+		c.started, c.history = time.Time{}, nil
+		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b Process) int { return int(a.PID) - int(b.PID) })
 	return out

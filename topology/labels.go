@@ -48,10 +48,26 @@ const (
 // gpuResource is the resource name GFD's per-resource labels hang off.
 const gpuResource = "nvidia.com/gpu"
 
+// SharingTimeSlicing is GFD's gpu.sharing-strategy for time-sliced
+// resources (NVIDIA's api/config/v1 SharingStrategyTimeSlicing).
+const SharingTimeSlicing = "time-slicing"
+
+// SharedResource is how one resource is time-sliced, as far as GFD's
+// labels tell: the replicas of each device and whether the replicas are
+// served under another name (a rename written, or renameByDefault).
+type SharedResource struct {
+	Replicas int
+	Renamed  bool
+}
+
+// Sharing is the time-sliced resources by the name of the resource they
+// share (nvidia.com/gpu, nvidia.com/mig-<profile>); nil or empty: none.
+type Sharing map[string]SharedResource
+
 // Labels returns the node labels that describe n under the given MIG
-// strategy ("" is none). A node without GPUs gets no labels. The nvidia.com
-// labels are the ones GFD v0.20.0 sets with no sharing configured, with its
-// value rules (internal/lm, internal/resource):
+// strategy ("" is none) with the given time-sliced resources (nil: none).
+// A node without GPUs gets no labels. The nvidia.com labels are the ones
+// GFD v0.20.0 sets, with its value rules (internal/lm, internal/resource):
 //
 //   - cuda.driver-version.{major,minor,revision,full} from the driver version
 //     and cuda.runtime-version.{major,minor,full} from the CUDA driver
@@ -68,6 +84,12 @@ const gpuResource = "nvidia.com/gpu"
 //     describe the lowest-index GPU that is not lost and the GPUs of its
 //     model; replicas is 1, or 0 when every GPU of that model has MIG
 //     enabled (GFD labels those without sharing);
+//   - a shared resource (sharing's nvidia.com/gpu for the gpu.* labels,
+//     and for the MIG labels under single; nvidia.com/mig-<profile> for
+//     that profile's under mixed) has replicas = its replicas,
+//     sharing-strategy "time-slicing" and, unless its replicas are renamed,
+//     "-SHARED" appended to product (lm/resource.go baseLabeler,
+//     getProductName); its count stays the device count;
 //   - mig.strategy only under single and mixed. Under single, a node whose
 //     MIG-enabled GPUs all hold MIG devices of one profile, and has no GPU
 //     without MIG, gets the gpu.* labels of that profile (product
@@ -81,7 +103,7 @@ const gpuResource = "nvidia.com/gpu"
 // and every pair joined by the same non-zero number of NVLinks — what an
 // NVSwitch fabric looks like. A direct full mesh with equal counts would
 // read the same.
-func Labels(n *Node, migStrategy string) map[string]string {
+func Labels(n *Node, migStrategy string, sharing Sharing) map[string]string {
 	if len(n.GPUs) == 0 {
 		return map[string]string{}
 	}
@@ -90,10 +112,10 @@ func Labels(n *Node, migStrategy string) map[string]string {
 	}
 	l := map[string]string{}
 	addHostLabels(l, n)
-	addGPULabels(l, n)
+	addGPULabels(l, n, sharing)
 	if migStrategy != MIGStrategyNone {
 		l[LabelMIGStrategy] = migStrategy
-		addMIGLabels(l, n, migStrategy)
+		addMIGLabels(l, n, migStrategy, sharing)
 	}
 	addWiringLabels(l, n)
 	return l
@@ -177,8 +199,21 @@ func reference(n *Node) *GPU {
 	return nil
 }
 
+// sharingLabels are GFD's replicas, sharing-strategy and product labels of
+// a resource (lm/resource.go baseLabeler): shared with more than one
+// replica, the product gets "-SHARED" unless the replicas are renamed.
+func sharingLabels(share SharedResource, productParts ...string) (replicas, strategy, product string) {
+	if share.Replicas > 1 {
+		if !share.Renamed {
+			productParts = append(productParts, "SHARED")
+		}
+		return strconv.Itoa(share.Replicas), SharingTimeSlicing, productName(productParts...)
+	}
+	return "1", "none", productName(productParts...)
+}
+
 // addGPULabels adds GFD's full-GPU labels (nvidia.com/gpu.*).
-func addGPULabels(l map[string]string, n *Node) {
+func addGPULabels(l map[string]string, n *Node, sharing Sharing) {
 	ref := reference(n)
 	if ref == nil {
 		l[LabelGPUCount] = strconv.Itoa(len(n.GPUs))
@@ -195,14 +230,16 @@ func addGPULabels(l map[string]string, n *Node) {
 			}
 		}
 	}
-	replicas := "1"
+	replicas, strategy, product := sharingLabels(sharing[gpuResource], ref.Model)
 	if allMIG {
-		replicas = "0"
+		// GFD labels MIG-enabled GPUs without sharing
+		// (NewGPUResourceLabelerWithoutSharing).
+		replicas, strategy, product = "0", "none", productName(ref.Model)
 	}
-	l[LabelGPUProduct] = productName(ref.Model)
+	l[LabelGPUProduct] = product
 	l[LabelGPUCount] = strconv.Itoa(count)
 	l[LabelGPUReplicas] = replicas
-	l[LabelGPUSharingStrategy] = "none"
+	l[LabelGPUSharingStrategy] = strategy
 	if ref.MemoryMiB > 0 {
 		l[LabelGPUMemory] = strconv.FormatUint(ref.MemoryMiB, 10)
 	}
@@ -262,7 +299,7 @@ func MIGResourceName(profile string) string {
 }
 
 // addMIGLabels adds the strategy-specific MIG labels.
-func addMIGLabels(l map[string]string, n *Node, strategy string) {
+func addMIGLabels(l map[string]string, n *Node, strategy string, sharing Sharing) {
 	profiles := map[string]*migProfile{}
 	var enabled, disabled, empty int
 	var firstEnabled *GPU
@@ -304,24 +341,25 @@ func addMIGLabels(l map[string]string, n *Node, strategy string) {
 			return
 		}
 		for name, p := range profiles {
-			addMIGResourceLabels(l, gpuResource, name, p)
+			addMIGResourceLabels(l, gpuResource, name, p, sharing[gpuResource])
 		}
 	case MIGStrategyMixed:
 		for name, p := range profiles {
-			addMIGResourceLabels(l, MIGResourceName(name), name, p)
+			addMIGResourceLabels(l, MIGResourceName(name), name, p, sharing[MIGResourceName(name)])
 		}
 	}
 }
 
 // addMIGResourceLabels adds GFD's labels of one MIG profile served as
-// resource.
-func addMIGResourceLabels(l map[string]string, resource, name string, p *migProfile) {
+// resource, shared as share says.
+func addMIGResourceLabels(l map[string]string, resource, name string, p *migProfile, share SharedResource) {
 	a := p.attrs
+	replicas, strategy, product := sharingLabels(share, p.parentModel, "MIG", name)
 	for suffix, v := range map[string]string{
-		"product":          productName(p.parentModel, "MIG", name),
+		"product":          product,
 		"count":            strconv.Itoa(p.count),
-		"replicas":         "1",
-		"sharing-strategy": "none",
+		"replicas":         replicas,
+		"sharing-strategy": strategy,
 		"memory":           strconv.FormatUint(p.memoryMiB, 10),
 		"multiprocessors":  strconv.FormatUint(uint64(a.Multiprocessors), 10),
 		"slices.gi":        strconv.FormatUint(uint64(a.GPUInstanceSlices), 10),

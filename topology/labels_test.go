@@ -78,13 +78,13 @@ func TestLabels(t *testing.T) {
 			for _, i := range tc.lost {
 				n.GPUs[i].Lost = true
 			}
-			got := Labels(n, tc.strategy)
+			got := Labels(n, tc.strategy, nil)
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("Labels =\n%v\nwant\n%v", got, tc.want)
 			}
 		})
 	}
-	if got := Labels(&Node{}, "mixed"); len(got) != 0 {
+	if got := Labels(&Node{}, "mixed", nil); len(got) != 0 {
 		t.Errorf("no GPUs: Labels = %v, want none", got)
 	}
 }
@@ -118,7 +118,7 @@ func TestHostLabels(t *testing.T) {
 			if tc.class != 0 {
 				g.PCIClass = tc.class
 			}
-			got := Labels(&Node{GPUs: []GPU{g}, Host: tc.host}, "none")
+			got := Labels(&Node{GPUs: []GPU{g}, Host: tc.host}, "none", nil)
 			for k, v := range tc.want {
 				if w, ok := got[k]; !ok || w != v {
 					t.Errorf("%s = %q (set %v), want %q", k, w, ok, v)
@@ -131,7 +131,7 @@ func TestHostLabels(t *testing.T) {
 			}
 		})
 	}
-	mixed := Labels(&Node{GPUs: []GPU{gpu, {UUID: "GPU-2", Model: "NVIDIA L4", PCIClass: PCIClassVGA}}}, "")
+	mixed := Labels(&Node{GPUs: []GPU{gpu, {UUID: "GPU-2", Model: "NVIDIA L4", PCIClass: PCIClassVGA}}}, "", nil)
 	if mixed[LabelGPUMode] != "unknown" {
 		t.Errorf("gpus of two classes: mode %q, want unknown", mixed[LabelGPUMode])
 	}
@@ -150,5 +150,66 @@ func TestLabelValue(t *testing.T) {
 		if got := labelValue(tc.in); got != tc.want {
 			t.Errorf("labelValue(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestSharingLabels: GFD's labels of time-sliced resources
+// (k8s-device-plugin internal/lm/resource.go and its resource_test.go
+// cases): replicas, sharing-strategy time-slicing and a "-SHARED" product
+// unless the replicas are renamed; the count stays the device count.
+func TestSharingLabels(t *testing.T) {
+	gpuShared := func(replicas int, renamed bool) Sharing {
+		return Sharing{gpuResource: {Replicas: replicas, Renamed: renamed}}
+	}
+	// uniform is two A100s with MIG on, one 1g.5gb device each.
+	uniform := func(t *testing.T) *Node {
+		return &Node{GPUs: []GPU{
+			{Index: 0, UUID: "GPU-0", Model: "NVIDIA A100-SXM4-40GB", MIGCapable: true, MIGEnabled: true, MIG: []MIGDevice{{UUID: "MIG-0", Profile: "1g.5gb", MemoryMiB: 4864}}},
+			{Index: 1, UUID: "GPU-1", Model: "NVIDIA A100-SXM4-40GB", MIGCapable: true, MIGEnabled: true, MIG: []MIGDevice{{UUID: "MIG-1", Profile: "1g.5gb", MemoryMiB: 4864}}},
+		}}
+	}
+	fixture := func(name string) func(*testing.T) *Node {
+		return func(t *testing.T) *Node { return loadSolverNode(t, name) }
+	}
+	tests := []struct {
+		name     string
+		node     func(*testing.T) *Node
+		strategy string
+		sharing  Sharing
+		want     map[string]string // the labels checked; others must equal the unshared node's
+	}{
+		{"shared GPUs", fixture("dgx-h100"), "", gpuShared(4, false), map[string]string{
+			LabelGPUProduct: "NVIDIA-H100-80GB-HBM3-SHARED", LabelGPUReplicas: "4", LabelGPUSharingStrategy: "time-slicing", LabelGPUCount: "8"}},
+		{"renamed replicas keep the product", fixture("dgx-h100"), "", gpuShared(10, true), map[string]string{
+			LabelGPUProduct: "NVIDIA-H100-80GB-HBM3", LabelGPUReplicas: "10", LabelGPUSharingStrategy: "time-slicing", LabelGPUCount: "8"}},
+		{"another resource shared: GPUs unchanged", fixture("dgx-h100"), "", Sharing{"nvidia.com/mig-1g.10gb": {Replicas: 2}}, map[string]string{
+			LabelGPUProduct: "NVIDIA-H100-80GB-HBM3", LabelGPUReplicas: "1", LabelGPUSharingStrategy: "none"}},
+		{"a MIG profile shared under mixed", fixture("dgx-a100-mig"), "mixed", Sharing{"nvidia.com/mig-1g.10gb": {Replicas: 3}}, map[string]string{
+			LabelGPUProduct: "NVIDIA-A100-SXM4-80GB", LabelGPUReplicas: "1", LabelGPUSharingStrategy: "none",
+			"nvidia.com/mig-1g.10gb.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED", "nvidia.com/mig-1g.10gb.replicas": "3",
+			"nvidia.com/mig-1g.10gb.sharing-strategy": "time-slicing", "nvidia.com/mig-1g.10gb.count": "8"}},
+		{"MIG devices shared under single (the README's A100-SXM4-40GB-MIG-1g.5gb-SHARED)", uniform, "single", gpuShared(2, false), map[string]string{
+			LabelGPUProduct: "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED", LabelGPUReplicas: "2", LabelGPUSharingStrategy: "time-slicing", LabelGPUCount: "2"}},
+		{"GPUs all MIG-enabled under none are labelled without sharing", uniform, "none", gpuShared(2, false), map[string]string{
+			LabelGPUProduct: "NVIDIA-A100-SXM4-40GB", LabelGPUReplicas: "0", LabelGPUSharingStrategy: "none", LabelGPUCount: "2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Labels(tc.node(t), tc.strategy, tc.sharing)
+			want := Labels(tc.node(t), tc.strategy, nil)
+			maps.Copy(want, tc.want)
+			if !maps.Equal(got, want) {
+				for k, v := range want {
+					if got[k] != v {
+						t.Errorf("%s = %q, want %q", k, got[k], v)
+					}
+				}
+				for k, v := range got {
+					if _, ok := want[k]; !ok {
+						t.Errorf("unexpected %s = %q", k, v)
+					}
+				}
+			}
+		})
 	}
 }

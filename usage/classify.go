@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 )
 
 // Class is what a process (or memory without one) on a device is.
@@ -64,6 +66,9 @@ type deviceUse struct {
 	// read says the processes were read (ProcessesRead OK); without it
 	// nothing about the device is judged.
 	read bool
+	// utilRead says the processes' utilisation was read (ProcessUtilRead
+	// OK): each procUse's Util holds it.
+	utilRead bool
 	// processes on the device, each with what /proc says about it.
 	processes []procUse
 	// memory is the device memory allocated (used minus what the driver
@@ -78,6 +83,8 @@ type procUse struct {
 	// Memory is what NVML reports the process holds on the device.
 	Memory      uint64
 	MemoryKnown bool
+	// Util is the process's utilisation of the GPU this cycle.
+	Util nvmlowner.ProcessUtil
 	// Proc is the process as /proc shows it; procErr says why it could
 	// not be read.
 	Proc    Process
@@ -111,10 +118,12 @@ type deviceVerdict struct {
 	verdicts []Verdict
 }
 
-// judge classifies every process on d, and d's memory, under a. It never
-// flags from missing data: processes not read, the kubelet not answering,
-// PIDs that cannot be looked up make the device unjudged (its processes
-// ClassUnknown); a process that cannot be attributed alone is unknown.
+// judge classifies every process on d, and d's memory, under a: one
+// verdict per process, in d.processes' order, then the leaked memory's.
+// It never flags from missing data: processes not read, the kubelet not
+// answering, PIDs that cannot be looked up make the device unjudged (its
+// processes ClassUnknown); a process that cannot be attributed alone is
+// unknown.
 func judge(d deviceUse, a attribution, leakedThreshold uint64) deviceVerdict {
 	out := deviceVerdict{ID: d.ID}
 	var owners []Assignment

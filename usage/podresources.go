@@ -94,11 +94,15 @@ type Assignments struct {
 	// the node does not have, each name once (with the first claim
 	// naming it), sorted by name.
 	unresolved []draDevice
+	// uses are, by device (GPU or MIG UUID), what each holding
+	// container's processes used in the cycle (holders.go); set by the
+	// tracker before the Assignments are published.
+	uses map[string]map[holderKey]*Use
 }
 
 // Container returns the first container (in the kubelet's List order)
-// assigned device id or, for a time-sliced GPU, one of its replicas. It is
-// what the GPU metrics label a device's series with.
+// assigned device id or, for a time-sliced GPU, one of its replicas. A
+// shared device has more than one: see Holders.
 func (a *Assignments) Container(id string) (Assignment, bool) {
 	if a == nil {
 		return Assignment{}, false

@@ -334,6 +334,9 @@ func (t *Tracker) Cycle(ctx context.Context) {
 	t.track(node, verdicts, now)
 	t.metrics.render(verdicts, t.findings, attr, resp != nil)
 
+	if attr.assignments != nil {
+		attr.assignments.uses = holderUses(attr.assignments, devices, verdicts)
+	}
 	t.assignments.Store(attr.assignments)
 	if attr.assignments != nil && t.opts.Allocations != nil {
 		offered := func(string) bool { return true }
@@ -454,10 +457,15 @@ func (t *Tracker) devicesOf(node *topology.Node, snap *nvmlowner.Snapshot, resol
 		g := &node.GPUs[i]
 		s := samples[g.UUID]
 		read := s != nil && s.Err == nil && s.ProcessesRead.Status == nvmlowner.OK
+		// The processes' utilisation is known when it was read, or
+		// when there is no process (nothing to be busy); never on a GPU
+		// with MIG devices (nvml.h: not supported there), so a MIG
+		// device's holders never show it, idle or not.
+		utilRead := read && len(g.MIG) == 0 && (s.ProcessUtilRead.Status == nvmlowner.OK || len(s.Processes) == 0)
 		procs := map[string][]procUse{}
 		if read {
 			for _, p := range s.Processes {
-				pu := procUse{PID: p.PID, Memory: p.UsedMemory.V, MemoryKnown: p.UsedMemory.Status == nvmlowner.OK}
+				pu := procUse{PID: p.PID, Memory: p.UsedMemory.V, MemoryKnown: p.UsedMemory.Status == nvmlowner.OK, Util: p.Util}
 				if resolve {
 					pu.Proc, pu.procErr = t.procs.read(p.PID)
 				}
@@ -470,7 +478,7 @@ func (t *Tracker) devicesOf(node *topology.Node, snap *nvmlowner.Snapshot, resol
 			all = append(all, m.UUID)
 		}
 		if len(g.MIG) == 0 || !t.cfg.MIGDevicesServed {
-			d := deviceUse{ID: g.UUID, assignIDs: all, read: read}
+			d := deviceUse{ID: g.UUID, assignIDs: all, read: read, utilRead: utilRead}
 			for _, l := range procs {
 				d.processes = append(d.processes, l...)
 			}
@@ -487,7 +495,7 @@ func (t *Tracker) devicesOf(node *topology.Node, snap *nvmlowner.Snapshot, resol
 		// MIG devices served: each MIG device is a device; processes
 		// NVML did not place on one of them count against the GPU.
 		for _, m := range g.MIG {
-			d := deviceUse{ID: m.UUID, assignIDs: []string{m.UUID}, read: read, processes: procs[m.UUID]}
+			d := deviceUse{ID: m.UUID, assignIDs: []string{m.UUID}, read: read, utilRead: utilRead, processes: procs[m.UUID]}
 			delete(procs, m.UUID)
 			if read && leakJudgeable(g.Model) {
 				for _, ms := range s.MIG {
@@ -504,7 +512,7 @@ func (t *Tracker) devicesOf(node *topology.Node, snap *nvmlowner.Snapshot, resol
 		}
 		if len(rest) > 0 {
 			sortProcs(rest)
-			out = append(out, deviceUse{ID: g.UUID, assignIDs: all, read: read, processes: rest})
+			out = append(out, deviceUse{ID: g.UUID, assignIDs: all, read: read, utilRead: utilRead, processes: rest})
 		}
 	}
 	t.procs.endCycle()

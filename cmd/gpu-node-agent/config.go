@@ -1,6 +1,8 @@
 package main
 
 import (
+	"cmp"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +36,13 @@ const envPrefix = "GNA_"
 type Config struct {
 	// Config is the YAML file that was read, if any.
 	Config string `json:"-"`
+	// NVIDIAConfig is a config file of NVIDIA's device plugin (version
+	// v1) whose MIG strategy, device-list settings and time-slicing the
+	// agent takes (see applyNVIDIAConfig).
+	NVIDIAConfig string `json:"nvidia-config,omitempty"`
+	// nvidiaIgnored says what NVIDIAConfig sets that changes nothing here;
+	// it is logged once the logger exists.
+	nvidiaIgnored []string
 
 	Simulate          string `json:"simulate,omitempty"`
 	SimControlAddress string `json:"sim-control-address,omitempty"`
@@ -78,6 +87,8 @@ type Config struct {
 	RDMA    rdma.Config    `json:"rdma"`
 	// DRA says which device kinds are served through DRA.
 	DRA agent.DRAConfig `json:"dra"`
+	// Sharing is how device-plugin resources are shared (time-slicing).
+	Sharing SharingSection `json:"sharing"`
 }
 
 // MetricsSection configures the GPU metrics collector and the endpoint
@@ -149,6 +160,7 @@ var options = []option{
 	{name: "simulate", usage: "run on a simulated node: PROFILE[,mig=GPU:PROF+PROF...] or a topology snapshot FILE.json", bind: str(func(c *Config) *string { return &c.Simulate })},
 	{name: "sim-control-address", usage: "loopback address of the simulator's control endpoint (simulate only; empty disables)", bind: str(func(c *Config) *string { return &c.SimControlAddress })},
 	{name: "sim-faults", usage: "faults the simulated node has from the start, before NVML's first init: KIND[:GPU],..., e.g. nvml-failure or gpu-lost:3 (simulate only; the control API clears them)", bind: str(func(c *Config) *string { return &c.SimFaults })},
+	{name: "nvidia-config", usage: "config file of NVIDIA's device plugin (version: v1): its flags.migStrategy, flags.plugin.passDeviceSpecs and deviceListStrategy and sharing.timeSlicing are used; settings the agent cannot honour are refused by name", bind: str(func(c *Config) *string { return &c.NVIDIAConfig })},
 	{name: "device-plugin-dir", usage: "kubelet device-plugin directory (holds kubelet.sock and our sockets)", bind: str(func(c *Config) *string { return &c.DevicePluginDir })},
 	{name: "host-root", usage: "where the host's / is mounted (/dev, /sys, /proc/driver are read under it)", bind: str(func(c *Config) *string { return &c.HostRoot })},
 	{name: "state-dir", usage: "directory (on the host) where device health, held faults and counter baselines persist across restarts; empty disables (with --simulate the default moves under the simulated host root)", bind: str(func(c *Config) *string { return &c.StateDir })},
@@ -197,10 +209,13 @@ func flagSet(c *Config, out io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// loadConfig builds the Config from defaults < file < env < flags. It does
-// not validate; call Validate. A --help request returns flag.ErrHelp.
+// loadConfig builds the Config from defaults < file < NVIDIA's file <
+// env < flags (NVIDIA's file may not contradict the agent's: see
+// applyNVIDIAConfig). It does not validate; call Validate. A --help
+// request returns flag.ErrHelp.
 func loadConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
-	// First pass: only to learn --config and reject bad flag syntax early.
+	// First pass: only to learn --config and --nvidia-config and reject
+	// bad flag syntax early.
 	var probe Config
 	if err := flagSet(&probe, out).Parse(args); err != nil {
 		return Config{}, err
@@ -210,12 +225,20 @@ func loadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 	}
 
 	cfg := defaults()
+	var fileKeys map[string]json.RawMessage
 	if probe.Config != "" {
-		if err := readConfigFile(probe.Config, &cfg); err != nil {
+		var err error
+		if fileKeys, err = readConfigFile(probe.Config, &cfg); err != nil {
 			return Config{}, err
 		}
 	}
 	cfg.Config = probe.Config
+	nvidia := cmp.Or(probe.NVIDIAConfig, getenv(envPrefix+"NVIDIA_CONFIG"), cfg.NVIDIAConfig)
+	if nvidia != "" {
+		if err := cfg.applyNVIDIAConfig(nvidia, fileKeys); err != nil {
+			return Config{}, err
+		}
+	}
 
 	// Env values go through the same parsers as flags.
 	envFS := flagSet(&cfg, io.Discard)
@@ -247,15 +270,20 @@ func lookup(getenv func(string) string, name string) (string, bool) {
 
 // readConfigFile merges the YAML file at path into cfg, refusing unknown
 // keys so that a typo is an error rather than a silently ignored setting.
-func readConfigFile(path string, cfg *Config) error {
+// It returns the file's top-level keys.
+func readConfigFile(path string, cfg *Config) (map[string]json.RawMessage, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	if err := yaml.UnmarshalStrict(b, cfg); err != nil {
-		return fmt.Errorf("config: %s: %w", path, err)
+		return nil, fmt.Errorf("config: %s: %w", path, err)
 	}
-	return nil
+	var keys map[string]json.RawMessage
+	if err := yaml.Unmarshal(b, &keys); err != nil {
+		return nil, fmt.Errorf("config: %s: %w", path, err)
+	}
+	return keys, nil
 }
 
 // Validate checks every field, naming the option in each error.
@@ -264,9 +292,10 @@ func (c *Config) Validate() error {
 	add := func(name, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{name}, a...)...))
 	}
-	if err := (gpu.Config{MIGStrategy: c.MIGStrategy, DeviceListStrategy: c.DeviceListStrategy}).Validate(); err != nil {
+	if err := c.gpuConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateSharing()...)
 	if c.MIGStrategy == "" {
 		add("mig-strategy", "must not be empty")
 	}

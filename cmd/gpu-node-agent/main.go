@@ -59,6 +59,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
 	// client-go and friends log through klog; send it to the same place.
 	klog.SetSlogLogger(log)
+	cfg.logNVIDIAIgnored(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -9,7 +9,6 @@ import (
 	"syscall"
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent"
-	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 )
 
 // runAgent opens the hardware and the agent and serves until ctx is done
@@ -53,13 +52,9 @@ func runAgent(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Write
 // is hostRoot (a simulated node's own directory when simulating).
 func (c *Config) agentConfig(hostRoot string) agent.Config {
 	return agent.Config{
-		Version:         version,
-		DevicePluginDir: c.DevicePluginDir,
-		GPU: gpu.Config{
-			MIGStrategy:        c.MIGStrategy,
-			DeviceListStrategy: c.DeviceListStrategy,
-			PassDeviceSpecs:    c.PassDeviceSpecs,
-		},
+		Version:              version,
+		DevicePluginDir:      c.DevicePluginDir,
+		GPU:                  c.gpuConfig(),
 		RescanInterval:       c.RescanInterval.Duration,
 		Health:               c.healthConfig(hostRoot),
 		RDMA:                 c.RDMA,

@@ -64,6 +64,8 @@ type Collector struct {
 	// unavailable is gpu_node_agent_nvml_field_unavailable, rendered
 	// with the DCGM series so it always matches the latest sample.
 	unavailable *prometheus.Desc
+	// pods are the holder and per-pod series (pods.go).
+	pods podDescs
 
 	node     atomic.Pointer[topology.Node]
 	snapshot atomic.Pointer[[]prometheus.Metric]
@@ -89,7 +91,7 @@ type Collector struct {
 
 type noDataKey struct {
 	uuid   string
-	field  nvmlowner.Field
+	field  string
 	reason string
 }
 
@@ -110,6 +112,7 @@ func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, l
 			"1 for each NVML reading (field) a GPU, by UUID, does not give: reason not-supported "+
 				"(the device has no such reading) or no-permission (this process may not read it). No data, not a fault.",
 			[]string{"device", "field", "reason"}, nil),
+		pods:       newPodDescs(),
 		kick:       make(chan struct{}, 1),
 		failing:    map[string]bool{},
 		errSeries:  map[string]bool{},
@@ -175,6 +178,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.unavailable
+	c.pods.describe(ch)
 }
 
 // Collect implements prometheus.Collector: it only replays the cached
@@ -286,15 +290,15 @@ func (c *Collector) account(node *topology.Node, samples map[string]*nvmlowner.S
 			c.log.Info("gpu readings recovered", "device", g.UUID)
 			delete(c.failing, g.UUID)
 		}
-		for f := range nvmlowner.NumFields {
-			reason := unavailableReason(s.Values[f])
+		for _, r := range readings(s) {
+			reason := unavailableReason(r.v)
 			if reason == "" {
 				continue
 			}
-			k := noDataKey{g.UUID, f, reason}
+			k := noDataKey{g.UUID, r.field, reason}
 			if !c.noDataSeen[k] {
 				c.noDataSeen[k] = true
-				c.log.Debug("nvml reading unavailable: no data, not a fault", "device", g.UUID, "field", f.String(), "reason", reason)
+				c.log.Debug("nvml reading unavailable: no data, not a fault", "device", g.UUID, "field", r.field, "reason", reason)
 			}
 		}
 	}
@@ -318,7 +322,11 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 			strconv.Itoa(g.Index), g.UUID, nvmlBusID(g.PCIBusID), "nvidia" + strconv.Itoa(g.Minor),
 			g.Model, c.cfg.Hostname, "", "", "", "", "", node.Host.DriverVersion,
 		}
-		fillPod(pods, g.UUID, lv[8:])
+		holders := pods.Holders(g.UUID)
+		lv[8], lv[9], lv[10] = dcgmPodLabels(holders)
+		if pods != nil {
+			out = c.pods.render(out, g, nil, holders)
+		}
 		for f := range numFields {
 			if fieldSpecs[f].src == noSource {
 				continue
@@ -333,20 +341,23 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 			xid, _ := c.cfg.XIDs.LastXID(g.UUID)
 			out = append(out, prometheus.MustNewConstMetric(c.descs[fieldXIDErrors], fieldSpecs[fieldXIDErrors].typ, float64(xid), lv[:]...))
 		}
-		for f := range nvmlowner.NumFields {
-			if reason := unavailableReason(s.Values[f]); reason != "" {
-				out = append(out, prometheus.MustNewConstMetric(c.unavailable, prometheus.GaugeValue, 1, g.UUID, f.String(), reason))
+		for _, r := range readings(s) {
+			if reason := unavailableReason(r.v); reason != "" {
+				out = append(out, prometheus.MustNewConstMetric(c.unavailable, prometheus.GaugeValue, 1, g.UUID, r.field, reason))
 			}
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
+			holders := pods.Holders(m.UUID)
+			if pods != nil {
+				out = c.pods.render(out, g, m, holders)
+			}
 			ms := findMIG(s, m.UUID)
 			if ms == nil {
 				continue
 			}
 			lv[6], lv[7] = m.Profile, strconv.Itoa(m.GPUInstance)
-			lv[8], lv[9], lv[10] = "", "", ""
-			fillPod(pods, m.UUID, lv[8:])
+			lv[8], lv[9], lv[10] = dcgmPodLabels(holders)
 			for _, r := range []struct {
 				f field
 				v nvmlowner.Value
@@ -358,16 +369,6 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 		}
 	}
 	return out
-}
-
-// fillPod writes the pod, namespace and container labels of device id
-// into lv (left empty when the device is not allocated or attribution is
-// off). A time-sliced GPU's replicas ("<uuid>::<n>") label the GPU with
-// the first replica's container, in the kubelet's order.
-func fillPod(pods *usage.Assignments, id string, lv []string) {
-	if a, ok := pods.Container(id); ok {
-		lv[0], lv[1], lv[2] = a.Pod, a.Namespace, a.Container
-	}
 }
 
 // findMIG returns s's reading of MIG device uuid, nil if it has none

@@ -49,6 +49,28 @@ func sampleError(s *nvmlowner.Sample) error {
 	return errors.Join(errs...)
 }
 
+// fieldProcessUtil names, in gpu_node_agent_nvml_field_unavailable, the
+// per-process utilisation of a GPU with processes (Sample.ProcessUtilRead):
+// NVML gives none before Maxwell or with MIG enabled.
+const fieldProcessUtil = "process-utilization"
+
+// reading is one of a sample's readings by the name the no-data metric
+// gives it.
+type reading struct {
+	field string
+	v     nvmlowner.Value
+}
+
+// readings lists s's per-GPU readings with their names: every field, then
+// the processes' utilisation.
+func readings(s *nvmlowner.Sample) []reading {
+	out := make([]reading, 0, nvmlowner.NumFields+1)
+	for f := range nvmlowner.NumFields {
+		out = append(out, reading{f.String(), s.Values[f]})
+	}
+	return append(out, reading{fieldProcessUtil, s.ProcessUtilRead})
+}
+
 // unavailableReason is the no-data reason of v, or "" when v is not "no
 // data".
 func unavailableReason(v nvmlowner.Value) string {

@@ -1,4 +1,4 @@
-// Package nvmlapi is the part of NVML the agent calls: 50 methods of
+// Package nvmlapi is the part of NVML the agent calls: 51 methods of
 // go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
 // with go-nvml's signatures except that handles are of these narrow types.
 // The real library is go-nvml behind Wrap; the simulator (package sim)
@@ -78,6 +78,13 @@ type Device interface {
 	// _v3 functions, nvmlProcessInfo_t with GPU and compute instance IDs).
 	GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return)
 	GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return)
+	// Per-process utilisation samples newer than a CPU timestamp in
+	// microseconds (nvmlDeviceGetProcessUtilization; go-nvml sizes the
+	// buffer with a first call). nvmlDeviceGetProcessesUtilizationInfo,
+	// its successor, is not used: go-nvml v0.13.3-1's wrapper passes it
+	// neither a buffer nor lastSeenTimeStamp, so it can only answer
+	// INSUFFICIENT_SIZE while a process has samples.
+	GetProcessUtilization(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return)
 }
 
 // GpuInstance is the one call the agent makes on a MIG GPU instance: its

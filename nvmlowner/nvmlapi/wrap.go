@@ -200,3 +200,7 @@ func (d device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
 func (d device) GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
 	return d.d.GetGraphicsRunningProcesses()
 }
+
+func (d device) GetProcessUtilization(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	return d.d.GetProcessUtilization(lastSeen)
+}

@@ -1197,3 +1197,56 @@ func TestDRAValuesRefused(t *testing.T) {
 		t.Errorf("simulate with DRA and no stateDir: %v", err)
 	}
 }
+
+// TestSharingValues: the agent config's sharing section reaches the
+// ConfigMap as written; nvidiaConfig mounts the named ConfigMap's entry
+// read-only and passes it with --nvidia-config, refuses a ConfigMap without
+// a key, and leaves the DaemonSet as it was when unset.
+func TestSharingValues(t *testing.T) {
+	sharing := map[string]any{"timeSlicing": map[string]any{
+		"failRequestsGreaterThanOne": true,
+		"resources":                  []any{map[string]any{"name": "nvidia.com/gpu", "replicas": 4}},
+	}}
+	files := render(t, map[string]any{"config": map[string]any{"mig-strategy": "mixed", "sharing": sharing}})
+	cm := decode[corev1.ConfigMap](t, files, "configmap.yaml")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
+		t.Fatalf("config.yaml: %v", err)
+	}
+	want := map[string]any{"timeSlicing": map[string]any{
+		"failRequestsGreaterThanOne": true,
+		"resources":                  []any{map[string]any{"name": "nvidia.com/gpu", "replicas": float64(4)}},
+	}}
+	if !reflect.DeepEqual(cfg["sharing"], want) {
+		t.Errorf("config sharing = %v, want %v", cfg["sharing"], want)
+	}
+
+	const arg = "--nvidia-config=/etc/gpu-node-agent/nvidia/config.yaml"
+	agent := func(ds *appsv1.DaemonSet) *corev1.Container { return &ds.Spec.Template.Spec.Containers[0] }
+	ds := decode[appsv1.DaemonSet](t, render(t, nil), "daemonset.yaml")
+	if slices.Contains(agent(ds).Args, arg) || slices.ContainsFunc(ds.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "nvidia-config" }) {
+		t.Error("nvidia-config rendered by default")
+	}
+
+	ds = decode[appsv1.DaemonSet](t, render(t, map[string]any{"nvidiaConfig": map[string]any{"configMap": "time-slicing-config-all", "key": "any"}}), "daemonset.yaml")
+	if !slices.Contains(agent(ds).Args, arg) {
+		t.Errorf("args %v lack %s", agent(ds).Args, arg)
+	}
+	if m := mounts(agent(ds))["nvidia-config"]; m.MountPath != "/etc/gpu-node-agent/nvidia" || !m.ReadOnly {
+		t.Errorf("nvidia-config mount %+v, want read-only at /etc/gpu-node-agent/nvidia", m)
+	}
+	i := slices.IndexFunc(ds.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "nvidia-config" })
+	if i < 0 {
+		t.Fatal("no nvidia-config volume")
+	}
+	v := ds.Spec.Template.Spec.Volumes[i]
+	if v.ConfigMap == nil || v.ConfigMap.Name != "time-slicing-config-all" ||
+		!reflect.DeepEqual(v.ConfigMap.Items, []corev1.KeyToPath{{Key: "any", Path: "config.yaml"}}) {
+		t.Errorf("nvidia-config volume %+v, want ConfigMap time-slicing-config-all, entry any as config.yaml", v.VolumeSource)
+	}
+
+	_, err := Render(loadChart(t), map[string]any{"nvidiaConfig": map[string]any{"configMap": "time-slicing-config-all"}})
+	if err == nil || !strings.Contains(err.Error(), "nvidiaConfig.key: name the entry of ConfigMap nvidiaConfig.configMap") {
+		t.Errorf("ConfigMap without a key: %v", err)
+	}
+}

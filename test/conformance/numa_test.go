@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -299,19 +296,9 @@ func waitAllocatable(t *testing.T, kl topologyKubelet, agent *agentproc.Agent, w
 // prefers out of available.
 func preferredAllocation(t *testing.T, dir, resource string, available []string, size int) []string {
 	t.Helper()
-	sock := filepath.Join(dir, "gpu-node-agent-"+strings.ReplaceAll(resource, "/", "-")+".sock")
-	conn, err := grpc.NewClient("unix:"+sock,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", strings.TrimPrefix(addr, "unix:"))
-		}))
-	if err != nil {
-		t.Fatalf("dial %s: %v", sock, err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := pluginapi.NewDevicePluginClient(conn).GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+	resp, err := pluginClient(t, dir, resource).GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
 		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: available, AllocationSize: int32(size)}},
 	})
 	if err != nil {

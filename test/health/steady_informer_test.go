@@ -56,7 +56,7 @@ func TestSteadyStateNoPolling(t *testing.T) {
 		}
 	})
 	spec := h.node.Spec()
-	labels := topology.Labels(spec, "none") // gpu.MIGStrategyNone
+	labels := topology.Labels(spec, "none", nil) // gpu.MIGStrategyNone
 	wg.Go(func() {
 		labeler.Run(ctx, nil, func() (map[string]string, map[string]string, bool) {
 			return labels, topology.Annotations(spec), true

@@ -274,6 +274,10 @@ type Process struct {
 	IgnoreTerm  bool   `json:"ignoreTerm,omitempty"`
 	// Uninterruptible is a process in state D: no signal ends it.
 	Uninterruptible bool `json:"uninterruptible,omitempty"`
+	// SMUtil and MemUtil are what the process keeps busy (percent), as
+	// NVML's per-process utilisation reports it on a whole GPU.
+	SMUtil  uint32 `json:"smUtil,omitempty"`
+	MemUtil uint32 `json:"memUtil,omitempty"`
 }
 
 // StartProcess starts a simulated GPU process and returns its PID.

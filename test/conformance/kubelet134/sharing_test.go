@@ -1,0 +1,1 @@
+../sharing_test.go
