@@ -93,6 +93,7 @@ func TestLint(t *testing.T) {
 			},
 		}},
 		{"dra", map[string]any{"dra": map[string]any{"enabled": true}}},
+		{"dra simulate", map[string]any{"simulate": "dgx-h100", "dra": map[string]any{"enabled": true, "devices": []any{"gpu", "nic"}}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			lint := action.NewLint()
@@ -756,6 +757,11 @@ func TestLeastPrivilege(t *testing.T) {
 		{name: "real GPUs killing zombies", vals: map[string]any{"config": kill("none")}, mode: modeRealKill},
 		{name: "real GPUs serving MIG and killing zombies", vals: map[string]any{"config": kill("mixed")}, mode: modeRealMIGKill},
 		{name: "simulate", vals: map[string]any{"simulate": "dgx-h100,mig=0:1g.10gb+1g.10gb"}, mode: modeSimulate},
+		// DRA adds host directories, never a privilege: the kubelet's
+		// plugin directories and the CDI dir are root's, as device-plugins.
+		{name: "real GPUs serving DRA", vals: map[string]any{"dra": map[string]any{"enabled": true}}, mode: modeRealMIG},
+		{name: "real GPUs serving DRA, mig-strategy none", vals: map[string]any{"config": noMIG, "dra": map[string]any{"enabled": true}}, mode: modeReal},
+		{name: "simulate serving DRA", vals: map[string]any{"simulate": "dgx-h100", "dra": map[string]any{"enabled": true}}, mode: modeSimulate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
@@ -985,6 +991,210 @@ func TestDRARBACAndPolicy(t *testing.T) {
 				t.Errorf("first validation %q, want the node-name check", policy.Spec.Validations[0].Expression)
 			}
 		})
+	}
+}
+
+// draVolumes are the hostPath volumes dra.enabled adds, by name: the
+// kubelet's plugin and registration directories and the CDI spec dir.
+var draVolumes = []string{"kubelet-plugins", "kubelet-plugins-registry", "cdi"}
+
+// TestDRAMounts: with dra.enabled the DaemonSet mounts <kubeletDir>/plugins,
+// <kubeletDir>/plugins_registry and dra.cdiDir from the host, read-write,
+// at the same paths (the kubelet and the container runtime are told those
+// paths), created when missing, in both modes and following kubeletDir and
+// cdiDir; every other volume stays as without DRA, and without dra.enabled
+// none of them renders.
+func TestDRAMounts(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		vals map[string]any
+		want map[string]string
+	}{
+		{name: "real GPUs", vals: map[string]any{}, want: map[string]string{
+			"kubelet-plugins": "/var/lib/kubelet/plugins", "kubelet-plugins-registry": "/var/lib/kubelet/plugins_registry", "cdi": "/var/run/cdi"}},
+		{name: "simulate", vals: map[string]any{"simulate": "dgx-h100"}, want: map[string]string{
+			"kubelet-plugins": "/var/lib/kubelet/plugins", "kubelet-plugins-registry": "/var/lib/kubelet/plugins_registry", "cdi": "/var/run/cdi"}},
+		{name: "other kubelet and cdi dirs", vals: map[string]any{"kubeletDir": "/data/kubelet", "draCDIDir": "/etc/cdi"}, want: map[string]string{
+			"kubelet-plugins": "/data/kubelet/plugins", "kubelet-plugins-registry": "/data/kubelet/plugins_registry", "cdi": "/etc/cdi"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			off := maps.Clone(tt.vals)
+			dra := map[string]any{"enabled": true}
+			if dir, ok := off["draCDIDir"]; ok {
+				delete(off, "draCDIDir")
+				dra["cdiDir"] = dir
+			}
+			on := maps.Clone(off)
+			on["dra"] = dra
+
+			without := decode[appsv1.DaemonSet](t, render(t, off), "daemonset.yaml")
+			with := decode[appsv1.DaemonSet](t, render(t, on), "daemonset.yaml")
+			before, after := hostPaths(&without.Spec.Template.Spec), hostPaths(&with.Spec.Template.Spec)
+			for _, name := range draVolumes {
+				if _, ok := before[name]; ok {
+					t.Errorf("volume %s rendered without dra.enabled", name)
+				}
+			}
+			wantAll := maps.Clone(before)
+			maps.Copy(wantAll, tt.want)
+			if !maps.Equal(after, wantAll) {
+				t.Errorf("hostPaths with dra.enabled %v, want %v (the ones without DRA plus %v)", after, wantAll, tt.want)
+			}
+			for _, v := range with.Spec.Template.Spec.Volumes {
+				if _, ok := tt.want[v.Name]; ok && (v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate) {
+					t.Errorf("volume %s: hostPath type %v, want DirectoryOrCreate", v.Name, v.HostPath.Type)
+				}
+			}
+			m := mounts(&with.Spec.Template.Spec.Containers[0])
+			for name, path := range tt.want {
+				if m[name].MountPath != path || m[name].ReadOnly {
+					t.Errorf("volume %s mounted %+v, want read-write at %s (the host's path)", name, m[name], path)
+				}
+			}
+			// Nothing else moves: the other mounts are those without DRA.
+			mo := mounts(&without.Spec.Template.Spec.Containers[0])
+			for name, mt := range mo {
+				if !reflect.DeepEqual(m[name], mt) {
+					t.Errorf("mount %s %+v with DRA, %+v without", name, m[name], mt)
+				}
+			}
+		})
+	}
+	// With no kind left (the first step of turning DRA off) the agent
+	// still hands kinds back through the plugin and CDI dirs.
+	ds := decode[appsv1.DaemonSet](t, render(t, map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{}}}), "daemonset.yaml")
+	paths := hostPaths(&ds.Spec.Template.Spec)
+	for _, name := range draVolumes {
+		if _, ok := paths[name]; !ok {
+			t.Errorf("dra.devices=[]: volume %s not mounted (have %v)", name, paths)
+		}
+	}
+}
+
+// draConfig renders the chart and returns the config file's dra section
+// (nil when absent).
+func draConfig(t *testing.T, vals map[string]any) map[string]any {
+	t.Helper()
+	cm := decode[corev1.ConfigMap](t, render(t, vals), "configmap.yaml")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
+		t.Fatalf("config.yaml: %v", err)
+	}
+	if cfg["dra"] == nil {
+		return nil
+	}
+	d, ok := cfg["dra"].(map[string]any)
+	if !ok {
+		t.Fatalf("config dra section %T %v, want an object", cfg["dra"], cfg["dra"])
+	}
+	return d
+}
+
+// TestDRAConfig: dra.enabled writes the agent's dra section (the agreed
+// keys: devices, noExecute, kubeletDir, cdiDir) from the dra values, with
+// the defaults gpu, mig, nic and NoSchedule, and the same kubelet and CDI
+// dirs the DaemonSet mounts; without it there is no dra section (DRA off,
+// the agent's default).
+func TestDRAConfig(t *testing.T) {
+	if d := draConfig(t, nil); d != nil {
+		t.Errorf("default config has a dra section %v; DRA must be off by default", d)
+	}
+	if d := draConfig(t, map[string]any{"dra": map[string]any{"enabled": false, "devices": []any{"gpu"}}}); d != nil {
+		t.Errorf("dra.enabled=false still writes the dra section %v", d)
+	}
+	for _, tt := range []struct {
+		name string
+		vals map[string]any
+		want map[string]any
+	}{
+		{"defaults", map[string]any{"dra": map[string]any{"enabled": true}},
+			map[string]any{"devices": []any{"gpu", "mig", "nic"}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
+		{"GPUs only, NoExecute, other dirs", map[string]any{"kubeletDir": "/data/kubelet",
+			"dra": map[string]any{"enabled": true, "devices": []any{"gpu"}, "noExecute": true, "cdiDir": "/etc/cdi"}},
+			map[string]any{"devices": []any{"gpu"}, "noExecute": true, "kubeletDir": "/data/kubelet", "cdiDir": "/etc/cdi"}},
+		{"simulate", map[string]any{"simulate": "dgx-h100", "dra": map[string]any{"enabled": true, "devices": []any{"mig", "nic"}}},
+			map[string]any{"devices": []any{"mig", "nic"}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
+		// The first step of turning DRA off: no kind, mounts and RBAC kept
+		// so the agent can hand the kinds back.
+		{"no kind", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{}}},
+			map[string]any{"devices": []any{}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := draConfig(t, tt.vals)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("config dra section %v, want %v", got, tt.want)
+			}
+			// The DaemonSet passes the device-plugin dir whose parent is
+			// the kubelet dir the config names.
+			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
+			if arg := "--device-plugin-dir=" + tt.want["kubeletDir"].(string) + "/device-plugins"; !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, arg) {
+				t.Errorf("args %v lack %s", ds.Spec.Template.Spec.Containers[0].Args, arg)
+			}
+		})
+	}
+}
+
+// TestDRAConfigKeysAreTheAgents: the agent reads its config strictly, so
+// every key of the rendered dra section must be one the agent declares:
+// the section itself and each key are JSON field tags in the agent's
+// config code (cmd/gpu-node-agent, or the dra and agent packages it may
+// take the section's type from).
+func TestDRAConfigKeysAreTheAgents(t *testing.T) {
+	var src strings.Builder
+	for _, dir := range []string{"cmd/gpu-node-agent", "agent", "dra"} {
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src.Write(b)
+		}
+	}
+	tags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`json:"([A-Za-z0-9-]+)[,"]`).FindAllStringSubmatch(src.String(), -1) {
+		tags[m[1]] = true
+	}
+	d := draConfig(t, map[string]any{"dra": map[string]any{"enabled": true}})
+	for _, k := range append([]string{"dra"}, slices.Sorted(maps.Keys(d))...) {
+		if !tags[k] {
+			t.Errorf("config key %q (dra section) is not a JSON field of the agent's config; the agent would refuse the file", k)
+		}
+	}
+}
+
+// TestDRAValuesRefused: dra values the agent could not serve fail the
+// render with a message naming the value.
+func TestDRAValuesRefused(t *testing.T) {
+	ch := loadChart(t)
+	for _, tt := range []struct {
+		name string
+		vals map[string]any
+		want string
+	}{
+		{"unknown kind", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{"gpu", "fpga"}}}, `dra.devices: unknown device kind "fpga"`},
+		{"kind twice", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{"gpu", "gpu"}}}, "dra.devices names a kind twice"},
+		{"not a list", map[string]any{"dra": map[string]any{"enabled": true, "devices": "gpu"}}, "dra.devices must be a list"},
+		{"relative cdi dir", map[string]any{"dra": map[string]any{"enabled": true, "cdiDir": "run/cdi"}}, `dra.cdiDir must be an absolute path, got "run/cdi"`},
+		{"no state dir on real GPUs", map[string]any{"stateDir": "", "dra": map[string]any{"enabled": true}}, "dra.enabled needs stateDir"},
+		{"dra section in config", map[string]any{"config": map[string]any{"dra": map[string]any{"devices": []any{"gpu"}}}}, "config.dra is written by the chart"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Render(ch, tt.vals)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("render error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	// Simulate keeps its state under the simulator's root: no stateDir needed.
+	if _, err := Render(ch, map[string]any{"simulate": "dgx-h100", "stateDir": "", "dra": map[string]any{"enabled": true}}); err != nil {
+		t.Errorf("simulate with DRA and no stateDir: %v", err)
 	}
 }
 

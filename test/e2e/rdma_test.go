@@ -29,8 +29,8 @@ func waitDemoRDMA(t *testing.T, timeout time.Duration) {
 	}
 }
 
-// podDevices is what the workload printed of its /dev/infiniband: path →
-// "char MAJOR:MINOR PERM".
+// podDevices is what the workload printed of its /dev/infiniband and
+// /dev/nvidia* nodes: path → "char MAJOR:MINOR PERM".
 func podDevices(t *testing.T, name string) map[string]string {
 	t.Helper()
 	out := map[string]string{}

@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -68,6 +69,16 @@ type Options struct {
 	Simulate string
 	// Values are merged over the ones Install sets.
 	Values map[string]any
+	// DRA lists the device kinds ("gpu", "mig", "nic") the agent serves
+	// through its DRA driver (chart values dra.enabled, dra.devices): the
+	// chart's DeviceClasses, RBAC, config section and kubelet plugin and
+	// CDI mounts. Nil: DRA not installed, everything through the device
+	// plugin. Empty but not nil: installed with no kind, the step before
+	// uninstalling it in which the agent hands its kinds back.
+	DRA []string
+	// MetricsPort and ControlPort are the agent's metrics port and the
+	// simulator's control port on the node; 0 picks a free one.
+	MetricsPort, ControlPort int
 }
 
 // Agent is an installed agent.
@@ -82,6 +93,20 @@ type Agent struct {
 	Control agentproc.SimControl
 	// Objects are the applied objects, "Kind/name".
 	Objects []string
+	// Options are the options of the install, with the defaults and the
+	// ports filled in: a copy changed and passed to Reinstall keeps the
+	// rest.
+	Options Options
+
+	applied []appliedObject
+}
+
+// appliedObject is an object Install applied, enough to delete it.
+type appliedObject struct {
+	ref       string // "Kind/name"
+	gvr       schema.GroupVersionResource
+	namespace string
+	name      string
 }
 
 // Install renders the chart with simulate values and applies it. The agent
@@ -96,14 +121,18 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 	if opts.Simulate == "" {
 		opts.Simulate = DemoNode
 	}
-	metricsPort, err := cluster.FreePort()
-	if err != nil {
-		return nil, err
+	var err error
+	if opts.MetricsPort == 0 {
+		if opts.MetricsPort, err = cluster.FreePort(); err != nil {
+			return nil, err
+		}
 	}
-	ctlPort, err := cluster.FreePort()
-	if err != nil {
-		return nil, err
+	if opts.ControlPort == 0 {
+		if opts.ControlPort, err = cluster.FreePort(); err != nil {
+			return nil, err
+		}
 	}
+	metricsPort, ctlPort := opts.MetricsPort, opts.ControlPort
 	repo, tag, _ := strings.Cut(cluster.AgentImage, ":")
 	values := map[string]any{
 		"simulate": opts.Simulate,
@@ -127,7 +156,16 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(c.APIServerPort)},
 		},
 	}
-	values = chartutil.CoalesceTables(opts.Values, values)
+	if opts.DRA != nil {
+		devices := make([]any, len(opts.DRA))
+		for i, k := range opts.DRA {
+			devices[i] = k
+		}
+		values["dra"] = map[string]any{"enabled": true, "devices": devices}
+	}
+	// CoalesceTables changes its first argument: the caller's Values stay
+	// as they were, so Options can be installed again.
+	values = chartutil.CoalesceTables(copyValues(opts.Values), values)
 	docs, err := Render(opts.Release, opts.Namespace, values)
 	if err != nil {
 		return nil, err
@@ -137,6 +175,7 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 		Release:     opts.Release,
 		MetricsPort: metricsPort,
 		Control:     agentproc.SimControl{Base: "http://127.0.0.1:" + strconv.Itoa(ctlPort)},
+		Options:     opts,
 	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.Namespace}}
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -172,6 +211,7 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 			return nil, fmt.Errorf("apply %s %s: %w", gvk.Kind, obj.GetName(), err)
 		}
 		a.Objects = append(a.Objects, gvk.Kind+"/"+obj.GetName())
+		a.applied = append(a.applied, appliedObject{ref: gvk.Kind + "/" + obj.GetName(), gvr: m.Resource, namespace: obj.GetNamespace(), name: obj.GetName()})
 		if gvk.Kind == "DaemonSet" {
 			a.DaemonSet = obj.GetName()
 		}
@@ -180,6 +220,114 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 		return nil, fmt.Errorf("chart rendered no DaemonSet (objects: %v)", a.Objects)
 	}
 	return a, nil
+}
+
+// copyValues deep-copies a values tree of maps (lists and scalars are
+// shared: CoalesceTables replaces them, it does not change them).
+func copyValues(v map[string]any) map[string]any {
+	if v == nil {
+		return map[string]any{}
+	}
+	out := make(map[string]any, len(v))
+	for k, x := range v {
+		if m, ok := x.(map[string]any); ok {
+			x = copyValues(m)
+		}
+		out[k] = x
+	}
+	return out
+}
+
+// Reinstall applies the chart again with opts in place of the agent's
+// install (its namespace, release and ports are kept, so its Control and
+// MetricsPort stay valid), deletes the objects the new render no longer
+// has (e.g. the DeviceClasses when DRA is turned off), and, when the
+// DaemonSet's pod template changed, waits until its pod was replaced and
+// the new one is Ready, which it returns.
+func (a *Agent) Reinstall(ctx context.Context, c *cluster.Cluster, opts Options) (*corev1.Pod, error) {
+	opts.Namespace, opts.Release = a.Namespace, a.Release
+	opts.MetricsPort, opts.ControlPort = a.Options.MetricsPort, a.Options.ControlPort
+	old, err := a.Pod(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	before, err := c.Client.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.DaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get daemonset: %w", err)
+	}
+	fresh, err := Install(ctx, c, opts)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(c.RESTConfig)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	kept := map[string]bool{}
+	for _, o := range fresh.applied {
+		kept[o.ref] = true
+	}
+	for _, o := range a.applied {
+		if kept[o.ref] {
+			continue
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(o.gvr)
+		if o.namespace != "" {
+			ri = dyn.Resource(o.gvr).Namespace(o.namespace)
+		}
+		if err := ri.Delete(ctx, o.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("delete %s no longer rendered: %w", o.ref, err)
+		}
+	}
+	*a = *fresh
+	after, err := c.Client.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.DaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get daemonset: %w", err)
+	}
+	if after.Generation == before.Generation {
+		return a.WaitReady(ctx, c)
+	}
+	return a.WaitReplaced(ctx, c, old.UID)
+}
+
+// WaitReplaced waits until the DaemonSet's only pod is a Ready one other
+// than the pod with UID old, and returns it.
+func (a *Agent) WaitReplaced(ctx context.Context, c *cluster.Cluster, old types.UID) (*corev1.Pod, error) {
+	var last string
+	for {
+		pod, err := a.WaitReady(ctx, c)
+		if err != nil {
+			return nil, fmt.Errorf("replacing agent pod %s: %w (last: %s)", old, err, last)
+		}
+		n, err := a.podCount(ctx, c)
+		if err == nil && pod.UID != old && n == 1 {
+			return pod, nil
+		}
+		last = fmt.Sprintf("newest pod %s (uid %s), %d pods, err %v", pod.Name, pod.UID, n, err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("agent pod %s not replaced: %w; last: %s", old, ctx.Err(), last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// podCount is the number of the DaemonSet's pods, terminating ones
+// included.
+func (a *Agent) podCount(ctx context.Context, c *cluster.Cluster) (int, error) {
+	ds, err := c.Client.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.DaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("get daemonset: %w", err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil {
+		return 0, fmt.Errorf("daemonset selector: %w", err)
+	}
+	pods, err := c.Client.CoreV1().Pods(a.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return 0, fmt.Errorf("list agent pods: %w", err)
+	}
+	return len(pods.Items), nil
 }
 
 // SimHostRoot is the host directory the simulated node writes its sysfs

@@ -66,6 +66,7 @@ type Cluster struct {
 	kubeletArgs       []string
 	kubeletHealthz    string
 	nodeIPAdded       bool
+	cdiDirExisted     bool
 	extra             []*process // started on demand (prometheus)
 	limitations       []string
 	stopped           bool

@@ -26,6 +26,19 @@ const (
 	KubeletRootDir = "/var/lib/kubelet"
 	// DevicePluginDir is where the kubelet serves kubelet.sock.
 	DevicePluginDir = KubeletRootDir + "/device-plugins"
+	// PluginsDir and PluginsRegistryDir are the kubelet's plugin
+	// directories (DRA drivers' sockets and their registration sockets);
+	// they go with KubeletRootDir.
+	PluginsDir         = KubeletRootDir + "/plugins"
+	PluginsRegistryDir = KubeletRootDir + "/plugins_registry"
+	// CDIDir is the host's directory for transient CDI specs, one of
+	// containerd's cdi_spec_dirs: the agent's DRA driver writes a spec
+	// per prepared claim there.
+	CDIDir = "/var/run/cdi"
+	// cdiVendorPrefix starts the file names of the specs the agent writes
+	// (vendor gpu-node-agent.io: "gpu-node-agent.io-claim_<uid>.json"),
+	// the only ones the harness removes from CDIDir.
+	cdiVendorPrefix = "gpu-node-agent.io-"
 	// NodeIP is the node's InternalIP, added to the loopback interface:
 	// the kubelet refuses a 127/8 node IP, and the API server reaches the
 	// kubelet (logs, exec) at the node's address. An address on lo carries
@@ -97,6 +110,12 @@ func (c *Cluster) runcBinary(ctx context.Context) (string, error) {
 // startContainerd runs containerd with its own root, state, socket and CNI
 // configuration inside the cluster directory.
 func (c *Cluster) startContainerd(ctx context.Context) error {
+	// containerd loads every spec in CDIDir: a crashed run's claim specs
+	// go first.
+	c.noteCDIDir()
+	if err := c.removeCDISpecs(); err != nil {
+		return err
+	}
 	dir := filepath.Join(c.Dir, "containerd")
 	cniDir := filepath.Join(dir, "cni")
 	for _, d := range []string{dir, cniDir} {
@@ -362,14 +381,16 @@ func (c *Cluster) RestartKubelet(ctx context.Context) error {
 	return c.StartKubelet(ctx)
 }
 
-// cleanupNode removes what the kubelet left on the host: mounts and state
-// under /var/lib/kubelet and the pod cgroups.
+// cleanupNode removes what the kubelet and the agent left on the host:
+// mounts and state under /var/lib/kubelet (device-plugins, plugins and
+// plugins_registry with it), the agent's CDI specs and the pod cgroups.
 func (c *Cluster) cleanupNode() error {
 	var errs []error
 	errs = append(errs, unmountUnder(KubeletRootDir))
 	if err := os.RemoveAll(KubeletRootDir); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", KubeletRootDir, err))
 	}
+	errs = append(errs, c.removeCDISpecs())
 	if c.ownDir {
 		errs = append(errs, unmountUnder(c.Dir))
 	}
@@ -396,4 +417,54 @@ func removeCgroups(name string) {
 			_ = syscall.Rmdir(dirs[i])
 		}
 	}
+}
+
+// AgentCDISpecs lists the agent's spec files in CDIDir (file names).
+func AgentCDISpecs() ([]string, error) {
+	entries, err := os.ReadDir(CDIDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", CDIDir, err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), cdiVendorPrefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// noteCDIDir records whether CDIDir existed before the cluster started,
+// so removeCDISpecs leaves a directory someone else made.
+func (c *Cluster) noteCDIDir() {
+	_, err := os.Stat(CDIDir)
+	c.cdiDirExisted = err == nil
+}
+
+// removeCDISpecs removes the agent's spec files from CDIDir (another
+// vendor's are left alone) and the directory itself when the cluster's
+// run created it (the agent's hostPath is DirectoryOrCreate) and it is
+// empty.
+func (c *Cluster) removeCDISpecs() error {
+	names, err := AgentCDISpecs()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if err := os.Remove(filepath.Join(CDIDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove cdi spec: %w", err))
+		}
+	}
+	if !c.cdiDirExisted {
+		if entries, err := os.ReadDir(CDIDir); err == nil && len(entries) == 0 {
+			if err := os.Remove(CDIDir); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s: %w", CDIDir, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

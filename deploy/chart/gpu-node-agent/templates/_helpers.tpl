@@ -40,3 +40,29 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpu-node-agent.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* Refuses dra values the agent would refuse, at render time: dra.devices
+lists kinds among gpu, mig, nic, each once (none is the step before
+dra.enabled=false, see values.yaml); on real GPUs a
+stateDir is needed (the prepared-claims checkpoint); dra.cdiDir must be an
+absolute path. */}}
+{{- define "gpu-node-agent.draValidate" -}}
+{{- $devices := .Values.dra.devices | default list }}
+{{- if not (kindIs "slice" $devices) }}
+{{- fail (printf "dra.devices must be a list of device kinds (gpu, mig, nic), got %v" .Values.dra.devices) }}
+{{- end }}
+{{- range $devices }}
+{{- if not (has . (list "gpu" "mig" "nic")) }}
+{{- fail (printf "dra.devices: unknown device kind %q (want gpu, mig or nic)" (toString .)) }}
+{{- end }}
+{{- end }}
+{{- if ne (len $devices) (len (uniq $devices)) }}
+{{- fail (printf "dra.devices names a kind twice: %v" $devices) }}
+{{- end }}
+{{- if and (eq .Values.simulate "") (not .Values.stateDir) }}
+{{- fail "dra.enabled needs stateDir: prepared claims are checkpointed there, so a restart neither loses nor repeats them" }}
+{{- end }}
+{{- if not (isAbs (toString .Values.dra.cdiDir)) }}
+{{- fail (printf "dra.cdiDir must be an absolute path, got %q" (toString .Values.dra.cdiDir)) }}
+{{- end }}
+{{- end -}}

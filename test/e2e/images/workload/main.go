@@ -1,8 +1,9 @@
 // Command workload is the e2e test pods' image: it prints its environment
 // (one VAR=value per line, sorted) and the device nodes under
-// /dev/infiniband (one "DEVICE path type major:minor mode" line each), so
-// tests can read what the container was given from its log, then waits
-// until it is terminated.
+// /dev/infiniband, the /dev/nvidia* nodes and those under /dev/nvidia-caps
+// (one "DEVICE path type major:minor mode" line each), so tests can read
+// what the container was given from its log, then waits until it is
+// terminated.
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -23,16 +25,18 @@ func main() {
 		fmt.Println(kv)
 	}
 	fmt.Println("--- end of environment")
-	printDevices("/dev/infiniband")
+	printDevices("/dev/infiniband", "")
+	printDevices("/dev", "nvidia")
+	printDevices("/dev/nvidia-caps", "")
 	fmt.Println("--- end of devices")
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	<-sigs
 }
 
-// printDevices lists dir's entries as the container sees them; a missing
-// dir lists nothing.
-func printDevices(dir string) {
+// printDevices lists dir's entries whose names start with prefix, but
+// directories, as the container sees them; a missing dir lists nothing.
+func printDevices(dir, prefix string) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if !os.IsNotExist(err) {
@@ -41,6 +45,9 @@ func printDevices(dir string) {
 		return
 	}
 	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) || e.IsDir() {
+			continue
+		}
 		path := filepath.Join(dir, e.Name())
 		var st unix.Stat_t
 		if err := unix.Lstat(path, &st); err != nil {
