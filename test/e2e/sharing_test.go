@@ -1,0 +1,170 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
+)
+
+// sharedResource is the time-sliced resource of the sharing scenario: two
+// replicas of one whole GPU, renamed so the other GPUs stay unshared under
+// nvidia.com/gpu.
+const sharedResource = "nvidia.com/gpu.shared"
+
+// TestSharedGPU: with time-slicing configured for one GPU (2 replicas),
+// two pods each asking for one replica share that GPU; each pod's
+// simulated process on it shows in the agent's per-pod series with its own
+// pod label and its own memory and utilisation, while the device's DCGM
+// series carry no pod label (no pod is credited with the whole device's
+// value) and the holder count is 2.
+func TestSharedGPU(t *testing.T) {
+	a := needAgent(t)
+	waitDemoResources(t, time.Minute)
+	requireNoDevicePluginPods(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	index := map[string]int{}
+	for i, uuid := range simState(t, a) {
+		index[uuid] = i
+	}
+	// The first whole GPU of the demo node (GPUs 0 and 1 are in MIG mode).
+	const sharedGPU = 2
+
+	defaults := a.Options
+	t.Cleanup(func() {
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer rcancel()
+		if _, err := a.Reinstall(rctx, shared, defaults); err != nil {
+			t.Errorf("restore the default install: %v\nagent log:\n%s", err, agentLog(a))
+			return
+		}
+		if err := shared.WaitNodeResources(rctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
+			t.Errorf("demo resources after the default install came back: %v", err)
+		}
+	})
+	opts := defaults
+	opts.Values = withConfig(defaults.Values, "sharing", map[string]any{"timeSlicing": map[string]any{
+		"resources": []any{map[string]any{"name": "nvidia.com/gpu", "replicas": 2, "rename": sharedResource, "devices": []any{sharedGPU}}},
+	}})
+	start := time.Now()
+	if _, err := a.Reinstall(ctx, shared, opts); err != nil {
+		t.Fatalf("reinstall the agent with time-slicing: %v\nagent log:\n%s", err, agentLog(a))
+	}
+	want := maps.Clone(agentdeploy.DemoResources)
+	want["nvidia.com/gpu"]--
+	want[sharedResource] = 2
+	if err := shared.WaitNodeResources(ctx, "nvidia.com/", want, want); err != nil {
+		t.Fatalf("time-sliced resources: %v", err)
+	}
+	t.Logf("agent reinstalled with GPU %d time-sliced (2 replicas as %s) in %s", sharedGPU, sharedResource, time.Since(start).Round(time.Millisecond))
+
+	type sharer struct {
+		name      string
+		memoryMiB uint64
+		smUtil    uint32
+	}
+	sharers := []sharer{{"share-a", 1024, 30}, {"share-b", 3072, 60}}
+	for _, s := range sharers {
+		workloadPod(t, s.name, map[string]int64{sharedResource: 1})
+	}
+	gpuUUID := ""
+	for _, s := range sharers {
+		pod := waitPodRunning(t, s.name, 2*time.Minute)
+		uuid := podGPU(t, pod, index)
+		if index[uuid] != sharedGPU {
+			t.Fatalf("pod %s got GPU %d (%s), want the shared GPU %d", s.name, index[uuid], uuid, sharedGPU)
+		}
+		gpuUUID = uuid
+		startProcess(ctx, t, a, agentproc.Process{
+			GPU: sharedGPU, MemoryMiB: s.memoryMiB, SMUtil: s.smUtil, Kind: "pod",
+			PodUID: string(pod.UID), ContainerID: containerID(pod),
+		})
+	}
+	t.Logf("pods %s and %s both run on GPU %d (%s)", sharers[0].name, sharers[1].name, sharedGPU, gpuUUID)
+
+	// Each pod's own series, with its own values.
+	for _, s := range sharers {
+		labels := []string{`UUID="` + gpuUUID + `"`, `pod="` + s.name + `"`, `namespace="` + testNamespace + `"`, `container="workload"`}
+		waitSeries(ctx, t, a, "gpu_node_agent_pod_gpu_memory_used_bytes", labels, float64(s.memoryMiB)*1024*1024)
+		waitSeries(ctx, t, a, "gpu_node_agent_pod_gpu_replicas", labels, 1)
+		waitSeries(ctx, t, a, "gpu_node_agent_pod_gpu_sm_utilization_ratio", labels, float64(s.smUtil)/100)
+	}
+	waitSeries(ctx, t, a, "gpu_node_agent_gpu_holders", []string{`UUID="` + gpuUUID + `"`}, 2)
+	// The device's own series name no pod: neither is credited with the
+	// whole GPU's memory.
+	body, _ := scrapeAgent(ctx, a)
+	found := false
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, "DCGM_FI_DEV_FB_USED{") || !strings.Contains(line, `UUID="`+gpuUUID+`"`) {
+			continue
+		}
+		found = true
+		if strings.Contains(line, `pod="share-`) {
+			t.Errorf("the shared GPU's device series names one of its pods: %s", line)
+		}
+	}
+	if !found {
+		t.Errorf("no DCGM_FI_DEV_FB_USED series for the shared GPU %s", gpuUUID)
+	}
+	for _, s := range sharers {
+		deletePod(t, s.name)
+	}
+}
+
+// withConfig returns values with config.<key> set to v (values is not
+// changed).
+func withConfig(values map[string]any, key string, v any) map[string]any {
+	out := maps.Clone(values)
+	if out == nil {
+		out = map[string]any{}
+	}
+	cfg := map[string]any{}
+	if c, ok := out["config"].(map[string]any); ok {
+		cfg = maps.Clone(c)
+	}
+	cfg[key] = v
+	out["config"] = cfg
+	return out
+}
+
+// waitSeries waits until the agent exposes a series of metric whose line
+// has every one of labels and the value want.
+func waitSeries(ctx context.Context, t *testing.T, a *agentdeploy.Agent, metric string, labels []string, want float64) {
+	t.Helper()
+	var seen []string
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
+		body, ok := scrapeAgent(ctx, a)
+		if !ok {
+			return false, nil
+		}
+		seen = seen[:0]
+		for _, line := range strings.Split(body, "\n") {
+			if !strings.HasPrefix(line, metric+"{") {
+				continue
+			}
+			match := true
+			for _, l := range labels {
+				match = match && strings.Contains(line, l)
+			}
+			if !match {
+				continue
+			}
+			seen = append(seen, line)
+			i := strings.LastIndexByte(line, ' ')
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil && v == want {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no %s{%s} %v: %v (matching series: %v)", metric, strings.Join(labels, ","), fmt.Sprint(want), err, seen)
+	}
+}
