@@ -34,14 +34,30 @@ func filterResources(l corev1.ResourceList, prefix string) map[string]int64 {
 
 // WaitNodeResources waits until the node's resources under prefix are
 // exactly capacity and allocatable (a nil map is not checked), ignoring
-// resources at 0: the kubelet keeps a resource at 0 for a while after its
-// plugin goes away. Unhealthy devices count in capacity, not allocatable.
+// resources at 0 (the kubelet keeps a resource at 0 for a while after its
+// plugin goes away) and, in capacity, resources not wanted there with
+// nothing allocatable (a gone plugin's, kept for the kubelet's grace
+// period). Unhealthy devices count in capacity, not allocatable.
 func (c *Cluster) WaitNodeResources(ctx context.Context, prefix string, capacity, allocatable map[string]int64) error {
 	var lastCap, lastAlloc map[string]int64
 	for {
 		gotCap, gotAlloc, err := c.NodeResources(ctx, prefix)
 		if err == nil {
 			lastCap, lastAlloc = nonZero(gotCap), nonZero(gotAlloc)
+			if capacity != nil {
+				for name := range lastCap {
+					// A resource whose plugin is gone (e.g. a renamed
+					// time-sliced resource after the agent's config
+					// dropped it) keeps its capacity with nothing
+					// allocatable for the kubelet's endpointStopGracePeriod
+					// (5 minutes, pkg/kubelet/cm/devicemanager/types.go):
+					// that is the kubelet's, not the agent's, and a caller
+					// not expecting the resource ignores it.
+					if _, want := capacity[name]; !want && lastAlloc[name] == 0 {
+						delete(lastCap, name)
+					}
+				}
+			}
 			if (capacity == nil || maps.Equal(lastCap, capacity)) && (allocatable == nil || maps.Equal(lastAlloc, allocatable)) {
 				return nil
 			}
