@@ -1,10 +1,12 @@
 package preflight
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -30,7 +32,7 @@ func checkGPUCount(cfg Config, in *Inputs) Result {
 	}
 	if in.Node == nil {
 		why := "NVML unavailable"
-		if in.NodeErr != nil {
+		if in.NodeErr != nil && !errors.Is(in.NodeErr, nvmlowner.ErrUnavailable) {
 			why += ": " + in.NodeErr.Error()
 		}
 		problems = append(problems, why)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -39,8 +40,10 @@ func TestGPUCount(t *testing.T) {
 			status: Fail, detail: "4 GPUs on the PCI bus, 4 in NVML, 8 expected (preflight.gpuCount.expected): not the expected count"},
 		{name: "the label's count wins", cfg: Config{GPUCount: GPUCountConfig{Expected: 4, Label: "example.com/gpus"}},
 			in: Inputs{Node: node4(), BusGPUs: bus4, ExpectedGPUs: 8}, status: Fail, detail: "8 expected (label example.com/gpus)"},
-		{name: "NVML unavailable", in: Inputs{NodeErr: errors.New("nvml unavailable"), BusGPUs: bus4},
-			status: Fail, detail: "4 GPUs on the PCI bus, 0 in NVML: NVML unavailable: nvml unavailable"},
+		{name: "NVML unavailable", in: Inputs{NodeErr: nvmlowner.ErrUnavailable, BusGPUs: bus4},
+			status: Fail, detail: "4 GPUs on the PCI bus, 0 in NVML: NVML unavailable"},
+		{name: "discovery failed", in: Inputs{NodeErr: errors.New("discover: nvml device count: ERROR_UNKNOWN"), BusGPUs: bus4},
+			status: Fail, detail: "0 in NVML: NVML unavailable: discover: nvml device count: ERROR_UNKNOWN"},
 		{name: "no sysfs", in: Inputs{Node: node4()}, status: Fail, detail: "the PCI bus shows no NVIDIA GPU"},
 		{name: "bus unreadable", in: Inputs{Node: node4(), BusErr: errors.New("pci devices: permission denied")},
 			status: Fail, detail: "the PCI bus could not be read: pci devices: permission denied"},

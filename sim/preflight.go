@@ -282,10 +282,29 @@ func checkDriverVersion(v string) error {
 
 // SetValue sets the field a --sim-faults entry's "=VALUE" gives for f's
 // kind: pcie-degraded GEN or xWIDTH or GENxWIDTH ("4x8", "x8", "4"),
-// throttle a reason name, old-driver a version. The control API takes the
-// same values as JSON fields (pcieGen, pcieWidth, reason, driverVersion).
+// throttle a reason name, old-driver a version, port-down a NIC
+// ("mlx5_3"), nvlink-down a link number, xid the XID. The control API
+// takes the same values as JSON fields (pcieGen, pcieWidth, reason,
+// driverVersion, nic, link, xid).
 func (f *Fault) SetValue(v string) error {
 	switch f.Kind {
+	case FaultPortDown:
+		if v == "" {
+			return fmt.Errorf("%s=: want the NIC, e.g. mlx5_3", f.Kind)
+		}
+		f.NIC = v
+	case FaultNVLinkDown:
+		l, err := strconv.Atoi(v)
+		if err != nil || l < 0 {
+			return fmt.Errorf("%s=%s: want a link number", f.Kind, v)
+		}
+		f.Link = l
+	case FaultXID:
+		x, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || x == 0 {
+			return fmt.Errorf("%s=%s: want an XID such as 79", f.Kind, v)
+		}
+		f.XID = x
 	case FaultPCIeDegraded:
 		gen, width, hasWidth := strings.Cut(strings.ToLower(v), "x")
 		if gen != "" {

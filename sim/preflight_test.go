@@ -193,6 +193,11 @@ func TestFaultSetValue(t *testing.T) {
 		{kind: FaultOldDriver, value: "535.54.03", want: Fault{Kind: FaultOldDriver, DriverVersion: "535.54.03"}},
 		{kind: FaultOldDriver, value: "latest", err: "not a driver version"},
 		{kind: FaultGPULost, value: "1", err: "takes no value"},
+		{kind: FaultPortDown, value: "mlx5_3", want: Fault{Kind: FaultPortDown, NIC: "mlx5_3"}},
+		{kind: FaultNVLinkDown, value: "7", want: Fault{Kind: FaultNVLinkDown, Link: 7}},
+		{kind: FaultNVLinkDown, value: "-1", err: "want a link number"},
+		{kind: FaultXID, value: "79", want: Fault{Kind: FaultXID, XID: 79}},
+		{kind: FaultXID, value: "0", err: "want an XID"},
 	} {
 		f := Fault{Kind: tc.kind}
 		err := f.SetValue(tc.value)
