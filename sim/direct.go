@@ -154,7 +154,7 @@ func (l library) SystemGetCudaDriverVersion() (int, nvml.Return) {
 // old-driver fault's version.
 func (l library) Extensions() nvml.ExtendedInterface {
 	l.n.calls.count(libExtensions)
-	return symbols{l.n}
+	return symbols(l)
 }
 
 func (n *Node) byUUID(uuid string) nvmlapi.Device {
