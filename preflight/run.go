@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
@@ -59,10 +58,13 @@ func New(cfg Config, log *slog.Logger) *Checker {
 // Config is the configuration with defaults filled in.
 func (c *Checker) Config() Config { return c.cfg }
 
-// Run runs every item once. The GPUs are read at the same time, each on
-// its own NVML lane (a GPU that hangs costs its own results the NVML call
-// timeout and delays no other), while DCGM's diagnostic and the command
-// run beside them; Run returns when all have answered.
+// Run runs every item once: first what only reads (the PCI bus, the
+// driver, every GPU at the same time, each on its own NVML lane, so a GPU
+// that hangs costs its own results the NVML call timeout and delays no
+// other; the RDMA ports), then DCGM's diagnostic, then the command, one
+// after the other: each of those two loads the GPUs, which would change
+// the readings (clocks event reasons, the link speed of an idle GPU) and
+// disturb the other's measurements.
 func (c *Checker) Run(ctx context.Context, in Inputs) *Report {
 	rep := &Report{Started: c.now()}
 	var gpus []topology.GPU
@@ -75,34 +77,20 @@ func (c *Checker) Run(ctx context.Context, in Inputs) *Report {
 		byUUID[g.UUID] = gpuOf(g)
 		uuids[i] = g.UUID
 	}
-
-	var (
-		wg          sync.WaitGroup
-		dcgmResults []Result
-		cmdResult   Result
-	)
-	if !c.cfg.disabled(ItemDCGM) {
-		wg.Go(func() { dcgmResults = checkDCGM(ctx, c.cfg, &in, byUUID) })
-	}
-	if !c.cfg.disabled(ItemCommand) {
-		wg.Go(func() { cmdResult = checkCommand(ctx, c.cfg, uuids) })
-	}
-
 	var results []Result
-	add := func(item string, rs ...Result) {
+	add := func(item string, run func() []Result) {
 		if c.cfg.disabled(item) {
 			results = append(results, Result{Item: item, Target: "node", Status: Skipped, Detail: "disabled (preflight.disabledItems)"})
 			return
 		}
-		results = append(results, rs...)
+		results = append(results, run()...)
 	}
-	add(ItemGPUCount, checkGPUCount(c.cfg, &in))
-	add(ItemDriverVersion, checkDriver(c.cfg, &in))
+	add(ItemGPUCount, func() []Result { return []Result{checkGPUCount(c.cfg, &in)} })
+	add(ItemDriverVersion, func() []Result { return []Result{checkDriver(c.cfg, &in)} })
 	results = append(results, c.runGPUs(ctx, in, gpus)...)
-	add(ItemRDMA, checkRDMA(c.cfg, &in)...)
-	wg.Wait()
-	add(ItemDCGM, dcgmResults...)
-	add(ItemCommand, cmdResult)
+	add(ItemRDMA, func() []Result { return checkRDMA(c.cfg, &in) })
+	add(ItemDCGM, func() []Result { return checkDCGM(ctx, c.cfg, &in, byUUID) })
+	add(ItemCommand, func() []Result { return []Result{checkCommand(ctx, c.cfg, uuids)} })
 
 	rep.Results = sortResults(results)
 	rep.Finished = c.now()
