@@ -23,6 +23,17 @@ type goDCGM struct {
 // openDCGM starts an embedded hostengine, or connects to cfg.DCGMAddress
 // (host:port, a unix socket path, or a tcp://, unix:// URL).
 func openDCGM(cfg Config, log *slog.Logger) (DCGM, error) {
+	cleanup, err := initDCGM(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &goDCGM{log: log, interval: cfg.PollInterval, cleanup: cleanup, failing: map[string]bool{}}, nil
+}
+
+// initDCGM starts DCGM as cfg.DCGMMode says and returns what stops it.
+// go-dcgm counts its inits, so the health watches and the preflight's
+// diagnostic may each hold one.
+func initDCGM(cfg Config) (func(), error) {
 	if cfg.DCGMMode == DCGMOff {
 		return nil, errDCGMOff
 	}
@@ -40,7 +51,7 @@ func openDCGM(cfg Config, log *slog.Logger) (DCGM, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dcgm init: %w", err)
 	}
-	return &goDCGM{log: log, interval: cfg.PollInterval, cleanup: cleanup, failing: map[string]bool{}}, nil
+	return cleanup, nil
 }
 
 func (d *goDCGM) Close() { d.cleanup() }

@@ -92,3 +92,23 @@ func TestDCGMNonFatalXID(t *testing.T) {
 		t.Fatal("a non-fatal DCGM XID made the GPU unhealthy")
 	}
 }
+
+// TestOpenDCGMDiagWithoutLibrary: the preflight's DCGM diagnostic opens
+// through the same adapter: off is ErrDCGMOff, and without libdcgm.so.4
+// the error names the library.
+func TestOpenDCGMDiagWithoutLibrary(t *testing.T) {
+	if _, err := OpenDCGMDiag(Config{DCGMMode: DCGMOff}, nil); err != ErrDCGMOff {
+		t.Fatalf("off mode: %v, want ErrDCGMOff", err)
+	}
+	d, err := OpenDCGMDiag(Config{DCGMMode: DCGMAuto}, nil)
+	if err == nil {
+		defer d.Close()
+		if _, err := d.RunDiag(context.Background(), 0); err == nil || !strings.Contains(err.Error(), "level 0") {
+			t.Errorf("level 0: %v", err)
+		}
+		t.Skip("libdcgm.so.4 is installed here; this test is for machines without it")
+	}
+	if !strings.Contains(err.Error(), "libdcgm.so.4") {
+		t.Fatalf("error %q does not name the library", err)
+	}
+}

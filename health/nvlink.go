@@ -3,7 +3,6 @@ package health
 import (
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 )
@@ -62,25 +61,4 @@ func checkNVLink(in *checkInput, out *checkResult) {
 				Fatal: true, Event: true, Reason: fmt.Sprintf("nvlink %d errors rose by %d", l.Link, rise)})
 		}
 	}
-}
-
-// expectedNVLinks is how many NVLinks a GPU model has wired to its peers or
-// NVSwitches on the boards NVIDIA builds it into (SXM modules; PCIe cards
-// are bridged optionally and count 0). From NVIDIA's data sheets: V100
-// SXM2/SXM3 6 (NVLink 2), A100 SXM4 12 (NVLink 3), H100/H200 SXM5 18
-// (NVLink 4), B200 18 (NVLink 5).
-func expectedNVLinks(model string) int {
-	m := strings.ToUpper(model)
-	switch {
-	case strings.Contains(m, "PCIE"), strings.Contains(m, " NVL"):
-		return 0
-	case strings.Contains(m, "V100-SXM"):
-		return 6
-	case strings.Contains(m, "A100-SXM"):
-		return 12
-	case strings.Contains(m, "H100 80GB HBM3"), strings.Contains(m, "H100-SXM"), strings.Contains(m, "H200"),
-		strings.Contains(m, "B200"):
-		return 18
-	}
-	return 0
 }

@@ -67,7 +67,7 @@ func (m *Monitor) applySnapshot(snap *nvmlowner.Snapshot) {
 			Cur:             s,
 			Cfg:             m.cfg,
 			Baselines:       m.baselinesOf(s.UUID),
-			ExpectedNVLinks: expectedNVLinks(g.Model),
+			ExpectedNVLinks: topology.ExpectedNVLinks(g.Model),
 		}
 		res := m.runChecks(in)
 		for k, v := range res.Baselines {

@@ -2,5 +2,6 @@
 // lifetime (Init/Shutdown), looks GPUs up by UUID (never by a stale index),
 // runs every call on a per-GPU lane bounded by a timeout so one hung GPU
 // never delays another, discovers the node's topology (Discoverer), samples each counter once per interval for health
-// and metrics alike, and keeps the XID event set across unchanged rescans.
+// and metrics alike, keeps the XID event set across unchanged rescans, and
+// reads what the preflight judges (ReadPreflight).
 package nvmlowner

@@ -64,6 +64,9 @@ func OpenNICs(cfg Config, opts NICsOptions) *NICs {
 // Devices are the discovered devices (nil if discovery failed).
 func (n *NICs) Devices() []Device { return n.devs }
 
+// Err is why discovery failed, nil when it did not.
+func (n *NICs) Err() error { return n.err }
+
 // Close releases the netlink handle.
 func (n *NICs) Close() { n.close() }
 

@@ -74,15 +74,7 @@ func Resources(devs []Device, cfgs []ResourceConfig, health HealthView, cdi bool
 	users := map[string]string{}   // port ID -> first resource using it
 	out := make([]plugin.Resource, 0, len(cfgs))
 	for i, cfg := range cfgs {
-		var refs []portRef
-		for di := range devs {
-			d := &devs[di]
-			for _, p := range d.Ports {
-				if cfg.Selectors.Match(*d, p) {
-					refs = append(refs, portRef{id: d.PortID(p.Number), dev: d, port: p})
-				}
-			}
-		}
+		refs := matchPorts(devs, cfg)
 		name := ResourcePrefix + cfg.Name
 		exclusive := cfg.mode() == ModeExclusive
 		for _, r := range refs {

@@ -26,12 +26,14 @@ const (
 	libEventSetFree
 	libSystemGetDriverVersion
 	libSystemGetCudaDriverVersion
+	libExtensions
 	numLibCalls
 )
 
 var libCallNames = [numLibCalls]string{
 	"Init", "Shutdown", "DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetHandleByUUID",
 	"EventSetCreate", "EventSetWait", "EventSetFree", "SystemGetDriverVersion", "SystemGetCudaDriverVersion",
+	"Extensions",
 }
 
 // The device calls, counted under their nvml.Device names.
@@ -76,6 +78,13 @@ const (
 	devGetComputeRunningProcesses
 	devGetGraphicsRunningProcesses
 	devGetProcessUtilization
+	devGetCurrPcieLinkGeneration
+	devGetCurrPcieLinkWidth
+	devGetMaxPcieLinkGeneration
+	devGetMaxPcieLinkWidth
+	devGetPersistenceMode
+	devGetCurrentClocksEventReasons
+	devGetCurrentClocksThrottleReasons
 	numDeviceCalls
 )
 
@@ -90,6 +99,8 @@ var deviceCallNames = [numDeviceCalls]string{
 	"GetRetiredPagesPendingStatus", "GetRemappedRows", "GetGpuFabricInfo", "GetNvLinkErrorCounter",
 	"GetCudaComputeCapability", "GetEncoderUtilization", "GetDecoderUtilization", "GetMemoryInfo_v2",
 	"GetGridLicensableFeatures", "GetComputeRunningProcesses", "GetGraphicsRunningProcesses", "GetProcessUtilization",
+	"GetCurrPcieLinkGeneration", "GetCurrPcieLinkWidth", "GetMaxPcieLinkGeneration", "GetMaxPcieLinkWidth",
+	"GetPersistenceMode", "GetCurrentClocksEventReasons", "GetCurrentClocksThrottleReasons",
 }
 
 // count counts one call of library method k (an index into libCallNames).

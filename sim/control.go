@@ -35,6 +35,16 @@ type Fault struct {
 	// GI is the GPU instance ID an "xid" or "ecc-dbe" event is attributed
 	// to without a compute instance (ComputeInstanceId 0xFFFFFFFF).
 	GI *uint32 `json:"gi,omitempty"`
+	// PCIeGen and PCIeWidth are the link a "pcie-degraded" GPU trains at
+	// (0: the maximum; both 0: one generation down at half width).
+	PCIeGen   int `json:"pcieGen,omitempty"`
+	PCIeWidth int `json:"pcieWidth,omitempty"`
+	// Reason is the clocks event reason of a "throttle" fault, by
+	// nvmlapi.ClocksEventReasons name (default hw-slowdown).
+	Reason string `json:"reason,omitempty"`
+	// DriverVersion is what an "old-driver" node reports (default
+	// DefaultOldDriver).
+	DriverVersion string `json:"driverVersion,omitempty"`
 }
 
 // migRequest is the body of POST /mig.

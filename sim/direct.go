@@ -125,11 +125,15 @@ func (l library) DeviceGetHandleByUUID(uuid string) (nvmlapi.Device, nvml.Return
 }
 
 // SystemGetDriverVersion answers the simulated driver's version (New:
-// R570); it fails while an NVML failure is injected.
+// R570, or an old-driver fault's); it fails while an NVML failure is
+// injected.
 func (l library) SystemGetDriverVersion() (string, nvml.Return) {
 	l.n.calls.count(libSystemGetDriverVersion)
 	if l.n.failing() {
 		return "", nvml.ERROR_UNKNOWN
+	}
+	if v := l.n.driverVersion(); v != "" {
+		return v, nvml.SUCCESS
 	}
 	return l.n.srv.SystemGetDriverVersionFunc()
 }
@@ -143,6 +147,14 @@ func (l library) SystemGetCudaDriverVersion() (int, nvml.Return) {
 		return 0, nvml.ERROR_UNKNOWN
 	}
 	return l.n.srv.SystemGetCudaDriverVersionFunc()
+}
+
+// Extensions answers LookupSymbol as the simulated driver's library would
+// (preflight.go): every symbol the agent calls, except those newer than an
+// old-driver fault's version.
+func (l library) Extensions() nvml.ExtendedInterface {
+	l.n.calls.count(libExtensions)
+	return symbols(l)
 }
 
 func (n *Node) byUUID(uuid string) nvmlapi.Device {
@@ -438,4 +450,41 @@ func (d device) GetGraphicsRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) 
 func (d device) GetProcessUtilization(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
 	d.g.enter(devGetProcessUtilization)
 	return d.m.GetProcessUtilizationFunc(lastSeen)
+}
+
+// The preflight readings (preflight.go).
+
+func (d device) GetCurrPcieLinkGeneration() (int, nvml.Return) {
+	d.g.enter(devGetCurrPcieLinkGeneration)
+	return d.m.GetCurrPcieLinkGenerationFunc()
+}
+
+func (d device) GetCurrPcieLinkWidth() (int, nvml.Return) {
+	d.g.enter(devGetCurrPcieLinkWidth)
+	return d.m.GetCurrPcieLinkWidthFunc()
+}
+
+func (d device) GetMaxPcieLinkGeneration() (int, nvml.Return) {
+	d.g.enter(devGetMaxPcieLinkGeneration)
+	return d.m.GetMaxPcieLinkGenerationFunc()
+}
+
+func (d device) GetMaxPcieLinkWidth() (int, nvml.Return) {
+	d.g.enter(devGetMaxPcieLinkWidth)
+	return d.m.GetMaxPcieLinkWidthFunc()
+}
+
+func (d device) GetPersistenceMode() (nvml.EnableState, nvml.Return) {
+	d.g.enter(devGetPersistenceMode)
+	return d.m.GetPersistenceModeFunc()
+}
+
+func (d device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	d.g.enter(devGetCurrentClocksEventReasons)
+	return d.m.GetCurrentClocksEventReasonsFunc()
+}
+
+func (d device) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	d.g.enter(devGetCurrentClocksThrottleReasons)
+	return d.m.GetCurrentClocksThrottleReasonsFunc()
 }

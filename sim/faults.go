@@ -29,12 +29,19 @@ const (
 	FaultHang            = "hang"                  // every NVML call on the GPU blocks until cleared (calls.go)
 	FaultGPUMissing      = "gpu-missing"           // on the PCI bus but not listed by NVML (missing.go)
 	FaultFabricNotReady  = "fabric-not-ready"      // NVLink fabric registration in progress (fabric.go)
+	// The preflight's faults (preflight.go).
+	FaultPCIeDegraded   = "pcie-degraded"        // PCIe link trained below its maximum: Fault.PCIeGen/PCIeWidth (default one generation down, half width)
+	FaultECCDisabled    = "ecc-disabled"         // ECC mode off, current and pending
+	FaultPersistenceOff = "persistence-disabled" // driver persistence mode off
+	FaultThrottle       = "throttle"             // a clocks event reason active: Fault.Reason (default hw-slowdown)
+	FaultOldDriver      = "old-driver"           // the driver reports Fault.DriverVersion (default DefaultOldDriver); node-wide
 )
 
 // faultKinds lists the kinds, for the error naming them.
 var faultKinds = []string{
 	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
 	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultHang, FaultGPUMissing, FaultFabricNotReady,
+	FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver,
 }
 
 // noDevice is Fault.GPU for an event NVML raises without a device.
@@ -475,6 +482,10 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		n.gates[gpu].setHang(on)
 	case FaultGPUMissing:
 		n.setGPUMissing(gpu, on)
+	case FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver:
+		if err := n.applyPreflightFault(f, on); err != nil {
+			return err
+		}
 	case FaultFabricNotReady:
 		if !n.onFabric(gpu) {
 			g := n.gpus[gpu]

@@ -56,6 +56,8 @@ type Node struct {
 	nullDevice nvmlapi.Device
 	arch       *archState // set by installArch (arch.go)
 	procs      *procState // set by installProcesses (processes.go)
+	// preflight is what the preflight faults change (preflight.go).
+	preflight *preflightState
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded
@@ -194,6 +196,7 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	}
 	n.installNICs()
 	n.installArch()
+	n.installPreflight()
 	// MIG devices come after the install hooks so that their MIG hooks
 	// apply to the initial layout as to later ones.
 	for i, g := range spec.GPUs {

@@ -47,7 +47,7 @@ type Config struct {
 	Simulate          string `json:"simulate,omitempty"`
 	SimControlAddress string `json:"sim-control-address,omitempty"`
 	// SimFaults are faults the simulated node has before NVML's first
-	// init: KIND[:GPU],...
+	// init: KIND[:GPU][=VALUE],...
 	SimFaults       string `json:"sim-faults,omitempty"`
 	DevicePluginDir string `json:"device-plugin-dir,omitempty"`
 	HostRoot        string `json:"host-root,omitempty"`
@@ -89,6 +89,9 @@ type Config struct {
 	DRA agent.DRAConfig `json:"dra"`
 	// Sharing is how device-plugin resources are shared (time-slicing).
 	Sharing SharingSection `json:"sharing"`
+	// Preflight is the active checks a node must pass before it takes
+	// work (the preflight subcommand runs them once).
+	Preflight PreflightSection `json:"preflight"`
 }
 
 // MetricsSection configures the GPU metrics collector and the endpoint
@@ -159,7 +162,7 @@ func duration(f func(*Config) *Duration) func(*flag.FlagSet, *Config, string, st
 var options = []option{
 	{name: "simulate", usage: "run on a simulated node: PROFILE[,mig=GPU:PROF+PROF...] or a topology snapshot FILE.json", bind: str(func(c *Config) *string { return &c.Simulate })},
 	{name: "sim-control-address", usage: "loopback address of the simulator's control endpoint (simulate only; empty disables)", bind: str(func(c *Config) *string { return &c.SimControlAddress })},
-	{name: "sim-faults", usage: "faults the simulated node has from the start, before NVML's first init: KIND[:GPU],..., e.g. nvml-failure or gpu-lost:3 (simulate only; the control API clears them)", bind: str(func(c *Config) *string { return &c.SimFaults })},
+	{name: "sim-faults", usage: "faults the simulated node has from the start, before NVML's first init: KIND[:GPU][=VALUE],..., e.g. nvml-failure, gpu-lost:3, pcie-degraded:3=4x8, throttle:2=hw-slowdown, old-driver=535.54.03 (simulate only; the control API clears them)", bind: str(func(c *Config) *string { return &c.SimFaults })},
 	{name: "nvidia-config", usage: "config file of NVIDIA's device plugin (version: v1): its flags.migStrategy, flags.plugin.passDeviceSpecs and deviceListStrategy and sharing.timeSlicing are used; settings the agent cannot honour are refused by name", bind: str(func(c *Config) *string { return &c.NVIDIAConfig })},
 	{name: "device-plugin-dir", usage: "kubelet device-plugin directory (holds kubelet.sock and our sockets)", bind: str(func(c *Config) *string { return &c.DevicePluginDir })},
 	{name: "host-root", usage: "where the host's / is mounted (/dev, /sys, /proc/driver are read under it)", bind: str(func(c *Config) *string { return &c.HostRoot })},
@@ -184,6 +187,7 @@ var options = []option{
 	{name: "fatal-xids", usage: "comma-separated XIDs that make a GPU unhealthy (config health.fatalXIDs; default NVIDIA's reset/reboot XIDs)", bind: uintList(func(c *Config) *[]uint64 { return &c.Health.FatalXIDs })},
 	{name: "metrics-interval", usage: "how often GPU metrics are read from NVML (config metrics.interval)", bind: duration(func(c *Config) *Duration { return &c.Metrics.Interval })},
 	{name: "web.config.file", usage: "exporter-toolkit web config (TLS, basic auth) for the metrics endpoint (config metrics.webConfigFile)", bind: str(func(c *Config) *string { return &c.Metrics.WebConfigFile })},
+	{name: "preflight-expected-gpus", usage: "how many GPUs the node must have, on the PCI bus and in NVML, for the preflight's gpu-count item (config preflight.gpuCount.expected; 0: as many as the bus shows)", bind: integer(func(c *Config) *int { return &c.Preflight.GPUCount.Expected })},
 	{name: "exit-after", usage: "exit cleanly after this long (0: run until SIGINT/SIGTERM)", bind: duration(func(c *Config) *Duration { return &c.ExitAfter })},
 }
 
@@ -203,7 +207,7 @@ func flagSet(c *Config, out io.Writer) *flag.FlagSet {
 		o.bind(fs, c, o.name, o.usage+" (env "+o.envName()+")")
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent demo [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n\nFlags:\n")
+		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent demo [flags]\n       gpu-node-agent preflight [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	return fs

@@ -2,18 +2,22 @@ package main
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/preflight"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
@@ -58,6 +62,87 @@ func (s *TaintSection) UnmarshalJSON(b []byte) error {
 			raw["mode"] = json.RawMessage(`"off"`)
 		}
 	})
+}
+
+// PreflightSection is the `preflight` config key: preflight.Config, read
+// strictly with errors naming the key (e.g. preflight.command.timeout).
+type PreflightSection struct{ preflight.Config }
+
+// UnmarshalJSON reads the section strictly: an unknown key at any depth,
+// or a value of the wrong form, is an error naming its path.
+func (s *PreflightSection) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	if err := checkKeys("preflight", b, reflect.TypeFor[preflight.Config]()); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s.Config); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return fmt.Errorf("preflight.%s: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
+		return fmt.Errorf("preflight: %w", err)
+	}
+	return nil
+}
+
+var textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+
+// checkKeys walks the JSON value b against type t and returns an error
+// naming path.key for the first key t has no field for, and path for the
+// first value a text-unmarshalled field (a duration) refuses. Other type
+// mismatches are left to the decoder, which names their field itself.
+func checkKeys(path string, b []byte, t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(textUnmarshaler) {
+		if err := json.Unmarshal(b, reflect.New(t).Interface()); err != nil {
+			var typeErr *json.UnmarshalTypeError
+			if errors.As(err, &typeErr) {
+				return fmt.Errorf("%s: want a string, got %s", path, typeErr.Value)
+			}
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		var raw map[string]json.RawMessage
+		if json.Unmarshal(b, &raw) != nil {
+			return nil // not an object: the decoder says so
+		}
+		fields := map[string]reflect.Type{}
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if f.IsExported() && name != "-" && name != "" {
+				fields[name] = f.Type
+			}
+		}
+		for _, key := range slices.Sorted(maps.Keys(raw)) {
+			ft, ok := fields[key]
+			if !ok {
+				return fmt.Errorf("%s.%s: unknown key (known: %s)", path, key, strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
+			}
+			if err := checkKeys(path+"."+key, raw[key], ft); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice:
+		var raw []json.RawMessage
+		if json.Unmarshal(b, &raw) != nil {
+			return nil
+		}
+		for i, e := range raw {
+			if err := checkKeys(fmt.Sprintf("%s[%d]", path, i), e, t.Elem()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 var durationType = reflect.TypeFor[time.Duration]()
@@ -114,7 +199,8 @@ func unmarshalSection(section string, b []byte, v any, fixups ...func(map[string
 // metrics and rdma sections; each error names the field (e.g. health.pollInterval).
 func (c *Config) validateSections() []error {
 	var errs []error
-	for _, err := range []error{c.Health.Validate(), c.Health.Zombies.Validate(), c.Taint.Validate(), c.RDMA.Validate(), c.kubeClient().Validate()} {
+	for _, err := range []error{c.Health.Validate(), c.Health.Zombies.Validate(), c.Taint.Validate(), c.RDMA.Validate(), c.kubeClient().Validate(),
+		c.Preflight.Validate()} {
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -130,6 +130,8 @@ func TestConfigLoadErrors(t *testing.T) {
 		{name: "bad env duration", env: map[string]string{"GNA_RESCAN_INTERVAL": "soon"}, wantErr: "rescan-interval: env GNA_RESCAN_INTERVAL"},
 		{name: "unknown flag", args: []string{"--mig"}, wantErr: "flag provided but not defined: -mig"},
 		{name: "unknown key in dra section", args: []string{"--config", "testdata/dra-unknown-key.yaml"}, wantErr: `unknown field "device"`},
+		{name: "unknown key in preflight section", args: []string{"--config", "testdata/preflight-unknown-key.yaml"},
+			wantErr: `preflight.pcie.failIdleDowngrades: unknown key (known: failIdleDowngrade)`},
 		{name: "bad flag duration", args: []string{"--exit-after", "3"}, wantErr: `invalid value "3" for flag -exit-after`},
 		{name: "stray argument", args: []string{"--simulate", "dgx-h100", "extra"}, wantErr: `unexpected argument "extra"`},
 	}

@@ -10,6 +10,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 )
 
 // TestNoSimulator: the product binary has no simulator. Every way of
@@ -28,6 +32,7 @@ func TestNoSimulator(t *testing.T) {
 		{name: "sim faults flag", args: []string{"--sim-faults", "nvml-failure"}},
 		{name: "demo", args: []string{"demo"}},
 		{name: "topology dump simulate", args: []string{"topology", "dump", "--simulate", "dgx-h100"}},
+		{name: "preflight simulate", args: []string{"preflight", "--simulate", "dgx-h100"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,5 +62,21 @@ func TestDefaultsValidWithoutSimulator(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
+	}
+}
+
+// TestPreflightWithoutNVML runs the product's preflight on this machine's
+// real NVML and /sys: without libnvidia-ml.so.1 the gpu-count item fails
+// naming NVML, the per-GPU items are skipped, and the exit status is 1.
+func TestPreflightWithoutNVML(t *testing.T) {
+	if lib := nvmlowner.Real(); lib.Init() == nvml.SUCCESS {
+		lib.Shutdown()
+		t.Skip("NVML loads here; this test is for machines without it")
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"preflight", "--log-level", "error"}, &stdout, &stderr, func(string) string { return "" })
+	out := stdout.String()
+	if code != 1 || !strings.Contains(out, "in NVML: NVML unavailable") || !strings.Contains(out, "no GPU read: NVML unavailable") {
+		t.Errorf("exit %d\n%s%s", code, out, stderr.String())
 	}
 }

@@ -2,8 +2,14 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/gpu-node-agent/gpu-node-agent/preflight"
 )
 
 // TestREADMEListsEveryOption keeps the README's flag table in step with the
@@ -24,5 +30,33 @@ func TestREADMEListsEveryOption(t *testing.T) {
 		if !strings.Contains(readme, s) {
 			t.Errorf("README does not mention %q", s)
 		}
+	}
+}
+
+// TestREADMEPreflightExample: the README's preflight section example is a
+// configuration the agent reads, and it shows the defaults.
+func TestREADMEPreflightExample(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\npreflight:\n")
+	if !ok {
+		t.Fatal("README has no yaml block starting with preflight:")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	path := filepath.Join(t.TempDir(), "preflight.yaml")
+	if err := os.WriteFile(path, []byte("preflight:\n"+block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaults()
+	if _, err := readConfigFile(path, &cfg); err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	if err := cfg.Preflight.Validate(); err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	if diff := cmp.Diff(preflight.Config{}.WithDefaults(), cfg.Preflight.Config, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("the README example is not the defaults (-defaults +README):\n%s", diff)
 	}
 }

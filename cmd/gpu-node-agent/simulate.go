@@ -140,8 +140,10 @@ func (c *Config) validateSimulate(add func(name, format string, a ...any)) {
 	}
 }
 
-// parseSimFaults reads --sim-faults, "KIND[:GPU],...": the kinds are the
-// control API's (sim.Fault), GPU defaults to 0. Whether the simulator
+// parseSimFaults reads --sim-faults, "KIND[:GPU][=VALUE],...": the kinds
+// are the control API's (sim.Fault), GPU defaults to 0, VALUE is what
+// sim.Fault.SetValue reads for the kind (pcie-degraded=4x8,
+// throttle=hw-slowdown, old-driver=535.54.03). Whether the simulator
 // accepts a fault is checked when it is injected.
 func parseSimFaults(s string) ([]sim.Fault, error) {
 	if s == "" {
@@ -149,10 +151,11 @@ func parseSimFaults(s string) ([]sim.Fault, error) {
 	}
 	var faults []sim.Fault
 	for _, p := range strings.Split(s, ",") {
-		kind, idx, hasGPU := strings.Cut(p, ":")
+		target, value, hasValue := strings.Cut(p, "=")
+		kind, idx, hasGPU := strings.Cut(target, ":")
 		f := sim.Fault{Kind: kind}
 		if kind == "" {
-			return nil, fmt.Errorf("%q: want KIND[:GPU],..., got %q", s, p)
+			return nil, fmt.Errorf("%q: want KIND[:GPU][=VALUE],..., got %q", s, p)
 		}
 		if hasGPU {
 			gpu, err := strconv.Atoi(idx)
@@ -160,6 +163,11 @@ func parseSimFaults(s string) ([]sim.Fault, error) {
 				return nil, fmt.Errorf("%q: want KIND:GPU with a GPU index, got %q", s, p)
 			}
 			f.GPU = gpu
+		}
+		if hasValue {
+			if err := f.SetValue(value); err != nil {
+				return nil, fmt.Errorf("%q: %w", s, err)
+			}
 		}
 		faults = append(faults, f)
 	}

@@ -1,4 +1,4 @@
-// Package nvmlapi is the part of NVML the agent calls: 51 methods of
+// Package nvmlapi is the part of NVML the agent calls: 59 methods of
 // go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
 // with go-nvml's signatures except that handles are of these narrow types.
 // The real library is go-nvml behind Wrap; the simulator (package sim)
@@ -23,6 +23,12 @@ type Library interface {
 	// Versions, for the node labels and DCGM_FI_DRIVER_VERSION.
 	SystemGetDriverVersion() (string, nvml.Return)
 	SystemGetCudaDriverVersion() (int, nvml.Return)
+	// Extensions looks symbols up in the loaded library (LookupSymbol),
+	// so that a call a driver may lack is made only where it exists:
+	// go-nvml links NVML's functions lazily, and calling one the driver
+	// does not export crashes the process rather than returning
+	// ERROR_FUNCTION_NOT_FOUND.
+	Extensions() nvml.ExtendedInterface
 }
 
 // Device is the NVML calls the agent makes on a GPU or MIG device handle.
@@ -73,6 +79,19 @@ type Device interface {
 	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return)
 	GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return)
+
+	// Preflight readings (package preflight): the PCIe link as trained
+	// and at its maximum, driver persistence, and why the clocks are
+	// held down. ClocksEventReasons is the R535+ name of
+	// ClocksThrottleReasons (nvml.h marks the latter deprecated); the
+	// owner calls the old one only where the driver lacks the new one.
+	GetCurrPcieLinkGeneration() (int, nvml.Return)
+	GetCurrPcieLinkWidth() (int, nvml.Return)
+	GetMaxPcieLinkGeneration() (int, nvml.Return)
+	GetMaxPcieLinkWidth() (int, nvml.Return)
+	GetPersistenceMode() (nvml.EnableState, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)
+	GetCurrentClocksThrottleReasons() (uint64, nvml.Return)
 
 	// The processes holding a context on the device (go-nvml calls the
 	// _v3 functions, nvmlProcessInfo_t with GPU and compute instance IDs).

@@ -42,6 +42,8 @@ func (l library) SystemGetCudaDriverVersion() (int, nvml.Return) {
 	return l.l.SystemGetCudaDriverVersion()
 }
 
+func (l library) Extensions() nvml.ExtendedInterface { return l.l.Extensions() }
+
 func (l library) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
 	d, ret := l.l.DeviceGetHandleByIndex(i)
 	return WrapDevice(d), ret
@@ -191,6 +193,23 @@ func (d device) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) { return d.d.Ge
 
 func (d device) GetGridLicensableFeatures() (nvml.GridLicensableFeatures, nvml.Return) {
 	return d.d.GetGridLicensableFeatures()
+}
+
+func (d device) GetCurrPcieLinkGeneration() (int, nvml.Return) {
+	return d.d.GetCurrPcieLinkGeneration()
+}
+func (d device) GetCurrPcieLinkWidth() (int, nvml.Return)     { return d.d.GetCurrPcieLinkWidth() }
+func (d device) GetMaxPcieLinkGeneration() (int, nvml.Return) { return d.d.GetMaxPcieLinkGeneration() }
+func (d device) GetMaxPcieLinkWidth() (int, nvml.Return)      { return d.d.GetMaxPcieLinkWidth() }
+
+func (d device) GetPersistenceMode() (nvml.EnableState, nvml.Return) { return d.d.GetPersistenceMode() }
+
+func (d device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	return d.d.GetCurrentClocksEventReasons()
+}
+
+func (d device) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	return d.d.GetCurrentClocksThrottleReasons()
 }
 
 func (d device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {

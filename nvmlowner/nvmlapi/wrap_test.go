@@ -62,10 +62,13 @@ func TestSignaturesMirrorGoNVML(t *testing.T) {
 			}
 		}
 	}
-	if total != 51 {
-		t.Errorf("%d methods, want 51 (update the package doc and this count together)", total)
+	if total != 59 {
+		t.Errorf("%d methods, want 59 (update the package doc and this count together)", total)
 	}
 }
+
+// theExtensions is what a fake Extensions call answers.
+var theExtensions = &mock.ExtendedInterface{}
 
 // fakeCall makes a mock function of type ft that records its arguments and
 // answers zero values, handle, and ret.
@@ -79,6 +82,9 @@ func fakeCall(ft reflect.Type, handle nvml.Device, ret nvml.Return, got *[]refle
 				out[k] = reflect.ValueOf(ret)
 			case reflect.TypeFor[nvml.Device]():
 				out[k] = reflect.ValueOf(&handle).Elem()
+			case reflect.TypeFor[nvml.ExtendedInterface]():
+				var ext nvml.ExtendedInterface = theExtensions
+				out[k] = reflect.ValueOf(&ext).Elem()
 			default:
 				out[k] = reflect.Zero(ft.Out(k))
 			}
@@ -157,8 +163,17 @@ func TestWrapForwardsEveryCall(t *testing.T) {
 						t.Errorf("argument %d: mock got %v, want %v", k, got[k], want[k])
 					}
 				}
-				if r := out[len(out)-1].Interface(); r != ret {
-					t.Errorf("returned %v, want the mock's %v", r, ret)
+				switch last := out[len(out)-1]; last.Type() {
+				case returnType:
+					if r := last.Interface(); r != ret {
+						t.Errorf("returned %v, want the mock's %v", r, ret)
+					}
+				case reflect.TypeFor[nvml.ExtendedInterface]():
+					if last.Interface() != nvml.ExtendedInterface(theExtensions) {
+						t.Errorf("returned %v, want the mock's extensions", last)
+					}
+				default:
+					t.Errorf("answers %s: teach this test to check it", last.Type())
 				}
 				for _, o := range out {
 					if o.Type() == deviceType && o.Interface() != nvmlapi.WrapDevice(peer) {
