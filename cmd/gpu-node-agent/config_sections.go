@@ -195,6 +195,22 @@ func unmarshalSection(section string, b []byte, v any, fixups ...func(map[string
 	return nil
 }
 
+// validatePreflightGate refuses, for the agent (not the preflight
+// subcommand, which runs the items whatever they say), what the agent
+// does not do yet: gating the node on the preflight and re-checking idle
+// GPUs (issue 17's next steps, docs/preflight.md). Accepting them would
+// promise a taint that never comes.
+func (c *Config) validatePreflightGate() error {
+	var errs []error
+	if c.Preflight.Enabled {
+		errs = append(errs, errors.New("preflight.enabled: the agent does not gate the node on the preflight yet; run `gpu-node-agent preflight` on the node instead"))
+	}
+	if c.Preflight.RecheckInterval > 0 {
+		errs = append(errs, errors.New("preflight.recheckInterval: the agent does not re-check idle GPUs yet"))
+	}
+	return errors.Join(errs...)
+}
+
 // validateSections validates the health (with health.zombies), taint,
 // metrics and rdma sections; each error names the field (e.g. health.pollInterval).
 func (c *Config) validateSections() []error {

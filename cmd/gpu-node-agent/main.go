@@ -58,6 +58,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		fmt.Fprintf(stderr, "gpu-node-agent: invalid configuration:\n%v\n", err)
 		return 2
 	}
+	if err := cfg.validatePreflightGate(); err != nil {
+		fmt.Fprintf(stderr, "gpu-node-agent: invalid configuration:\n%v\n", err)
+		return 2
+	}
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
 	// client-go and friends log through klog; send it to the same place.
 	klog.SetSlogLogger(log)
