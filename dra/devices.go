@@ -31,6 +31,7 @@ const (
 	AttrUUID                  resourceapi.QualifiedName = "uuid"
 	AttrIndex                 resourceapi.QualifiedName = "index"
 	AttrProductName           resourceapi.QualifiedName = "productName"
+	AttrBrand                 resourceapi.QualifiedName = "brand"
 	AttrArchitecture          resourceapi.QualifiedName = "architecture"
 	AttrCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
 	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
@@ -208,6 +209,7 @@ func (b *builder) pci(a attrs, device, busID string, path []string, numa int) {
 // gpuCommon sets what a GPU and its MIG devices share.
 func (b *builder) gpuCommon(a attrs, g *topology.GPU) {
 	a.str(AttrProductName, g.Model)
+	a.str(AttrBrand, g.Brand)
 	if g.ComputeMajor != 0 {
 		a.str(AttrArchitecture, topology.ArchFamily(g.ComputeMajor, g.ComputeMinor))
 		a.version(AttrCUDAComputeCapability, fmt.Sprintf("%d.%d", g.ComputeMajor, g.ComputeMinor))

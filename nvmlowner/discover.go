@@ -281,6 +281,12 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 	} else if !more {
 		return g
 	}
+	brand, err := call(d, uuid, "GetBrand", func(dev Device) (nvml.BrandType, nvml.Return) { return dev.GetBrand() })
+	if ok, more := d.check(&g, "GetBrand", err); ok {
+		g.Brand = topology.BrandName(brand)
+	} else if !more {
+		return g
+	}
 	var totalMemory uint64
 	mem, err := call(d, uuid, "GetMemoryInfo", func(dev Device) (nvml.Memory, nvml.Return) { return dev.GetMemoryInfo() })
 	if ok, more := d.check(&g, "GetMemoryInfo", err); ok {

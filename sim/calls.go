@@ -85,6 +85,7 @@ const (
 	devGetPersistenceMode
 	devGetCurrentClocksEventReasons
 	devGetCurrentClocksThrottleReasons
+	devGetBrand
 	numDeviceCalls
 )
 
@@ -100,7 +101,7 @@ var deviceCallNames = [numDeviceCalls]string{
 	"GetCudaComputeCapability", "GetEncoderUtilization", "GetDecoderUtilization", "GetMemoryInfo_v2",
 	"GetGridLicensableFeatures", "GetComputeRunningProcesses", "GetGraphicsRunningProcesses", "GetProcessUtilization",
 	"GetCurrPcieLinkGeneration", "GetCurrPcieLinkWidth", "GetMaxPcieLinkGeneration", "GetMaxPcieLinkWidth",
-	"GetPersistenceMode", "GetCurrentClocksEventReasons", "GetCurrentClocksThrottleReasons",
+	"GetPersistenceMode", "GetCurrentClocksEventReasons", "GetCurrentClocksThrottleReasons", "GetBrand",
 }
 
 // count counts one call of library method k (an index into libCallNames).

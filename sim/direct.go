@@ -232,6 +232,13 @@ func (d device) GetName() (string, nvml.Return) {
 	return d.m.GetNameFunc()
 }
 
+// GetBrand is the profile's brand (go-nvml's mock server sets it from the
+// GPU's config; nvml.h nvmlDeviceGetBrand).
+func (d device) GetBrand() (nvml.BrandType, nvml.Return) {
+	d.g.enter(devGetBrand)
+	return d.m.GetBrandFunc()
+}
+
 func (d device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	d.g.enter(devGetMemoryInfo)
 	return d.m.GetMemoryInfoFunc()

@@ -188,6 +188,7 @@ func Profile(name string, opts ...ProfileOption) (*topology.Node, error) {
 			// go-nvml names some mocks "Mock NVIDIA ..."; the GPU names
 			// itself "NVIDIA ..." (configFor maps it back).
 			Model:      strings.TrimPrefix(def.gpu.Name, "Mock "),
+			Brand:      topology.BrandName(def.gpu.Brand),
 			MemoryMiB:  def.gpu.MemoryMB,
 			Minor:      i,
 			PCIPath:    tree.gpuPaths[i],

@@ -116,6 +116,12 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	cfgs := make([]gpus.Config, len(spec.GPUs))
 	for i, g := range spec.GPUs {
 		cfgs[i] = configFor(g)
+		// A snapshot's brand is what the GPU reports; without one, the
+		// model's config says.
+		if b, ok := topology.BrandType(g.Brand); ok {
+			cfgs[i].Brand = b
+		}
+		spec.GPUs[i].Brand = topology.BrandName(cfgs[i].Brand)
 	}
 	// An R570 production-branch driver (CUDA 12.8): the NVML 12.8 header is
 	// the first with NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230), which

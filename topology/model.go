@@ -58,8 +58,11 @@ type GPU struct {
 	PCIBusID string `json:"pciBusID,omitempty"`
 	// NUMANode is the NUMA node from /sys/bus/pci/devices/<bdf>/numa_node;
 	// -1 when the platform reports none.
-	NUMANode  int    `json:"numaNode"`
-	Model     string `json:"model,omitempty"`
+	NUMANode int    `json:"numaNode"`
+	Model    string `json:"model,omitempty"`
+	// Brand is nvmlDeviceGetBrand's brand as go-nvlib names it ("Tesla",
+	// "Nvidia", "Quadro", ...); empty when unknown.
+	Brand     string `json:"brand,omitempty"`
 	MemoryMiB uint64 `json:"memoryMiB,omitempty"`
 	// Minor is the N of /dev/nvidiaN.
 	Minor int `json:"minor,omitempty"`

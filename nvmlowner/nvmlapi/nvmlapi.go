@@ -1,4 +1,4 @@
-// Package nvmlapi is the part of NVML the agent calls: 59 methods of
+// Package nvmlapi is the part of NVML the agent calls: 60 methods of
 // go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
 // with go-nvml's signatures except that handles are of these narrow types.
 // The real library is go-nvml behind Wrap; the simulator (package sim)
@@ -39,6 +39,7 @@ type Device interface {
 	GetUUID() (string, nvml.Return)
 	GetPciInfo() (nvml.PciInfo, nvml.Return)
 	GetName() (string, nvml.Return)
+	GetBrand() (nvml.BrandType, nvml.Return)
 	GetMemoryInfo() (nvml.Memory, nvml.Return)
 	GetMinorNumber() (int, nvml.Return)
 	GetTopologyCommonAncestor(Device) (nvml.GpuTopologyLevel, nvml.Return)

@@ -78,6 +78,7 @@ func (s eventSet) Wait(timeoutms uint32) (EventData, nvml.Return) {
 func (d device) GetUUID() (string, nvml.Return)                 { return d.d.GetUUID() }
 func (d device) GetPciInfo() (nvml.PciInfo, nvml.Return)        { return d.d.GetPciInfo() }
 func (d device) GetName() (string, nvml.Return)                 { return d.d.GetName() }
+func (d device) GetBrand() (nvml.BrandType, nvml.Return)        { return d.d.GetBrand() }
 func (d device) GetMemoryInfo() (nvml.Memory, nvml.Return)      { return d.d.GetMemoryInfo() }
 func (d device) GetMinorNumber() (int, nvml.Return)             { return d.d.GetMinorNumber() }
 func (d device) GetMigMode() (int, int, nvml.Return)            { return d.d.GetMigMode() }
