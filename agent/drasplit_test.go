@@ -13,8 +13,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	resourceapi "k8s.io/api/resource/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpu-node-agent/gpu-node-agent/dra"
+	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 )
 
@@ -305,5 +308,26 @@ func TestDevicePluginResourcesFollowTheSplit(t *testing.T) {
 	// An empty MIG resource goes by its name.
 	if want := []string{"nvidia.com/gpu"}; !slices.Equal(names, want) {
 		t.Fatalf("device plugin serves %v, want %v", names, want)
+	}
+}
+
+// TestFaultOf: a device taint names the status's causes; NoExecute only
+// for a node-wide fault with dra.noExecute.
+func TestFaultOf(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		st        health.Status
+		noExecute bool
+		want      dra.Fault
+	}{
+		{"one cause", health.Status{Causes: []string{"xid-79"}}, true, dra.Fault{Cause: "xid-79"}},
+		{"several causes", health.Status{Causes: []string{"recovery-action", "xid-79"}}, false, dra.Fault{Cause: "recovery-action.xid-79"}},
+		{"no cause code", health.Status{}, false, dra.Fault{Cause: "unhealthy"}},
+		{"node-wide, configured", health.Status{Causes: []string{"nvml-poll"}, NodeWide: true}, true, dra.Fault{Cause: "nvml-poll", Effect: resourceapi.DeviceTaintEffectNoExecute}},
+		{"node-wide, not configured", health.Status{Causes: []string{"nvml-poll"}, NodeWide: true}, false, dra.Fault{Cause: "nvml-poll"}},
+	} {
+		if got := faultOf(tc.st, tc.noExecute); got != tc.want {
+			t.Errorf("%s: faultOf = %+v, want %+v", tc.name, got, tc.want)
+		}
 	}
 }
