@@ -58,6 +58,10 @@ const (
 	// CheckGPUProcesses: zombie, leaked and foreign use of a device
 	// (package usage reports it; the observation's Key is the class).
 	CheckGPUProcesses = "gpu-processes"
+	// CheckPreflight: a periodic preflight re-check of an idle GPU failed
+	// an item (the agent reports it; the observation's Key is the item).
+	// preflight.recheckInterval switches it, not health.disabledChecks.
+	CheckPreflight = "preflight"
 )
 
 var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM, CheckMissing, CheckFabric, CheckRecovery, CheckGPUProcesses}

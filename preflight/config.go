@@ -26,6 +26,10 @@ const (
 	// DefaultCommandOutputBytes is how much of the command's output (its
 	// end) a result keeps.
 	DefaultCommandOutputBytes = 2048
+	// DefaultRetryInterval spaces the full runs of a node whose preflight
+	// failed: a link that retrains, a driver that finishes loading or an
+	// operator's repair passes on the next one.
+	DefaultRetryInterval = 5 * time.Minute
 )
 
 // DefaultThrottleReasons are the clocks event reasons (nvml.h
@@ -51,6 +55,10 @@ type Config struct {
 	// RecheckInterval is how often a GPU no pod is allocated is checked
 	// again with the per-GPU items (0: never).
 	RecheckInterval Duration `json:"recheckInterval,omitempty"`
+	// RetryInterval is how long after a failed gating preflight the next
+	// full run starts (the node stays tainted meanwhile);
+	// DefaultRetryInterval when zero.
+	RetryInterval Duration `json:"retryInterval,omitempty"`
 	// DisabledItems are items not run (reported skipped, "disabled").
 	DisabledItems []string       `json:"disabledItems,omitempty"`
 	GPUCount      GPUCountConfig `json:"gpuCount,omitzero"`
@@ -158,6 +166,9 @@ func (c Config) WithDefaults() Config {
 	if c.Command.OutputBytes == 0 {
 		c.Command.OutputBytes = DefaultCommandOutputBytes
 	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = Duration(DefaultRetryInterval)
+	}
 	return c
 }
 
@@ -171,6 +182,9 @@ func (c Config) Validate() error {
 	}
 	if c.RecheckInterval < 0 {
 		add("recheckInterval", "%s is negative", time.Duration(c.RecheckInterval))
+	}
+	if c.RetryInterval < 0 {
+		add("retryInterval", "%s is negative", time.Duration(c.RetryInterval))
 	}
 	for _, d := range c.DisabledItems {
 		if !slices.Contains(Items, d) {

@@ -27,6 +27,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative timeout", Config{Command: CommandConfig{Args: []string{"true"}, Timeout: Duration(-time.Second)}}, "preflight.command.timeout: -1s is negative"},
 		{"empty program", Config{Command: CommandConfig{Args: []string{" ", "-x"}}}, "preflight.command.args: the program (the first element) is empty"},
 		{"negative recheck", Config{RecheckInterval: Duration(-time.Minute)}, "preflight.recheckInterval: -1m0s is negative"},
+		{"negative retry", Config{RetryInterval: Duration(-time.Minute)}, "preflight.retryInterval: -1m0s is negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

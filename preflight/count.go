@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
@@ -24,6 +25,9 @@ func checkGPUCount(cfg Config, in *Inputs) Result {
 		expected, from = cfg.GPUCount.Expected, "preflight.gpuCount.expected"
 	}
 	var problems []string
+	if in.ExpectedGPUsErr != nil {
+		problems = append(problems, in.ExpectedGPUsErr.Error())
+	}
 	switch {
 	case in.BusErr != nil:
 		problems = append(problems, fmt.Sprintf("the PCI bus could not be read: %v", in.BusErr))
@@ -68,4 +72,22 @@ func checkGPUCount(cfg Config, in *Inputs) Result {
 	}
 	r.Status, r.Detail = Pass, seen
 	return r
+}
+
+// ExpectedGPUsFromLabels reads the expected GPU count from the node label
+// cfg.GPUCount.Label names: 0 without the label (or without the setting),
+// an error naming the label when its value is not a positive count.
+func ExpectedGPUsFromLabels(cfg Config, labels map[string]string) (int, error) {
+	if cfg.GPUCount.Label == "" {
+		return 0, nil
+	}
+	v, ok := labels[cfg.GPUCount.Label]
+	if !ok {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("node label %s=%q is not a GPU count (preflight.gpuCount.label)", cfg.GPUCount.Label, v)
+	}
+	return n, nil
 }

@@ -149,3 +149,30 @@ func (r *Report) Summary(max int) string {
 	}
 	return b.String()
 }
+
+// Merge returns r with the results of a later re-check (RunGPUs) in place
+// of r's results for the same item and device; the re-check's node-level
+// entries (a disabled item) are not taken, and its finish time becomes
+// the merged report's. r and re are not changed.
+func (r *Report) Merge(re *Report) *Report {
+	type key struct{ item, device string }
+	fresh := map[key]bool{}
+	for _, x := range re.Results {
+		if x.Device != "" {
+			fresh[key{x.Item, x.Device}] = true
+		}
+	}
+	out := &Report{Started: r.Started, Finished: re.Finished}
+	for _, x := range r.Results {
+		if !fresh[key{x.Item, x.Device}] {
+			out.Results = append(out.Results, x)
+		}
+	}
+	for _, x := range re.Results {
+		if x.Device != "" {
+			out.Results = append(out.Results, x)
+		}
+	}
+	out.Results = sortResults(out.Results)
+	return out
+}

@@ -2,8 +2,10 @@ package preflight
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestReportVerdicts(t *testing.T) {
@@ -47,5 +49,58 @@ func TestReportVerdicts(t *testing.T) {
 	// The columns line up.
 	if i, j := strings.Index(lines[0], "STATUS"), strings.Index(lines[3], "FAIL"); i != j {
 		t.Errorf("STATUS at %d, FAIL at %d:\n%s", i, j, b.String())
+	}
+}
+
+// TestReportMerge: a re-check's results replace the full run's for the
+// same item and GPU; the rest of the full run, and its start, stay.
+func TestReportMerge(t *testing.T) {
+	t0, t1, t2 := time.Unix(100, 0), time.Unix(200, 0), time.Unix(300, 0)
+	full := &Report{Started: t0, Finished: t1, Results: []Result{
+		{Item: ItemGPUCount, Target: "node", Status: Pass},
+		{Item: ItemPCIe, Target: "GPU 0", Device: "GPU-0", Status: Pass},
+		{Item: ItemPCIe, Target: "GPU 3", Device: "GPU-3", Status: Fail},
+		{Item: ItemCommand, Target: "node", Status: Pass},
+	}}
+	re := &Report{Started: t1, Finished: t2, Results: []Result{
+		{Item: ItemPCIe, Target: "GPU 3", Device: "GPU-3", Status: Pass},
+		{Item: ItemThrottle, Target: "GPU 3", Device: "GPU-3", Status: Fail, Detail: "hw-slowdown"},
+		{Item: ItemECC, Target: "node", Status: Skipped, Detail: "disabled"},
+	}}
+	m := full.Merge(re)
+	if !m.Started.Equal(t0) || !m.Finished.Equal(t2) {
+		t.Errorf("merged times %v..%v; want %v..%v", m.Started, m.Finished, t0, t2)
+	}
+	var got []string
+	for _, r := range m.Results {
+		got = append(got, r.Item+"/"+r.Device+"/"+string(r.Status))
+	}
+	want := []string{"gpu-count//pass", "pcie-link/GPU-0/pass", "pcie-link/GPU-3/pass", "throttle/GPU-3/fail", "command//pass"}
+	if !slices.Equal(got, want) {
+		t.Errorf("merged %v\nwant   %v", got, want)
+	}
+	if full.ItemStatus(ItemPCIe) != Fail || len(full.Results) != 4 {
+		t.Error("Merge changed the full report")
+	}
+}
+
+func TestExpectedGPUsFromLabels(t *testing.T) {
+	cfg := Config{GPUCount: GPUCountConfig{Label: "example.com/gpus"}}
+	for _, tc := range []struct {
+		cfg    Config
+		labels map[string]string
+		want   int
+		err    string
+	}{
+		{Config{}, map[string]string{"example.com/gpus": "8"}, 0, ""},
+		{cfg, nil, 0, ""},
+		{cfg, map[string]string{"example.com/gpus": "8"}, 8, ""},
+		{cfg, map[string]string{"example.com/gpus": "0"}, 0, `node label example.com/gpus="0" is not a GPU count`},
+		{cfg, map[string]string{"example.com/gpus": "8x"}, 0, `node label example.com/gpus="8x" is not a GPU count`},
+	} {
+		n, err := ExpectedGPUsFromLabels(tc.cfg, tc.labels)
+		if n != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%+v %v: %d, %v; want %d, %q", tc.cfg.GPUCount, tc.labels, n, err, tc.want, tc.err)
+		}
 	}
 }

@@ -27,8 +27,11 @@ type Inputs struct {
 	BusGPUs []string
 	BusErr  error
 	// ExpectedGPUs is the expected GPU count from the node label
-	// preflight.gpuCount.label names (0: none; gpuCount.expected then).
-	ExpectedGPUs int
+	// preflight.gpuCount.label names (0: none; gpuCount.expected then);
+	// ExpectedGPUsErr when that label's value is not a count (the item
+	// fails naming it). ExpectedGPUsFromLabels reads both.
+	ExpectedGPUs    int
+	ExpectedGPUsErr error
 	// RDMADevices are the node's RDMA devices (rdma.Discover) and
 	// RDMAResources the configured resources whose ports are checked;
 	// RDMAErr when discovery failed.
@@ -38,6 +41,12 @@ type Inputs struct {
 	// DCGM runs DCGM's diagnostic; nil without DCGM (DCGMErr may say why).
 	DCGM    DCGMDiag
 	DCGMErr error
+	// Busy, when set, says why the items that load the GPUs (dcgm-diag,
+	// command) must not run now, e.g. "pods hold GPU 2, GPU 5": they are
+	// reported skipped with it. The agent sets it when a node that was
+	// never proven already runs GPU pods (preflight switched on for a
+	// fleet in use); the reading items run as always.
+	Busy string
 }
 
 // Checker runs preflights with one configuration.
@@ -89,8 +98,15 @@ func (c *Checker) Run(ctx context.Context, in Inputs) *Report {
 	add(ItemDriverVersion, func() []Result { return []Result{checkDriver(c.cfg, &in)} })
 	results = append(results, c.runGPUs(ctx, in, gpus)...)
 	add(ItemRDMA, func() []Result { return checkRDMA(c.cfg, &in) })
-	add(ItemDCGM, func() []Result { return checkDCGM(ctx, c.cfg, &in, byUUID) })
-	add(ItemCommand, func() []Result { return []Result{checkCommand(ctx, c.cfg, uuids)} })
+	disruptive := func(item string, run func() []Result) {
+		if in.Busy != "" && !c.cfg.disabled(item) {
+			results = append(results, Result{Item: item, Target: "node", Status: Skipped, Detail: "not run: " + in.Busy})
+			return
+		}
+		add(item, run)
+	}
+	disruptive(ItemDCGM, func() []Result { return checkDCGM(ctx, c.cfg, &in, byUUID) })
+	disruptive(ItemCommand, func() []Result { return []Result{checkCommand(ctx, c.cfg, uuids)} })
 
 	rep.Results = sortResults(results)
 	rep.Finished = c.now()

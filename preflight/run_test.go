@@ -200,6 +200,29 @@ func TestRunDisabledItems(t *testing.T) {
 	}
 }
 
+// TestRunBusy: with Inputs.Busy the items that load the GPUs (DCGM's
+// diagnostic, the command) are skipped saying why; a disabled one still
+// says disabled; the reading items run.
+func TestRunBusy(t *testing.T) {
+	s := newSimNode(t, "dgx-h100", 5*time.Second)
+	in := s.inputs(t)
+	in.Busy = "pods hold GPU 2"
+	cfg := Config{DisabledItems: []string{ItemDCGM}, Command: CommandConfig{Args: []string{"false"}}}
+	rep := New(cfg, nil).Run(context.Background(), in)
+	if !rep.Passed() {
+		t.Errorf("failed: %s", rep.Summary(0))
+	}
+	want := map[string]string{ItemDCGM: "disabled (preflight.disabledItems)", ItemCommand: "not run: pods hold GPU 2"}
+	for _, r := range rep.Results {
+		if d, ok := want[r.Item]; ok && (r.Status != Skipped || r.Detail != d) {
+			t.Errorf("%s: %s %q; want skipped %q", r.Item, r.Status, r.Detail, d)
+		}
+	}
+	if rep.ItemStatus(ItemPCIe) != Pass {
+		t.Errorf("pcie-link %s on a busy node", rep.ItemStatus(ItemPCIe))
+	}
+}
+
 // TestRunGPUs: a re-check reads only the GPUs asked for, with the per-GPU
 // items.
 func TestRunGPUs(t *testing.T) {
