@@ -39,12 +39,8 @@ func reconcileLoop(ctx context.Context, backoff wait.Backoff, reconcile func(con
 		if err != nil {
 			d := b.Step()
 			failed(err, d)
-			timer := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
+			if !sleep(ctx, d) {
 				return
-			case <-timer.C:
 			}
 			continue
 		}
@@ -55,5 +51,17 @@ func reconcileLoop(ctx context.Context, backoff wait.Backoff, reconcile func(con
 		case <-changed:
 		case <-nodeChanged:
 		}
+	}
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
 	}
 }
