@@ -185,7 +185,7 @@ func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
 // until ctx ends. It never fails the agent: it returns nil.
 func (o *NodeObject) Run(ctx context.Context) error {
 	defer o.setWatch(nil) // PreflightRecord waits no longer than Run runs
-	clients, ok := waitForClients(ctx, o.cfg.NewClients, o.cfg.Retry, o.log, "node taint and labels not updated")
+	clients, ok := waitForClients(ctx, o.cfg.NewClients, o.cfg.Retry, o.log, "node taints, conditions and labels not updated")
 	if !ok {
 		return nil
 	}
@@ -200,7 +200,7 @@ func (o *NodeObject) Run(ctx context.Context) error {
 	watch, err := NewNodeWatch(clients.Core, o.cfg.NodeName, taint.Resync)
 	if err != nil {
 		o.setWatch(nil)
-		o.log.Error("node taint and labels not updated", "err", err)
+		o.log.Error("node taints, conditions and labels not updated", "err", err)
 		return nil
 	}
 	o.setWatch(watch)
