@@ -1,6 +1,7 @@
 package kubeapi
 
 import (
+	"context"
 	"math"
 	"time"
 
@@ -20,4 +21,47 @@ func RetryBackoff() wait.Backoff {
 // (each retry also waits for the informer to deliver the newer Node).
 func conflictBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 1, Steps: 5}
+}
+
+// reconcileLoop runs reconcile until ctx ends: at start, after every
+// signal on changed or nodeChanged, and after a failure again, with
+// jittered exponential backoff (a fresh copy of backoff after each
+// success; failed logs the error and the delay). While it backs off,
+// signals wait: the retry reads the latest of everything.
+func reconcileLoop(ctx context.Context, backoff wait.Backoff, reconcile func(context.Context) error,
+	failed func(err error, retry time.Duration), changed, nodeChanged <-chan struct{}) {
+	b := backoff
+	for {
+		err := reconcile(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			d := b.Step()
+			failed(err, d)
+			if !sleep(ctx, d) {
+				return
+			}
+			continue
+		}
+		b = backoff
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-nodeChanged:
+		}
+	}
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
 }

@@ -35,7 +35,7 @@ func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) (*corev1.N
 	if !ok || t.clearer == nil {
 		return nil, nil
 	}
-	if t.dryRun("clear-faults", target) {
+	if t.w.dryRun("clear-faults", target) {
 		return nil, nil
 	}
 	cleared, cerr := t.clearer.ClearFaults(target)
@@ -55,10 +55,10 @@ func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) (*corev1.N
 		t.reader.conflicted(ctx, node.ResourceVersion)
 		return nil, fmt.Errorf("remove annotation %s from node %s: %w", ClearFaultsAnnotation, t.node, err)
 	}
-	t.writes.WithLabelValues("annotation").Inc()
+	t.w.writes.WithLabelValues("annotation").Inc()
 	if cerr != nil {
 		t.log.Warn("clear-faults request rejected", "node", t.node, "target", target, "err", cerr)
-		t.event(ctx, patched, corev1.EventTypeWarning, "ClearFaultsRejected", cerr.Error())
+		t.w.event(ctx, patched, corev1.EventTypeWarning, "ClearFaultsRejected", cerr.Error())
 		return patched, nil
 	}
 	msg := "operator cleared faults of " + target + ": "
@@ -68,6 +68,6 @@ func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) (*corev1.N
 		msg += strings.Join(cleared, ", ")
 	}
 	t.log.Info("clear-faults request done", "node", t.node, "target", target, "cleared", cleared)
-	t.event(ctx, patched, corev1.EventTypeNormal, "FaultsCleared", msg)
+	t.w.event(ctx, patched, corev1.EventTypeNormal, "FaultsCleared", msg)
 	return patched, nil
 }

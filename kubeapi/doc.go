@@ -1,7 +1,9 @@
 // Package kubeapi owns all of the agent's kube-apiserver traffic: one
-// informer on the node's own Node object (NodeWatch) that the tainter and
-// the labeler read instead of polling, the taint, condition and Events
-// that mirror health.Fitness (Tainter), the Events other parts post about
+// informer on the node's own Node object (NodeWatch) that the tainter,
+// the preflight gate and the labeler read instead of polling, the taint,
+// condition and Events that mirror health.Fitness (Tainter), the preflight
+// taint and condition that keep pods off a node until its preflight passed
+// (NodeObject.SetPreflight), the Events other parts post about
 // the node (NodeEvents: GPU process findings and kills, posted once each),
 // the operator's clear-faults annotation, the topology labels and annotations (Labeler), the fleet
 // safeguard behind the Safeguard seam, and jittered retries. It talks

@@ -61,36 +61,14 @@ func NewLabeler(client Client, watch *NodeWatch, log *slog.Logger) *Labeler {
 // exponential backoff, until ctx ends. want returns ok false while there
 // is nothing to apply yet.
 func (l *Labeler) Run(ctx context.Context, changed <-chan struct{}, want func() (labels, annotations map[string]string, ok bool)) {
-	nodeChanged := l.watch.Subscribe()
-	backoff := l.retryBackoff
-	for {
-		var err error
+	reconcileLoop(ctx, l.retryBackoff, func(ctx context.Context) error {
 		if labels, annotations, ok := want(); ok {
-			err = l.Apply(ctx, labels, annotations)
+			return l.Apply(ctx, labels, annotations)
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			d := backoff.Step()
-			l.log.Warn("node labels and annotations not updated; retrying", "node", l.watch.Name(), "err", err, "retry", d)
-			timer := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return
-			case <-timer.C:
-			}
-			continue
-		}
-		backoff = l.retryBackoff
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-nodeChanged:
-		}
-	}
+		return nil
+	}, func(err error, retry time.Duration) {
+		l.log.Warn("node labels and annotations not updated; retrying", "node", l.watch.Name(), "err", err, "retry", retry)
+	}, changed, l.watch.Subscribe())
 }
 
 // Apply makes the labels and annotations the agent owns on the node equal

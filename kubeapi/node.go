@@ -2,7 +2,9 @@ package kubeapi
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,13 +32,17 @@ type NodeObjectConfig struct {
 	// Retry is the first delay between failed client builds (jittered,
 	// doubling); one second when zero.
 	Retry time.Duration
+	// Preflight gates the node on the agent's preflight (SetPreflight):
+	// its own taint and condition, whatever Taint.Mode says; nil runs no
+	// gate.
+	Preflight *PreflightGateConfig
 }
 
 // NodeObject keeps this node's Node object in step with the agent: the
-// health taint and condition (Tainter) and the topology labels and
-// annotations (Labeler), both reading the Node from one informer scoped to
-// it (NodeWatch), and the Events other parts post about the node
-// (NodeEvents). The agent serves devices whether or not the API server is
+// health taint and condition (Tainter), the preflight taint and condition
+// (the preflight gate) and the topology labels and annotations (Labeler),
+// all reading the Node from one informer scoped to it (NodeWatch), and the
+// Events other parts post about the node (NodeEvents). The agent serves devices whether or not the API server is
 // reachable: the client is built, and every write retried, in the
 // background.
 type NodeObject struct {
@@ -46,8 +52,22 @@ type NodeObject struct {
 	log    *slog.Logger
 	events *NodeEvents
 
+	// writes counts the tainter's and the gate's writes.
+	writes *prometheus.CounterVec
+
 	node atomic.Pointer[topology.Node]
 	kick chan struct{}
+
+	// verdict is the latest preflight verdict (nil: none yet);
+	// preflightKick signals a new one to the gate.
+	verdict       atomic.Pointer[PreflightVerdict]
+	preflightKick chan struct{}
+
+	// watch is the node informer, set once (nil when none runs) before
+	// watchSet is closed.
+	watch     *NodeWatch
+	watchSet  chan struct{}
+	watchOnce sync.Once
 }
 
 // NewNodeObject returns the node object for cfg; the tainter follows
@@ -65,7 +85,14 @@ func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registere
 	if err := events.register(reg); err != nil {
 		log.Error("node events counters not registered", "err", err)
 	}
-	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, events: events, kick: make(chan struct{}, 1)}
+	writes := newWritesCounter()
+	if reg != nil {
+		if err := reg.Register(writes); err != nil {
+			log.Error("kube API write counter not registered", "err", err)
+		}
+	}
+	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, events: events, writes: writes,
+		kick: make(chan struct{}, 1), preflightKick: make(chan struct{}, 1), watchSet: make(chan struct{})}
 }
 
 // Event queues an Event about the node (type corev1.EventTypeNormal or
@@ -86,6 +113,63 @@ func (o *NodeObject) SetNode(n *topology.Node) {
 	}
 }
 
+// SetPreflight is told the preflight verdict; the gate (when
+// NodeObjectConfig.Preflight is set) reconciles the Node with the latest.
+// It never blocks. A verdict always wins over the record of an earlier
+// run: one not passed taints even a proven node.
+func (o *NodeObject) SetPreflight(v PreflightVerdict) {
+	o.verdict.Store(&v)
+	select {
+	case o.preflightKick <- struct{}{}:
+	default:
+	}
+}
+
+// PreflightRecord waits (until ctx ends) for the node informer's first
+// sync and returns whether the Node already carries the preflight
+// condition (NodeObjectConfig.Preflight's, DefaultPreflightCondition
+// without one) True, i.e. a node proven by an earlier run, which a
+// restarted agent must neither taint again nor re-run the disruptive
+// items on, and a copy of the Node's labels. Run must be running: it
+// starts the informer once the API client exists. It fails when no
+// informer runs (taint off, labels off and no gate, or the informer could
+// not be built) or the Node does not exist.
+func (o *NodeObject) PreflightRecord(ctx context.Context) (proven bool, labels map[string]string, err error) {
+	select {
+	case <-o.watchSet:
+	case <-ctx.Done():
+		return false, nil, fmt.Errorf("preflight record of node %s: node informer not started: %w", o.cfg.NodeName, context.Cause(ctx))
+	}
+	if o.watch == nil {
+		return false, nil, fmt.Errorf("preflight record of node %s: no node informer runs", o.cfg.NodeName)
+	}
+	if err := o.watch.WaitSynced(ctx); err != nil {
+		return false, nil, fmt.Errorf("preflight record: %w", err)
+	}
+	n, err := o.watch.Node()
+	if err != nil {
+		return false, nil, fmt.Errorf("preflight record: %w", err)
+	}
+	condition := DefaultPreflightCondition
+	if o.cfg.Preflight != nil {
+		condition = o.cfg.Preflight.WithDefaults().ConditionType
+	}
+	labels = maps.Clone(n.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return preflightProven(n, condition), labels, nil
+}
+
+// setWatch records the node informer (nil: none runs) for
+// PreflightRecord; only the first call counts.
+func (o *NodeObject) setWatch(w *NodeWatch) {
+	o.watchOnce.Do(func() {
+		o.watch = w
+		close(o.watchSet)
+	})
+}
+
 // want is what the labeler applies: the latest discovered node's labels
 // and annotations.
 func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
@@ -97,25 +181,29 @@ func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
 }
 
 // Run builds the client (retrying until it can), starts the node informer
-// once, then runs the tainter and the labeler on it until ctx ends. It
-// never fails the agent: it returns nil.
+// once, then runs the tainter, the preflight gate and the labeler on it
+// until ctx ends. It never fails the agent: it returns nil.
 func (o *NodeObject) Run(ctx context.Context) error {
-	clients, ok := waitForClients(ctx, o.cfg.NewClients, o.cfg.Retry, o.log, "node taint and labels not updated")
+	defer o.setWatch(nil) // PreflightRecord waits no longer than Run runs
+	clients, ok := waitForClients(ctx, o.cfg.NewClients, o.cfg.Retry, o.log, "node taints, conditions and labels not updated")
 	if !ok {
 		return nil
 	}
 	taint := o.cfg.Taint.WithDefaults()
 	var wg sync.WaitGroup
-	if taint.Mode == TaintOff && !o.cfg.Labels {
+	if taint.Mode == TaintOff && !o.cfg.Labels && o.cfg.Preflight == nil {
 		// Events only: no informer on the Node.
+		o.setWatch(nil)
 		o.events.run(ctx, clients.Core, func() types.UID { return "" })
 		return nil
 	}
 	watch, err := NewNodeWatch(clients.Core, o.cfg.NodeName, taint.Resync)
 	if err != nil {
-		o.log.Error("node taint and labels not updated", "err", err)
+		o.setWatch(nil)
+		o.log.Error("node taints, conditions and labels not updated", "err", err)
 		return nil
 	}
+	o.setWatch(watch)
 	wg.Go(func() { watch.Run(ctx) })
 	wg.Go(func() {
 		o.events.run(ctx, clients.Core, func() types.UID {
@@ -126,10 +214,18 @@ func (o *NodeObject) Run(ctx context.Context) error {
 		})
 	})
 	if taint.Mode != TaintOff {
-		if t, err := NewTainter(clients, watch, taint, o.log.With("component", "taint"), o.reg); err != nil {
+		if t, err := newTainter(clients, watch, taint, o.log.With("component", "taint"), o.reg, o.writes); err != nil {
 			o.log.Error("node tainter not started", "err", err)
 		} else {
 			wg.Go(func() { _ = t.Run(ctx, o.health) })
+		}
+	}
+	if o.cfg.Preflight != nil {
+		if err := o.cfg.Preflight.Validate(taint); err != nil {
+			o.log.Error("preflight gate not started", "err", err)
+		} else {
+			g := newPreflightGate(clients.Core, watch, *o.cfg.Preflight, o.writes, o.log.With("component", "preflight"))
+			wg.Go(func() { g.run(ctx, o.preflightKick, o.verdict.Load) })
 		}
 	}
 	if o.cfg.Labels {

@@ -247,12 +247,8 @@ func (p *SlicePublisher) Run(ctx context.Context) {
 		}
 		d := backoff.Step()
 		p.log.Warn("publishing ResourceSlices failed; retrying", "node", p.node, "err", err, "retry", d)
-		timer := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !sleep(ctx, d) {
 			return
-		case <-timer.C:
 		}
 		p.signal()
 	}

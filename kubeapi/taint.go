@@ -2,27 +2,18 @@ package kubeapi
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 )
-
-// maxMessage bounds condition and event messages (the API server rejects
-// event messages over 1 KiB).
-const maxMessage = 1024
 
 // Health is what the Tainter mirrors onto the Node: *health.Monitor.
 type Health interface {
@@ -43,13 +34,13 @@ type Tainter struct {
 	client    Client
 	watch     *NodeWatch
 	reader    *nodeReader
+	w         *nodeWriter
 	node      string
 	cfg       TaintConfig
 	log       *slog.Logger
 	safeguard Safeguard
 
 	refusedGauge prometheus.Gauge
-	writes       *prometheus.CounterVec
 
 	// backoff spaces Run's retries while the API server fails.
 	backoff wait.Backoff
@@ -57,9 +48,8 @@ type Tainter struct {
 	// clearer acts on ClearFaultsAnnotation; Run sets the monitor.
 	clearer FaultClearer
 
-	// State of the last reconcile, to log dry-run and refusal once.
-	refused    bool
-	lastDryRun string
+	// State of the last reconcile, to post a refusal once.
+	refused bool
 	// mayHold says the safeguard may count this node as tainted: after
 	// it allowed the taint, and at start (a previous run's taint).
 	mayHold bool
@@ -71,6 +61,22 @@ type Tainter struct {
 // (TaintConfig.Validate). reg may be nil; registering its metrics on reg
 // twice is an error, not a panic.
 func NewTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, reg prometheus.Registerer) (*Tainter, error) {
+	writes := newWritesCounter()
+	if reg != nil {
+		if err := reg.Register(writes); err != nil {
+			return nil, fmt.Errorf("tainter metrics: %w", err)
+		}
+	}
+	t, err := newTainter(c, watch, cfg, log, reg, writes)
+	if err != nil && reg != nil {
+		reg.Unregister(writes)
+	}
+	return t, err
+}
+
+// newTainter is NewTainter counting its writes in writes, which the
+// caller registers.
+func newTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, reg prometheus.Registerer, writes *prometheus.CounterVec) (*Tainter, error) {
 	cfg = cfg.WithDefaults()
 	if c.Core == nil || c.Meta == nil {
 		return nil, fmt.Errorf("tainter of node %s: needs both the typed and the metadata client", watch.Name())
@@ -78,23 +84,18 @@ func NewTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, 
 	client := c.Core
 	t := &Tainter{
 		client: client, watch: watch, reader: newNodeReader(watch, client, log), node: watch.Name(), cfg: cfg, log: log,
+		w:         newNodeWriter(client, watch.Name(), cfg.EventNamespace, "gpu-node-agent.io/health", cfg.Mode == TaintDryRun, writes, log),
 		safeguard: NewSlots(client, c.Meta, watch.Name(), cfg.SafeguardConfig(), log),
 		refusedGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpu_node_agent_taint_refused",
 			Help: "1 while the fleet safeguard refuses to taint this unfit node because too many nodes already carry the taint.",
 		}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gpu_node_agent_kube_api_writes_total",
-			Help: "Writes the tainter made to the Kubernetes API, by kind (taint, condition, event, annotation).",
-		}, []string{"kind"}),
 		backoff: RetryBackoff(),
 		mayHold: true,
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{t.refusedGauge, t.writes} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("tainter metrics: %w", err)
-			}
+		if err := reg.Register(t.refusedGauge); err != nil {
+			return nil, fmt.Errorf("tainter metrics: %w", err)
 		}
 	}
 	return t, nil
@@ -120,36 +121,11 @@ func (t *Tainter) Run(ctx context.Context, src Health) error {
 	if c, ok := src.(FaultClearer); ok && t.clearer == nil {
 		t.clearer = c
 	}
-	changes := src.Subscribe()
-	nodeChanged := t.watch.Subscribe()
-	backoff := t.backoff
-	for {
-		err := t.Reconcile(ctx, src.Fitness())
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			// While backing off, health and Node changes wait: the retry
-			// reads the latest of both.
-			d := backoff.Step()
-			t.log.Warn("updating node taint/condition failed; retrying", "node", t.node, "err", err, "retry", d)
-			timer := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return nil
-			case <-timer.C:
-			}
-			continue
-		}
-		backoff = t.backoff
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changes:
-		case <-nodeChanged:
-		}
-	}
+	reconcileLoop(ctx, t.backoff, func(ctx context.Context) error { return t.Reconcile(ctx, src.Fitness()) },
+		func(err error, retry time.Duration) {
+			t.log.Warn("updating node taint/condition failed; retrying", "node", t.node, "err", err, "retry", retry)
+		}, src.Subscribe(), t.watch.Subscribe())
+	return nil
 }
 
 // Reconcile makes the Node reflect f once: taint, condition, events. A
@@ -164,28 +140,17 @@ func (t *Tainter) Reconcile(ctx context.Context, f health.Fitness) error {
 		return nil
 	}
 	var (
-		node    *corev1.Node
 		refused bool
 		asked   bool // the safeguard, at most once per reconcile
 		allowed bool
-		written *corev1.Node // the API server's answer to our last write
 	)
-	defer func() {
-		if written != nil {
-			t.reader.wrote(ctx, written)
-		}
-	}()
-	err := retry.OnError(conflictBackoff(), apierrors.IsConflict, func() error {
-		var err error
-		if node, err = t.reader.read(ctx); err != nil {
-			return err
-		}
+	node, written, err := t.w.syncTaints(ctx, t.reader, t.cfg.Key, func(node *corev1.Node) (*corev1.Node, []corev1.Taint, bool, error) {
 		patched, err := t.clearFaults(ctx, node)
 		if err != nil {
-			return err
+			return nil, nil, false, err
 		}
 		if patched != nil {
-			node, written = patched, patched
+			node = patched
 		}
 		refused = false
 		if !f.Fit && !hasTaint(node.Spec.Taints, t.cfg.Key) {
@@ -195,29 +160,20 @@ func (t *Tainter) Reconcile(ctx context.Context, f health.Fitness) error {
 			}
 			if !asked {
 				if allowed, err = t.safeguard.Allow(ctx); err != nil {
-					return fmt.Errorf("fleet safeguard: %w", err)
+					return patched, nil, false, fmt.Errorf("fleet safeguard: %w", err)
 				}
 				asked = true
 				t.mayHold = t.mayHold || allowed
 			}
 			refused = !allowed
 		}
-		want := t.desiredTaints(node.Spec.Taints, f, refused)
-		if sameTaints(node.Spec.Taints, want) {
-			return nil
-		}
-		patched, err = t.patchTaints(ctx, node, want)
-		if apierrors.IsConflict(err) {
-			t.reader.conflicted(ctx, node.ResourceVersion)
-		}
-		if err != nil {
-			return err
-		}
-		if patched != nil {
-			node, written = patched, patched
-		}
-		return nil
+		return patched, t.desiredTaints(node.Spec.Taints, f, refused), true, nil
 	})
+	defer func() {
+		if written != nil {
+			t.reader.wrote(ctx, written)
+		}
+	}()
 	if err != nil {
 		return err
 	}
@@ -238,32 +194,15 @@ func (t *Tainter) Reconcile(ctx context.Context, f health.Fitness) error {
 	return nil
 }
 
-// hasTaint says whether taints hold one with key.
-func hasTaint(taints []corev1.Taint, key string) bool {
-	return slices.ContainsFunc(taints, func(x corev1.Taint) bool { return x.Key == key })
-}
-
 // ourTaints are the taints with our key.
 func (t *Tainter) ourTaints(taints []corev1.Taint) []corev1.Taint {
-	var out []corev1.Taint
-	for _, x := range taints {
-		if x.Key == t.cfg.Key {
-			out = append(out, x)
-		}
-	}
-	return out
+	return taintsWithKey(taints, t.cfg.Key)
 }
 
 // desiredTaints is existing with our taints replaced by those f calls for.
 func (t *Tainter) desiredTaints(existing []corev1.Taint, f health.Fitness, refused bool) []corev1.Taint {
-	var out []corev1.Taint
-	for _, x := range existing {
-		if x.Key != t.cfg.Key {
-			out = append(out, x)
-		}
-	}
 	if f.Fit || refused {
-		return out
+		return withTaints(existing, t.cfg.Key)
 	}
 	value := f.Reason
 	if len(validation.IsValidLabelValue(value)) > 0 || value == "" {
@@ -273,6 +212,7 @@ func (t *Tainter) desiredTaints(existing []corev1.Taint, f health.Fitness, refus
 	if t.cfg.NoExecuteForNodeFaults && f.NodeWide && effects[0] != corev1.TaintEffectNoExecute {
 		effects = append(effects, corev1.TaintEffectNoExecute)
 	}
+	var ours []corev1.Taint
 	for _, e := range effects {
 		taint := corev1.Taint{Key: t.cfg.Key, Value: value, Effect: e}
 		if e == corev1.TaintEffectNoExecute {
@@ -286,52 +226,9 @@ func (t *Tainter) desiredTaints(existing []corev1.Taint, f health.Fitness, refus
 				}
 			}
 		}
-		out = append(out, taint)
+		ours = append(ours, taint)
 	}
-	return out
-}
-
-// sameTaints compares taints as sets by key, value and effect.
-func sameTaints(a, b []corev1.Taint) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for _, x := range a {
-		if !slices.ContainsFunc(b, func(y corev1.Taint) bool {
-			return x.Key == y.Key && x.Value == y.Value && x.Effect == y.Effect
-		}) {
-			return false
-		}
-	}
-	return true
-}
-
-// patchTaints replaces the taint list, guarded by the resourceVersion of
-// the Node compared with: a concurrent writer makes it fail with Conflict,
-// so taints others added meanwhile are never lost. It returns the patched
-// Node (nil in dry-run mode).
-func (t *Tainter) patchTaints(ctx context.Context, node *corev1.Node, want []corev1.Taint) (*corev1.Node, error) {
-	if want == nil {
-		want = []corev1.Taint{}
-	}
-	patch := map[string]any{
-		"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
-		"spec":     map[string]any{"taints": want},
-	}
-	if t.dryRun("taints", want) {
-		return nil, nil
-	}
-	body, err := json.Marshal(patch)
-	if err != nil {
-		return nil, fmt.Errorf("encode taint patch: %w", err)
-	}
-	patched, err := t.client.Nodes().Patch(ctx, t.node, types.MergePatchType, body, metav1.PatchOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("patch taints of node %s: %w", t.node, err)
-	}
-	t.writes.WithLabelValues("taint").Inc()
-	t.log.Info("node taints updated", "node", t.node, "taints", len(want), "ours", len(t.ourTaints(want)))
-	return patched, nil
+	return withTaints(existing, t.cfg.Key, ours...)
 }
 
 // noteRefusal updates the refusal gauge and posts one event when a
@@ -339,7 +236,7 @@ func (t *Tainter) patchTaints(ctx context.Context, node *corev1.Node, want []cor
 func (t *Tainter) noteRefusal(ctx context.Context, node *corev1.Node, f health.Fitness, refused bool) {
 	t.refusedGauge.Set(boolGauge(refused))
 	if refused && !t.refused {
-		t.event(ctx, node, corev1.EventTypeWarning, "TaintRefused",
+		t.w.event(ctx, node, corev1.EventTypeWarning, "TaintRefused",
 			"fleet safeguard: too many nodes already carry "+t.cfg.Key+"; not tainting. "+f.Message)
 	}
 	t.refused = refused
@@ -358,90 +255,19 @@ func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f h
 		}
 		evType, evReason = corev1.EventTypeWarning, "GPUUnhealthy"
 	}
-	ctype := corev1.NodeConditionType(t.cfg.ConditionType)
-	var old *corev1.NodeCondition
-	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == ctype {
-			old = &node.Status.Conditions[i]
-		}
-	}
-	if old != nil && old.Status == status && old.Reason == reason && old.Message == msg {
-		return nil, nil
-	}
+	old := findCondition(node, t.cfg.ConditionType)
 	if old == nil && f.Fit && t.cfg.Mode == TaintDryRun {
 		return nil, nil
 	}
-	now := metav1.Now()
-	transition := now
-	if old != nil && old.Status == status {
-		transition = old.LastTransitionTime
+	patched, wrote, err := t.w.setCondition(ctx, node, t.cfg.ConditionType, status, reason, msg)
+	if err != nil || !wrote {
+		return patched, err
 	}
-	cond := corev1.NodeCondition{Type: ctype, Status: status, Reason: reason, Message: msg,
-		LastHeartbeatTime: now, LastTransitionTime: transition}
-	if t.dryRun("condition", cond) {
-		return nil, nil
-	}
-	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
-	if err != nil {
-		return nil, fmt.Errorf("encode condition patch: %w", err)
-	}
-	patched, err := t.client.Nodes().Patch(ctx, t.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
-	if err != nil {
-		return nil, fmt.Errorf("patch condition %s of node %s: %w", ctype, t.node, err)
-	}
-	t.writes.WithLabelValues("condition").Inc()
-	t.log.Info("node condition updated", "node", t.node, "condition", ctype, "status", status, "reason", reason, "message", msg)
 	if old == nil && f.Fit {
 		return patched, nil // first report of a healthy node is not a transition
 	}
-	t.event(ctx, node, evType, evReason, msg)
+	t.w.event(ctx, node, evType, evReason, msg)
 	return patched, nil
-}
-
-// event posts a Node event where the kubelet posts its own. Failing to
-// post one is logged, not retried: the condition carries the state.
-func (t *Tainter) event(ctx context.Context, node *corev1.Node, typ, reason, msg string) {
-	now := metav1.Now()
-	ev := &corev1.Event{
-		// Named like the kubelet's events (<object>.<hex time>) rather
-		// than generateName, so the name is known before the create.
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", t.node, now.UnixNano()), Namespace: t.cfg.EventNamespace},
-		InvolvedObject: corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: t.node, UID: node.UID,
-			ResourceVersion: node.ResourceVersion},
-		Reason: reason, Message: truncate(msg), Type: typ,
-		Source:         corev1.EventSource{Component: "gpu-node-agent", Host: t.node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "gpu-node-agent.io/health", ReportingInstance: t.node,
-	}
-	if t.dryRun("event", reason+": "+msg) {
-		return
-	}
-	if _, err := t.client.Events(t.cfg.EventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.log.Warn("posting node event failed", "node", t.node, "reason", reason, "err", err)
-		return
-	}
-	t.writes.WithLabelValues("event").Inc()
-}
-
-// dryRun logs the write that would be made (once per distinct write) and
-// reports whether to skip it.
-func (t *Tainter) dryRun(what string, v any) bool {
-	if t.cfg.Mode != TaintDryRun {
-		return false
-	}
-	desc := fmt.Sprintf("%s %+v", what, v)
-	if desc != t.lastDryRun {
-		t.log.Info("dry-run: would update node", "node", t.node, "what", what, "value", fmt.Sprintf("%+v", v))
-		t.lastDryRun = desc
-	}
-	return true
-}
-
-func truncate(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	return s[:maxMessage-3] + "..."
 }
 
 func boolGauge(b bool) float64 {

@@ -170,7 +170,7 @@ func TestTainterLifecycle(t *testing.T) {
 	if got := requests(c)[before:]; len(got) != 0 {
 		t.Fatalf("%d requests at steady state, want 0: %v", len(got), got)
 	}
-	if got := testutil.ToFloat64(tr.writes.WithLabelValues("taint")); got != 1 {
+	if got := testutil.ToFloat64(tr.w.writes.WithLabelValues("taint")); got != 1 {
 		t.Fatalf("taint write counter %v", got)
 	}
 
@@ -262,7 +262,7 @@ func TestTainterConflict(t *testing.T) {
 			if tc.write && !hasTaint(n.Spec.Taints, foreign.Key) {
 				t.Fatalf("the taint written during the conflict was lost: %+v", n.Spec.Taints)
 			}
-			if got := testutil.ToFloat64(tr.writes.WithLabelValues("taint")); got != 1 {
+			if got := testutil.ToFloat64(tr.w.writes.WithLabelValues("taint")); got != 1 {
 				t.Fatalf("taint writes %v, want 1", got)
 			}
 		})

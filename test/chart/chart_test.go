@@ -182,13 +182,18 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 
 // TestAdmissionPolicy asserts the ValidatingAdmissionPolicy's key fields:
 // it matches only the agent's service account, fails closed, is bound with
-// Deny, and follows the taint key and condition type the agent is
-// configured with. Its rules run against a real kube-apiserver in
-// test/health (TestAdmissionPolicyNodeScoped).
+// Deny, and follows the taint keys and condition types the agent is
+// configured with (the health taint's and the preflight's). Its rules run
+// against a real kube-apiserver in test/health
+// (TestAdmissionPolicyNodeScoped).
 func TestAdmissionPolicy(t *testing.T) {
 	files := render(t, map[string]any{
-		"taintKey": "example.com/gpu-unfit",
-		"config":   map[string]any{"taint": map[string]any{"conditionType": "GPUFit"}},
+		"taintKey":  "example.com/gpu-unfit",
+		"preflight": map[string]any{"taintKey": "example.com/gpu-unproven"},
+		"config": map[string]any{
+			"taint":     map[string]any{"conditionType": "GPUFit"},
+			"preflight": map[string]any{"conditionType": "GPUProven"},
+		},
 	})
 	d := docs(files["validatingadmissionpolicy.yaml"])
 	if len(d) != 2 {
@@ -217,10 +222,38 @@ func TestAdmissionPolicy(t *testing.T) {
 	}
 	for name, want := range map[string]string{
 		"taintKey": "'example.com/gpu-unfit'", "conditionType": "'GPUFit'",
+		"preflightTaintKey": "'example.com/gpu-unproven'", "preflightConditionType": "'GPUProven'",
 		"eventNamespace": "'default'", "leaseNamespace": "'" + ReleaseNamespace + "'",
 	} {
 		if vars[name] != want {
 			t.Errorf("variable %s = %q, want %q", name, vars[name], want)
+		}
+	}
+	// The validations that confine taints and conditions let the agent
+	// change the preflight's as well as its own.
+	var taints, conditions bool
+	for _, v := range spec.Validations {
+		taints = taints || strings.Contains(v.Expression, "t.key in [variables.taintKey, variables.preflightTaintKey]")
+		conditions = conditions || strings.Contains(v.Expression, "c.type in [variables.conditionType, variables.preflightConditionType]")
+	}
+	if !taints || !conditions {
+		t.Errorf("validations %+v: want the taint check to except both taint keys (%v) and the condition check both types (%v)", spec.Validations, taints, conditions)
+	}
+	// Without the values: the agent's defaults.
+	var defaults admissionregistrationv1.ValidatingAdmissionPolicy
+	if err := yaml.UnmarshalStrict([]byte(docs(render(t, nil)["validatingadmissionpolicy.yaml"])[0]), &defaults); err != nil {
+		t.Fatal(err)
+	}
+	vars = map[string]string{}
+	for _, v := range defaults.Spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	for name, want := range map[string]string{
+		"taintKey": "'gpu-node-agent.io/unhealthy'", "conditionType": "'GPUHealthy'",
+		"preflightTaintKey": "'gpu-node-agent.io/preflight'", "preflightConditionType": "'GPUPreflight'",
+	} {
+		if vars[name] != want {
+			t.Errorf("default variable %s = %q, want %q", name, vars[name], want)
 		}
 	}
 	if !strings.Contains(vars["nodeName"], "authentication.kubernetes.io/node-name") {
@@ -235,6 +268,19 @@ func TestAdmissionPolicy(t *testing.T) {
 
 	if _, ok := render(t, map[string]any{"admissionPolicy": map[string]any{"enabled": false}})["validatingadmissionpolicy.yaml"]; ok {
 		t.Error("admissionPolicy.enabled=false still renders the policy")
+	}
+}
+
+// TestPreflightTaintKeyTolerated: the DaemonSet tolerates the preflight
+// taint key the policy lets the agent write, so the agent runs on a node
+// registered with that taint and can remove it.
+func TestPreflightTaintKeyTolerated(t *testing.T) {
+	files := render(t, map[string]any{"preflight": map[string]any{"taintKey": "example.com/gpu-unproven"}})
+	ds := decode[appsv1.DaemonSet](t, files, "daemonset.yaml")
+	if !slices.ContainsFunc(ds.Spec.Template.Spec.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Key == "example.com/gpu-unproven" && tol.Operator == corev1.TolerationOpExists && tol.Effect == ""
+	}) {
+		t.Errorf("tolerations %+v lack preflight.taintKey example.com/gpu-unproven", ds.Spec.Template.Spec.Tolerations)
 	}
 }
 
@@ -398,10 +444,12 @@ func TestDaemonSet(t *testing.T) {
 			if spec.PriorityClassName != "system-node-critical" {
 				t.Errorf("priorityClassName %q", spec.PriorityClassName)
 			}
-			if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
-				return tol.Key == "gpu-node-agent.io/unhealthy" && tol.Operator == corev1.TolerationOpExists && tol.Effect == ""
-			}) {
-				t.Errorf("tolerations %+v lack the agent's own taint (every effect)", spec.Tolerations)
+			for _, key := range []string{"gpu-node-agent.io/unhealthy", "gpu-node-agent.io/preflight"} {
+				if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+					return tol.Key == key && tol.Operator == corev1.TolerationOpExists && tol.Effect == ""
+				}) {
+					t.Errorf("tolerations %+v lack the agent's own taint %s (every effect)", spec.Tolerations, key)
+				}
 			}
 			for probe, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
 				if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != probe || p.HTTPGet.Port.String() != "metrics" {

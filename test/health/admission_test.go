@@ -38,6 +38,8 @@ const (
 	eventNamespace  = "default"
 	slotLeasePrefix = "gpu-node-agent-taint-slot-"
 	agentTaintKey   = "gpu-node-agent.io/unhealthy"
+	preflightKey    = "gpu-node-agent.io/preflight"
+	preflightType   = "GPUPreflight"
 	nodeNameExtra   = "authentication.kubernetes.io/node-name"
 )
 
@@ -173,10 +175,10 @@ func mergePatch(t *testing.T, v any) []byte {
 // account, RBAC and ValidatingAdmissionPolicy to a real kube-apiserver and
 // acts with the agent's credential for node A: a service-account token
 // bound to a Pod on A, which carries A's name as the node-name extra. Its
-// writes to its own taint, condition, labels, annotations, Events and slot
-// Leases are allowed; anything else on A, anything on node B, and any
-// write with a token that names no node is refused by the policy. Other
-// users are unaffected.
+// writes to its own taints (health and preflight), conditions (the same),
+// labels, annotations, Events and slot Leases are allowed; anything else
+// on A, anything on node B, and any write with a token that names no node
+// is refused by the policy. Other users are unaffected.
 func TestAdmissionPolicyNodeScoped(t *testing.T) {
 	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
@@ -313,6 +315,7 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 		}
 	}
 	ours := corev1.Taint{Key: agentTaintKey, Effect: corev1.TaintEffectNoSchedule}
+	preflight := corev1.Taint{Key: preflightKey, Value: "pending", Effect: corev1.TaintEffectNoSchedule}
 	labels := func(kv ...string) []byte {
 		m := map[string]any{}
 		for i := 0; i < len(kv); i += 2 {
@@ -399,8 +402,11 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 		deny string
 	}{
 		{"own taint", agent, taints(nodeA, "", ours), ""},
+		{"own preflight taint", agent, taints(nodeA, "", preflight), ""},
+		{"node B's preflight taint", agent, taints(nodeB, "", preflight), "may only update its own Node, not UPDATE Node gpu-b"},
+		{"remove own preflight taint", agent, taints(nodeA, preflightKey), ""},
 		{"node B's taint", agent, taints(nodeB, "", ours), "may only update its own Node, not UPDATE Node gpu-b"},
-		{"own node, other taint key", agent, taints(nodeA, "", corev1.Taint{Key: "example.com/other", Effect: corev1.TaintEffectNoSchedule}), "may only change taints with key " + agentTaintKey},
+		{"own node, other taint key", agent, taints(nodeA, "", corev1.Taint{Key: "example.com/other", Effect: corev1.TaintEffectNoSchedule}), "may only change taints with key " + agentTaintKey + " or " + preflightKey},
 		{"own node, remove another's taint", agent, taints(nodeA, otherTaint.Key), "may only change taints with key"},
 		{"own node, unschedulable", agent, patchNode(nodeA, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`)), "may change no Node spec field"},
 		{"own node, unrelated label", agent, patchNode(nodeA, types.MergePatchType, labels("example.com/team", "infra")), "labels it does not own: example.com/team"},
@@ -415,7 +421,9 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 		{"own node, unrelated annotation", agent, patchNode(nodeA, types.MergePatchType, annotations("example.com/note", nil)), "annotations it does not own: example.com/note"},
 		{"remove clear-faults", agent, patchNode(nodeA, types.JSONPatchType, []byte(`[{"op":"test","path":"/metadata/annotations/gpu-node-agent.io~1clear-faults","value":"all"},{"op":"remove","path":"/metadata/annotations/gpu-node-agent.io~1clear-faults"}]`)), ""},
 		{"own condition", agent, patchNode(nodeA, types.StrategicMergePatchType, condition(conditionType), "status"), ""},
-		{"own node, another condition", agent, patchNode(nodeA, types.StrategicMergePatchType, condition(corev1.NodeReady), "status"), "may only change the Node condition " + conditionType},
+		{"own preflight condition", agent, patchNode(nodeA, types.StrategicMergePatchType, condition(preflightType), "status"), ""},
+		{"own node, another condition", agent, patchNode(nodeA, types.StrategicMergePatchType, condition(corev1.NodeReady), "status"), "may only change the Node conditions " + conditionType + " and " + preflightType},
+		{"node B's preflight condition", agent, patchNode(nodeB, types.StrategicMergePatchType, condition(preflightType), "status"), "may only update its own Node"},
 		{"own node, capacity", agent, patchNode(nodeA, types.MergePatchType, []byte(`{"status":{"capacity":{"cpu":"16"}}}`), "status"), "may change no Node status field"},
 		{"node B's condition", agent, patchNode(nodeB, types.StrategicMergePatchType, condition(conditionType), "status"), "may only update its own Node"},
 		{"event for own node", agent, event(nodeA), ""},
@@ -462,8 +470,8 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 	for _, cond := range a.Status.Conditions {
 		conds[cond.Type] = cond.Reason
 	}
-	if len(conds) != 2 || conds[corev1.NodeReady] != "KubeletReady" || conds[conditionType] != "AllGPUsHealthy" {
-		t.Errorf("node A conditions %+v, want Ready untouched and %s added", a.Status.Conditions, conditionType)
+	if len(conds) != 3 || conds[corev1.NodeReady] != "KubeletReady" || conds[conditionType] != "AllGPUsHealthy" || conds[preflightType] != "AllGPUsHealthy" {
+		t.Errorf("node A conditions %+v, want Ready untouched and %s and %s added", a.Status.Conditions, conditionType, preflightType)
 	}
 	b, err := admin.CoreV1().Nodes().Get(ctx, nodeB, metav1.GetOptions{})
 	if err != nil {

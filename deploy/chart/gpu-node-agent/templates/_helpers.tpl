@@ -66,3 +66,14 @@ absolute path. */}}
 {{- fail (printf "dra.cdiDir must be an absolute path, got %q" (toString .Values.dra.cdiDir)) }}
 {{- end }}
 {{- end -}}
+
+{{/* The preflight taint's key (value preflight.taintKey), which the kubelet
+registers the node with and the DaemonSet tolerates, and the preflight
+condition's type (config preflight.conditionType): the admission policy
+lets the agent write both. */}}
+{{- define "gpu-node-agent.preflightTaintKey" -}}
+{{- dig "taintKey" "gpu-node-agent.io/preflight" (default dict .Values.preflight) -}}
+{{- end -}}
+{{- define "gpu-node-agent.preflightConditionType" -}}
+{{- dig "preflight" "conditionType" "GPUPreflight" (default dict .Values.config) -}}
+{{- end -}}
