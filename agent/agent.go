@@ -22,6 +22,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/preflight"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
@@ -81,16 +82,21 @@ type Config struct {
 	// device plugin.
 	DRA DRAConfig
 
+	// Preflight configures the active checks: with Enabled the node is
+	// tainted until a full preflight passes (needs NodeName); with
+	// RecheckInterval the GPUs no pod holds are re-checked.
+	Preflight preflight.Config
+
 	// PrintInventory prints what is served at start and on every change.
 	PrintInventory bool
 }
 
 // needsAPI says whether anything talks to the API server: only with a
-// node name, and only for tainting, labels or the GPU process check's
-// Events.
+// node name, and only for tainting, labels, the GPU process check's
+// Events or the preflight gate.
 func (c Config) needsAPI() bool {
 	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels ||
-		c.Health.Enabled(health.CheckGPUProcesses))
+		c.Health.Enabled(health.CheckGPUProcesses) || c.Preflight.Enabled)
 }
 
 // sampleInterval is the NVML sampling period: the shorter of the health
@@ -129,6 +135,9 @@ type Agent struct {
 	// clients builds the API clients once for every part that needs them.
 	clients *clientsOnce
 	rec     *reconciler
+	// preflight is nil unless the preflight gates the node or re-checks
+	// idle GPUs.
+	preflight *preflighter
 	// labelsHeld is why the last discovery was not labelled ("" when it
 	// was); reconciler goroutine only.
 	labelsHeld string
@@ -186,6 +195,9 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		return nil, err
 	}
 	if a.collector, err = a.newCollector(); err != nil {
+		return nil, err
+	}
+	if a.preflight, err = a.newPreflighter(); err != nil {
 		return nil, err
 	}
 	rlog := log.With("component", "rdma")
@@ -308,6 +320,7 @@ func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
 		Sharing:     cfg.GPU.TimeSlicing.LabelSharing(),
 		NewClients:  a.clients.get,
 		Retry:       cfg.KubeRetry,
+		Preflight:   a.preflightGateConfig(),
 	}
 }
 
@@ -330,7 +343,10 @@ func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker,
 		// pods' that pod-resources lists them for.
 		ucfg.DRAPool = a.cfg.NodeName
 	}
-	if a.cfg.PodAttribution || judge {
+	// The preflight skips held GPUs (its re-checks, and the disruptive
+	// items of a gating run on a node in use).
+	pf := a.cfg.Preflight
+	if a.cfg.PodAttribution || judge || pf.Enabled || pf.RecheckInterval > 0 {
 		ucfg.PodResourcesSocket = usage.PodResourcesSocketPath(hostRoot)
 	}
 	// The fragmentation gauges (free GPUs, the largest free NVLink block,
@@ -502,6 +518,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.dra != nil {
 		start("dra objects", func() error { return a.dra.objs.Run(ctx) })
+	}
+	if a.preflight != nil {
+		start("preflight", func() error { a.preflight.run(ctx); return nil })
 	}
 	if srv != nil {
 		start("metrics", func() error { return srv.Serve(ctx) })

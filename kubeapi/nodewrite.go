@@ -16,9 +16,9 @@ import (
 	"k8s.io/client-go/util/retry"
 )
 
-// maxMessage bounds condition and event messages (the API server rejects
+// MaxMessage bounds condition and event messages (the API server rejects
 // event messages over 1 KiB).
-const maxMessage = 1024
+const MaxMessage = 1024
 
 // newWritesCounter is gpu_node_agent_kube_api_writes_total, which every
 // nodeWriter of one agent shares (the health tainter's and the preflight
@@ -182,7 +182,7 @@ func findCondition(node *corev1.Node, typ string) *corev1.NodeCondition {
 }
 
 // setCondition gives node's condition typ the status, reason and message
-// (truncated to maxMessage) if any of them differ, keeping its transition
+// (truncated to MaxMessage) if any of them differ, keeping its transition
 // time while the status stays. It returns the patched Node and true when
 // it wrote (nil and false when the condition was as wanted, or in dry-run
 // mode).
@@ -254,8 +254,8 @@ func (w *nodeWriter) dryRun(what, value string) bool {
 }
 
 func truncate(s string) string {
-	if len(s) <= maxMessage {
+	if len(s) <= MaxMessage {
 		return s
 	}
-	return s[:maxMessage-3] + "..."
+	return s[:MaxMessage-3] + "..."
 }

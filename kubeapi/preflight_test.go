@@ -279,7 +279,7 @@ func TestPreflightGateConfigured(t *testing.T) {
 }
 
 // TestPreflightGateLongMessage: a summary over the API server's limit is
-// cut to maxMessage on the condition and the Event.
+// cut to MaxMessage on the condition and the Event.
 func TestPreflightGateLongMessage(t *testing.T) {
 	c := newFake(t, testNode(nodeName))
 	g := newTestGate(t, c, PreflightGateConfig{})
@@ -288,7 +288,7 @@ func TestPreflightGateLongMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	cond := preflightCond(getNode(t, c))
-	if len(cond.Message) != maxMessage || !strings.HasSuffix(cond.Message, "...") || !strings.HasPrefix(long, strings.TrimSuffix(cond.Message, "...")) {
+	if len(cond.Message) != MaxMessage || !strings.HasSuffix(cond.Message, "...") || !strings.HasPrefix(long, strings.TrimSuffix(cond.Message, "...")) {
 		t.Fatalf("condition message of %d bytes: %q", len(cond.Message), cond.Message)
 	}
 	// The same long verdict again is the same truncated message: no write.

@@ -195,20 +195,14 @@ func unmarshalSection(section string, b []byte, v any, fixups ...func(map[string
 	return nil
 }
 
-// validatePreflightGate refuses, for the agent (not the preflight
-// subcommand, which runs the items whatever they say), what the agent
-// does not do yet: gating the node on the preflight and re-checking idle
-// GPUs (issue 17's next steps, docs/preflight.md). Accepting them would
-// promise a taint that never comes.
+// validatePreflightGate checks, for the agent (not the preflight
+// subcommand, which runs the items whatever they say), what gating the
+// node needs: the Node to taint.
 func (c *Config) validatePreflightGate() error {
-	var errs []error
-	if c.Preflight.Enabled {
-		errs = append(errs, errors.New("preflight.enabled: the agent does not gate the node on the preflight yet; run `gpu-node-agent preflight` on the node instead"))
+	if c.Preflight.Enabled && c.NodeName == "" {
+		return errors.New("preflight.enabled: gating the node on the preflight needs node-name (the Node to taint)")
 	}
-	if c.Preflight.RecheckInterval > 0 {
-		errs = append(errs, errors.New("preflight.recheckInterval: the agent does not re-check idle GPUs yet"))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // validateSections validates the health (with health.zombies), taint,
@@ -237,6 +231,11 @@ func (c *Config) validateSections() []error {
 		// nothing silently.
 		errs = append(errs, fmt.Errorf("health.zombies.action %q: needs the %s check, which health.disabledChecks switches off",
 			usage.ActionKill, health.CheckGPUProcesses))
+	}
+	pf := kubeapi.PreflightGateConfig{TaintKey: c.Preflight.TaintKey, ConditionType: c.Preflight.ConditionType,
+		EventNamespace: c.Taint.WithDefaults().EventNamespace}
+	if err := pf.Validate(c.Taint.TaintConfig); err != nil {
+		errs = append(errs, err)
 	}
 	if c.NodeName == "" && c.Taint.Mode != "" && c.Taint.Mode != kubeapi.TaintOff {
 		// Asked for explicitly, tainting without a node name would

@@ -46,21 +46,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		}
 	}
 
-	cfg, err := loadConfig(args, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "gpu-node-agent: %v\n", err)
-		return 2
-	}
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "gpu-node-agent: invalid configuration:\n%v\n", err)
-		return 2
-	}
-	if err := cfg.validatePreflightGate(); err != nil {
-		fmt.Fprintf(stderr, "gpu-node-agent: invalid configuration:\n%v\n", err)
-		return 2
+	cfg, code, ok := validConfig("gpu-node-agent", args, getenv, stderr, (*Config).validatePreflightGate)
+	if !ok {
+		return code
 	}
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
 	// client-go and friends log through klog; send it to the same place.
@@ -90,4 +78,28 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// validConfig loads and validates the configuration of prog (the agent or
+// a subcommand) from args, env and the config file, with extra checks of
+// its own. When it is not ok, the exit code is 0 (help was asked for) or 2
+// (a bad configuration, written to stderr).
+func validConfig(prog string, args []string, getenv func(string) string, stderr io.Writer, extra ...func(*Config) error) (Config, int, bool) {
+	cfg, err := loadConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return cfg, 0, false
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		return cfg, 2, false
+	}
+	errs := []error{cfg.Validate()}
+	for _, f := range extra {
+		errs = append(errs, f(&cfg))
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintf(stderr, "%s: invalid configuration:\n%v\n", prog, err)
+		return cfg, 2, false
+	}
+	return cfg, 0, true
 }

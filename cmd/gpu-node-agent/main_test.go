@@ -14,16 +14,12 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestPreflightGateRefused: the agent refuses what it does not do with
-// the preflight yet (gating, re-checks) before touching the node.
-func TestPreflightGateRefused(t *testing.T) {
-	for _, tc := range []struct{ arg, want string }{
-		{"--config=testdata/preflight-enabled.yaml", "preflight.enabled: the agent does not gate the node on the preflight yet"},
-		{"--config=testdata/preflight-recheck.yaml", "preflight.recheckInterval: the agent does not re-check idle GPUs yet"},
-	} {
-		var stderr strings.Builder
-		if code := run([]string{tc.arg}, io.Discard, &stderr, func(string) string { return "" }); code != 2 || !strings.Contains(stderr.String(), tc.want) {
-			t.Errorf("%s: exit %d, stderr %q; want 2 and %q", tc.arg, code, stderr.String(), tc.want)
-		}
+// TestPreflightGateNeedsNode: gating the node without a Node to taint
+// is refused before touching the node; re-checks alone need none.
+func TestPreflightGateNeedsNode(t *testing.T) {
+	var stderr strings.Builder
+	want := "preflight.enabled: gating the node on the preflight needs node-name"
+	if code := run([]string{"--config=testdata/preflight-enabled.yaml"}, io.Discard, &stderr, func(string) string { return "" }); code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), want)
 	}
 }

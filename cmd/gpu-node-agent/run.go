@@ -70,5 +70,6 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		KubeClient:           c.kubeClient(),
 		PrintInventory:       c.PrintInventory,
 		DRA:                  c.DRA,
+		Preflight:            c.Preflight.Config,
 	}
 }

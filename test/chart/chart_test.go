@@ -566,6 +566,8 @@ func TestConfigMapCarriesValuesConfig(t *testing.T) {
 		"log-format": "json", "log-level": "debug",
 		// taintKey is written into the config, so taint and toleration agree.
 		"taint": map[string]any{"key": "gpu-node-agent.io/unhealthy"},
+		// Likewise preflight.taintKey.
+		"preflight": map[string]any{"taintKey": "gpu-node-agent.io/preflight"},
 	}
 	if len(cfg) != len(want) {
 		t.Errorf("config keys %v, want %v", cfg, want)
