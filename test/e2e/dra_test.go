@@ -43,6 +43,9 @@ const (
 	sliceWritesMet = "gpu_node_agent_dra_resourceslice_writes_total"
 )
 
+// draRescan is the agent's rescan interval in TestDRA.
+const draRescan = 10 * time.Second
+
 // TestDRA serves the demo node through the agent's DRA driver instead of
 // the device plugin (the agent reinstalled with dra.enabled, every kind),
 // and checks, on the real kubelet, scheduler and containerd:
@@ -83,6 +86,9 @@ func TestDRA(t *testing.T) {
 	start := time.Now()
 	opts := defaults
 	opts.DRA = draKinds
+	// Rescans every 10 s (30 s by default), so the quiet window below
+	// spans one in a third of the time.
+	opts.Values = withConfig(defaults.Values, "rescan-interval", draRescan.String())
 	rctx, rcancel := context.WithTimeout(ctx, 4*time.Minute)
 	agentPod, err := a.Reinstall(rctx, shared, opts)
 	rcancel()
@@ -118,8 +124,9 @@ func TestDRA(t *testing.T) {
 	twoGPUs := runTwoGPUClaim(ctx, t, node, devs)
 
 	// (e) Nothing changed since the slices settled: claims, pods, health
-	// polls (10 s) and at least one rescan (30 s) later, no slice write.
-	if d := 35*time.Second - time.Since(quietSince); d > 0 {
+	// polls (10 s) and at least one rescan (draRescan) later, no slice
+	// write.
+	if d := draRescan + 2*time.Second - time.Since(quietSince); d > 0 {
 		time.Sleep(d)
 	}
 	if w := sliceWrites(ctx, t, a); w != writesBefore {

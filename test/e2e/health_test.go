@@ -19,19 +19,25 @@ const unhealthyTaint = "gpu-node-agent.io/unhealthy"
 // nodeHealth returns the agent's taint (nil if absent) and GPUHealthy
 // condition (nil if absent).
 func nodeHealth(ctx context.Context) (*corev1.Taint, *corev1.NodeCondition, error) {
+	return nodeTaintAndCondition(ctx, unhealthyTaint, "GPUHealthy")
+}
+
+// nodeTaintAndCondition is the node's taint with key and its condition of
+// type ctype (nil when it has none).
+func nodeTaintAndCondition(ctx context.Context, key, ctype string) (*corev1.Taint, *corev1.NodeCondition, error) {
 	node, err := shared.Client.CoreV1().Nodes().Get(ctx, shared.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, nil, err
 	}
 	var taint *corev1.Taint
 	for i := range node.Spec.Taints {
-		if node.Spec.Taints[i].Key == unhealthyTaint {
+		if node.Spec.Taints[i].Key == key {
 			taint = &node.Spec.Taints[i]
 		}
 	}
 	var cond *corev1.NodeCondition
 	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == "GPUHealthy" {
+		if string(node.Status.Conditions[i].Type) == ctype {
 			cond = &node.Status.Conditions[i]
 		}
 	}
