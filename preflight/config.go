@@ -59,6 +59,12 @@ type Config struct {
 	// full run starts (the node stays tainted meanwhile);
 	// DefaultRetryInterval when zero.
 	RetryInterval Duration `json:"retryInterval,omitempty"`
+	// TaintKey and ConditionType are the gate's taint (NoSchedule, value
+	// pending or failed) and node condition; empty: the node API
+	// package's defaults, gpu-node-agent.io/preflight and GPUPreflight
+	// (kubeapi.PreflightGateConfig validates them).
+	TaintKey      string `json:"taintKey,omitempty"`
+	ConditionType string `json:"conditionType,omitempty"`
 	// DisabledItems are items not run (reported skipped, "disabled").
 	DisabledItems []string       `json:"disabledItems,omitempty"`
 	GPUCount      GPUCountConfig `json:"gpuCount,omitzero"`
