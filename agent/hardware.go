@@ -62,6 +62,13 @@ type ProcessSignaller interface {
 	SignalProcess(pid uint32, sig syscall.Signal) error
 }
 
+// CommandWrapper is hardware that changes how the preflight's command is
+// run (a simulated node's command faults: a command that fails or starts
+// late, run through the real exec path).
+type CommandWrapper interface {
+	WrapPreflightCommand(args []string) []string
+}
+
 func describe(hw Hardware) string {
 	if s, ok := hw.(fmt.Stringer); ok {
 		return s.String()

@@ -55,6 +55,9 @@ func preflightInputs(hw Hardware, cfg Config, labels map[string]string, log *slo
 		closers = append(closers, nics.Close)
 		in.RDMADevices, in.RDMAErr = nics.Devices(), nics.Err()
 	}
+	if w, ok := hw.(CommandWrapper); ok {
+		in.WrapCommand = w.WrapPreflightCommand
+	}
 	switch {
 	case simulated(hw):
 		in.DCGMErr = errors.New("a simulated node has no DCGM")

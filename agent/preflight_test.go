@@ -233,6 +233,43 @@ func TestPreflightBusyNodeSkipsDisruptiveItems(t *testing.T) {
 	}
 }
 
+// TestPreflightCommandFaults: the simulated node's command-fail and
+// command-slow faults act on the configured command through the real exec
+// path: a failure with the simulator's message, a timeout killing the
+// sleeping shell; cleared, the command runs and passes.
+func TestPreflightCommandFaults(t *testing.T) {
+	hw, fault := preflightHW(t)
+	cfg := preflight.Config{Enabled: true, Command: preflight.CommandConfig{Args: []string{"true"}, Timeout: preflight.Duration(200 * time.Millisecond)}}
+	command := func() preflight.Result {
+		t.Helper()
+		p, _, _ := newTestPreflighter(t, hw, cfg, nil)
+		for _, r := range p.full(t.Context(), nil).Results {
+			if r.Item == preflight.ItemCommand {
+				return r
+			}
+		}
+		t.Fatal("no command result")
+		return preflight.Result{}
+	}
+	if r := command(); r.Status != preflight.Pass {
+		t.Fatalf("no fault: %+v", r)
+	}
+	fault(http.MethodPost, `{"kind":"command-fail","exitCode":3}`)
+	if r := command(); r.Status != preflight.Fail || !strings.Contains(r.Detail, "true exited with status 3") ||
+		!strings.Contains(r.Detail, "simulated preflight command failure") {
+		t.Errorf("command-fail: %+v", r)
+	}
+	fault(http.MethodDelete, `{"kind":"command-fail"}`)
+	fault(http.MethodPost, `{"kind":"command-slow","seconds":60}`)
+	if r := command(); r.Status != preflight.Fail || !strings.Contains(r.Detail, "true timed out after 200ms, killed") {
+		t.Errorf("command-slow: %+v", r)
+	}
+	fault(http.MethodDelete, `{"kind":"command-slow"}`)
+	if r := command(); r.Status != preflight.Pass {
+		t.Errorf("cleared: %+v", r)
+	}
+}
+
 // TestPreflightRecheck: a re-check reads only the GPUs no pod holds (not
 // one of GPU 0's), reports a failed item as a fault of its GPU and clears
 // it once the GPU passes again; the series follow.

@@ -22,7 +22,11 @@ const GPUsEnv = "GNA_PREFLIGHT_GPUS"
 // in its own process group, and passes when it exits 0 within
 // command.timeout. On the timeout (or ctx ending) the whole group is
 // killed. A failure's message keeps the end of its output.
-func checkCommand(ctx context.Context, cfg Config, uuids []string) Result {
+//
+// wrap, when set, rewrites the program and arguments that are run (a
+// simulated node's command faults); the result names the configured
+// command.
+func checkCommand(ctx context.Context, cfg Config, uuids []string, wrap func([]string) []string) Result {
 	r := Result{Item: ItemCommand, Target: "node"}
 	args := cfg.Command.Args
 	if len(args) == 0 {
@@ -32,7 +36,11 @@ func checkCommand(ctx context.Context, cfg Config, uuids []string) Result {
 	timeout := time.Duration(cfg.Command.Timeout)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	run := args
+	if wrap != nil {
+		run = wrap(args)
+	}
+	cmd := exec.CommandContext(ctx, run[0], run[1:]...)
 	cmd.Env = append(os.Environ(), GPUsEnv+"="+strings.Join(uuids, ","))
 	out := &tailBuffer{max: cfg.Command.OutputBytes}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -34,7 +34,7 @@ func TestCommand(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := Config{Command: tc.cmd}.WithDefaults()
-			r := checkCommand(context.Background(), cfg, []string{"GPU-a", "GPU-b"})
+			r := checkCommand(context.Background(), cfg, []string{"GPU-a", "GPU-b"}, nil)
 			if r.Item != ItemCommand || r.Status != tc.status || !strings.Contains(r.Detail, tc.detail) {
 				t.Errorf("%s %q, want %s containing %q", r.Status, r.Detail, tc.status, tc.detail)
 			}
@@ -52,7 +52,7 @@ func TestCommandTimeoutKillsItsProcesses(t *testing.T) {
 		// on a loaded machine.
 		Timeout: Duration(2 * time.Second),
 	}}.WithDefaults()
-	r := checkCommand(context.Background(), cfg, nil)
+	r := checkCommand(context.Background(), cfg, nil, nil)
 	if r.Status != Fail || !strings.Contains(r.Detail, "timed out") {
 		t.Fatalf("%s %q", r.Status, r.Detail)
 	}
@@ -90,7 +90,7 @@ func running(pid int) bool {
 func TestCommandStopsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	r := checkCommand(ctx, Config{Command: CommandConfig{Args: []string{"/bin/sh", "-c", "sleep 3600"}}}.WithDefaults(), nil)
+	r := checkCommand(ctx, Config{Command: CommandConfig{Args: []string{"/bin/sh", "-c", "sleep 3600"}}}.WithDefaults(), nil, nil)
 	if r.Status != Fail {
 		t.Errorf("%s %q, want fail", r.Status, r.Detail)
 	}

@@ -47,6 +47,10 @@ type Inputs struct {
 	// never proven already runs GPU pods (preflight switched on for a
 	// fleet in use); the reading items run as always.
 	Busy string
+	// WrapCommand, when set, rewrites the command that is run: a
+	// simulated node's command-fail and command-slow faults (the agent
+	// sets it from the hardware). Nil runs command.args as configured.
+	WrapCommand func(args []string) []string
 }
 
 // Checker runs preflights with one configuration.
@@ -106,7 +110,7 @@ func (c *Checker) Run(ctx context.Context, in Inputs) *Report {
 		add(item, run)
 	}
 	disruptive(ItemDCGM, func() []Result { return checkDCGM(ctx, c.cfg, &in, byUUID) })
-	disruptive(ItemCommand, func() []Result { return []Result{checkCommand(ctx, c.cfg, uuids)} })
+	disruptive(ItemCommand, func() []Result { return []Result{checkCommand(ctx, c.cfg, uuids, in.WrapCommand)} })
 
 	rep.Results = sortResults(results)
 	rep.Finished = c.now()

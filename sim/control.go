@@ -45,6 +45,11 @@ type Fault struct {
 	// DriverVersion is what an "old-driver" node reports (default
 	// DefaultOldDriver).
 	DriverVersion string `json:"driverVersion,omitempty"`
+	// ExitCode is what the preflight's command exits with under a
+	// "command-fail" fault (default 1); Seconds how late it starts under
+	// "command-slow" (default DefaultCommandDelay).
+	ExitCode int `json:"exitCode,omitempty"`
+	Seconds  int `json:"seconds,omitempty"`
 }
 
 // migRequest is the body of POST /mig.

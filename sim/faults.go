@@ -35,6 +35,8 @@ const (
 	FaultPersistenceOff = "persistence-disabled" // driver persistence mode off
 	FaultThrottle       = "throttle"             // a clocks event reason active: Fault.Reason (default hw-slowdown)
 	FaultOldDriver      = "old-driver"           // the driver reports Fault.DriverVersion (default DefaultOldDriver); node-wide
+	FaultCommandFail    = "command-fail"         // the preflight's command exits Fault.ExitCode (default 1) without running; node-wide
+	FaultCommandSlow    = "command-slow"         // the preflight's command starts Fault.Seconds late (default 3600: past any timeout); node-wide
 )
 
 // faultKinds lists the kinds, for the error naming them.
@@ -42,6 +44,7 @@ var faultKinds = []string{
 	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
 	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultHang, FaultGPUMissing, FaultFabricNotReady,
 	FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver,
+	FaultCommandFail, FaultCommandSlow,
 }
 
 // noDevice is Fault.GPU for an event NVML raises without a device.
@@ -482,7 +485,7 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		n.gates[gpu].setHang(on)
 	case FaultGPUMissing:
 		n.setGPUMissing(gpu, on)
-	case FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver:
+	case FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver, FaultCommandFail, FaultCommandSlow:
 		if err := n.applyPreflightFault(f, on); err != nil {
 			return err
 		}

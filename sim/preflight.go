@@ -63,6 +63,37 @@ func pcieMax(arch nvml.DeviceArchitecture) (gen, width int) {
 // and than R535 (no nvmlDeviceGetCurrentClocksEventReasons).
 const DefaultOldDriver = "525.147.05"
 
+// DefaultCommandDelay is how late, in seconds, a command-slow fault
+// starts the preflight's command when it names no delay: an hour, past
+// any sane command.timeout.
+const DefaultCommandDelay = 3600
+
+// PreflightCommand is the preflight's command as the simulated node runs
+// it: args unchanged without a command fault; under command-slow a shell
+// that sleeps first and then runs args; under command-fail one that says
+// so on stderr and exits with the fault's status instead of running them.
+// The real exec path (timeout, process-group kill, output tail) judges
+// what the shell does. It needs /bin/sh, as the agent's image has.
+func (n *Node) PreflightCommand(args []string) []string {
+	ps := n.preflight
+	ps.mu.Lock()
+	exit, delay := ps.cmdExit, ps.cmdDelay
+	ps.mu.Unlock()
+	if len(args) == 0 || (exit == 0 && delay == 0) {
+		return args
+	}
+	script := ""
+	if delay > 0 {
+		script = fmt.Sprintf("sleep %d; ", delay)
+	}
+	if exit > 0 {
+		script += fmt.Sprintf("echo 'simulated preflight command failure (sim fault %s)' >&2; exit %d", FaultCommandFail, exit)
+	} else {
+		script += `exec "$@"`
+	}
+	return append([]string{"/bin/sh", "-c", script, "sh"}, args...)
+}
+
 // laterSymbols are NVML functions younger than some drivers, with the
 // driver branch that first exports them.
 var laterSymbols = map[string]int{
@@ -80,6 +111,9 @@ type preflightState struct {
 	// spec.
 	driver, ownDriver string
 	gpus              []gpuPreflight
+	// cmdExit and cmdDelay are the command faults' exit status and delay
+	// in seconds (0: not injected).
+	cmdExit, cmdDelay int
 }
 
 type gpuPreflight struct {
@@ -182,6 +216,29 @@ var _ nvml.ExtendedInterface = symbols{}
 func (n *Node) applyPreflightFault(f Fault, on bool) error {
 	ps := n.preflight
 	switch f.Kind {
+	case FaultCommandFail, FaultCommandSlow:
+		v := 0
+		switch {
+		case !on:
+		case f.Kind == FaultCommandFail:
+			if f.ExitCode < 0 || f.ExitCode > 255 {
+				return fmt.Errorf("exitCode: %d is not an exit status from 1 to 255", f.ExitCode)
+			}
+			v = cmp.Or(f.ExitCode, 1)
+		default:
+			if f.Seconds < 0 {
+				return fmt.Errorf("seconds: %d is negative", f.Seconds)
+			}
+			v = cmp.Or(f.Seconds, DefaultCommandDelay)
+		}
+		ps.mu.Lock()
+		if f.Kind == FaultCommandFail {
+			ps.cmdExit = v
+		} else {
+			ps.cmdDelay = v
+		}
+		ps.mu.Unlock()
+		return nil
 	case FaultOldDriver:
 		v := ""
 		if on {
@@ -334,6 +391,18 @@ func (f *Fault) SetValue(v string) error {
 			return fmt.Errorf("%s=%s: %w", f.Kind, v, err)
 		}
 		f.DriverVersion = v
+	case FaultCommandFail:
+		c, err := strconv.Atoi(v)
+		if err != nil || c < 1 || c > 255 {
+			return fmt.Errorf("%s=%s: want an exit status from 1 to 255", f.Kind, v)
+		}
+		f.ExitCode = c
+	case FaultCommandSlow:
+		d, err := strconv.Atoi(v)
+		if err != nil || d < 1 {
+			return fmt.Errorf("%s=%s: want a delay in whole seconds", f.Kind, v)
+		}
+		f.Seconds = d
 	default:
 		return fmt.Errorf("%s=%s: kind %s takes no value", f.Kind, v, f.Kind)
 	}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -162,6 +163,43 @@ func TestOldDriverFault(t *testing.T) {
 	}
 }
 
+// TestCommandFaults: the preflight's command runs as configured without
+// a fault; command-slow runs it through a shell that sleeps first,
+// command-fail through one that fails in its place; both together sleep,
+// then fail; clearing restores it; an unconfigured command stays one.
+func TestCommandFaults(t *testing.T) {
+	n := newFaultNode(t)
+	args := []string{"/usr/bin/nvbandwidth", "-t", "0"}
+	if got := n.PreflightCommand(args); !slices.Equal(got, args) {
+		t.Errorf("no fault: %q", got)
+	}
+	mustFault(t, n, http.MethodPost, `{"kind":"command-slow","seconds":30}`)
+	want := append([]string{"/bin/sh", "-c", `sleep 30; exec "$@"`, "sh"}, args...)
+	if got := n.PreflightCommand(args); !slices.Equal(got, want) {
+		t.Errorf("command-slow: %q, want %q", got, want)
+	}
+	mustFault(t, n, http.MethodPost, `{"kind":"command-fail","exitCode":7}`)
+	got := n.PreflightCommand(args)
+	if len(got) != 4+len(args) || !strings.HasPrefix(got[2], "sleep 30; echo ") || !strings.HasSuffix(got[2], "exit 7") {
+		t.Errorf("command-slow and command-fail: %q", got)
+	}
+	mustFault(t, n, http.MethodDelete, `{"kind":"command-slow"}`)
+	mustFault(t, n, http.MethodDelete, `{"kind":"command-fail"}`)
+	if got := n.PreflightCommand(args); !slices.Equal(got, args) {
+		t.Errorf("cleared: %q", got)
+	}
+	mustFault(t, n, http.MethodPost, `{"kind":"command-fail"}`)
+	if got := n.PreflightCommand(nil); got != nil {
+		t.Errorf("no command configured: %q", got)
+	}
+	if !strings.HasSuffix(n.PreflightCommand(args)[2], "exit 1") {
+		t.Errorf("command-fail's default status: %q", n.PreflightCommand(args))
+	}
+	if code, msg := fault(t, n, http.MethodPost, `{"kind":"command-fail","exitCode":300}`); code != http.StatusBadRequest || !strings.Contains(msg, "exitCode") {
+		t.Errorf("bad exit code: %d %q", code, msg)
+	}
+}
+
 func TestPreflightCallsHangAndLose(t *testing.T) {
 	n := newFaultNode(t)
 	d, _ := n.NVML().DeviceGetHandleByIndex(4)
@@ -198,6 +236,10 @@ func TestFaultSetValue(t *testing.T) {
 		{kind: FaultNVLinkDown, value: "-1", err: "want a link number"},
 		{kind: FaultXID, value: "79", want: Fault{Kind: FaultXID, XID: 79}},
 		{kind: FaultXID, value: "0", err: "want an XID"},
+		{kind: FaultCommandFail, value: "3", want: Fault{Kind: FaultCommandFail, ExitCode: 3}},
+		{kind: FaultCommandFail, value: "256", err: "want an exit status from 1 to 255"},
+		{kind: FaultCommandSlow, value: "90", want: Fault{Kind: FaultCommandSlow, Seconds: 90}},
+		{kind: FaultCommandSlow, value: "1m", err: "want a delay in whole seconds"},
 	} {
 		f := Fault{Kind: tc.kind}
 		err := f.SetValue(tc.value)

@@ -107,6 +107,11 @@ func (h *Hardware) SignalProcess(pid uint32, sig syscall.Signal) error {
 	return h.node.SignalProcess(pid, sig)
 }
 
+// WrapPreflightCommand is the preflight's command as the simulated node
+// runs it (the agent's CommandWrapper): its command-fail and command-slow
+// faults.
+func (h *Hardware) WrapPreflightCommand(args []string) []string { return h.node.PreflightCommand(args) }
+
 // Changed is signalled when the simulated layout changes (a MIG change).
 func (h *Hardware) Changed() <-chan struct{} { return h.node.Changed() }
 
