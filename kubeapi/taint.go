@@ -49,6 +49,7 @@ type Tainter struct {
 	safeguard Safeguard
 
 	refusedGauge prometheus.Gauge
+	maxFraction  prometheus.Gauge
 	writes       *prometheus.CounterVec
 
 	// backoff spaces Run's retries while the API server fails.
@@ -83,6 +84,12 @@ func NewTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, 
 			Name: "gpu_node_agent_taint_refused",
 			Help: "1 while the fleet safeguard refuses to taint this unfit node because too many nodes already carry the taint.",
 		}),
+		// The fleet alert (deploy/prometheus) compares the fraction of
+		// unfit nodes with it, whatever the agents were configured with.
+		maxFraction: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpu_node_agent_taint_max_fraction",
+			Help: "The fleet safeguard's taint.maxFraction: at most this fraction of the nodes taint.nodeSelector selects may carry the taint (one node always may).",
+		}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_kube_api_writes_total",
 			Help: "Writes the tainter made to the Kubernetes API, by kind (taint, condition, event, annotation).",
@@ -90,8 +97,9 @@ func NewTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, 
 		backoff: RetryBackoff(),
 		mayHold: true,
 	}
+	t.maxFraction.Set(cfg.MaxFraction)
 	if reg != nil {
-		for _, c := range []prometheus.Collector{t.refusedGauge, t.writes} {
+		for _, c := range []prometheus.Collector{t.refusedGauge, t.maxFraction, t.writes} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tainter metrics: %w", err)
 			}
