@@ -54,7 +54,7 @@ fmt-check: ## fail when any Go file (all modules) needs gofmt
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-test: vet fmt-check check-no-sim check-no-clientset deps-prometheus ## go vet, gofmt check, the no-simulator and no-clientset checks and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
+test: vet fmt-check check-no-sim check-no-clientset deps-prometheus test-alerts ## go vet, gofmt check, the no-simulator and no-clientset checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
 	$(GO) test -race -tags simulator ./...
 	$(MAKE) --no-print-directory test-no-sim
 

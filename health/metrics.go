@@ -9,6 +9,7 @@ import (
 // monitorMetrics are the monitor's own series.
 type monitorMetrics struct {
 	healthy      *prometheus.GaugeVec
+	unhealthy    *prometheus.GaugeVec
 	transitions  *prometheus.CounterVec
 	observations *prometheus.CounterVec
 	xids         *prometheus.CounterVec
@@ -22,6 +23,14 @@ func newMonitorMetrics(reg prometheus.Registerer) (*monitorMetrics, error) {
 			Name: "gpu_node_agent_device_healthy",
 			Help: "Whether the device is healthy (1) or not (0), including its parent's and the node's health.",
 		}, []string{"device", "kind"}),
+		unhealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpu_node_agent_device_unhealthy",
+			Help: "1 for each cause that keeps an unhealthy device unhealthy, until the device recovers: " +
+				"its own causes only (a MIG device's parent GPU and the node report theirs; the node's are under device \"node\"), " +
+				"active, held until a reset or waiting out the recovery period; " +
+				"check is the health check, cause its short code (as in the device taint, e.g. xid-79, row-remap-failure, nvlink-link-3), " +
+				"action what it asks of an operator: reset-gpu, reboot, check-nvlink, restart-app, rma or investigate.",
+		}, []string{"device", "kind", "check", "cause", "action"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_health_transitions_total",
 			Help: "Health state transitions of a device, by the state entered.",
@@ -46,7 +55,7 @@ func newMonitorMetrics(reg prometheus.Registerer) (*monitorMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.healthy, m.transitions, m.observations, m.xids, m.noData, m.nodeFit} {
+	for _, c := range []prometheus.Collector{m.healthy, m.unhealthy, m.transitions, m.observations, m.xids, m.noData, m.nodeFit} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -68,6 +77,15 @@ func (m *monitorMetrics) observed(o Observation, kind string) {
 func (m *monitorMetrics) forget(id string) {
 	m.transitions.DeletePartialMatch(prometheus.Labels{"device": id})
 	m.xids.DeletePartialMatch(prometheus.Labels{"device": id})
+}
+
+// unhealthySeries is one series of gpu_node_agent_device_unhealthy.
+type unhealthySeries struct {
+	device, kind, check, cause, action string
+}
+
+func (u unhealthySeries) values() []string {
+	return []string{u.device, u.kind, u.check, u.cause, u.action}
 }
 
 func boolGauge(b bool) float64 {

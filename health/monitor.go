@@ -76,6 +76,8 @@ type Monitor struct {
 	effective map[string]bool // last published effective health
 	effSince  map[string]time.Time
 	nodeFit   bool
+	// causeSeries are the device_unhealthy series last published.
+	causeSeries map[unhealthySeries]bool
 	// lastXID is the most recent XID seen per GPU (a MIG device's XID is
 	// also its parent's), for DCGM_FI_DEV_XID_ERRORS.
 	lastXID map[string]uint64
@@ -144,6 +146,7 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 		states:      map[string]*deviceState{},
 		effective:   map[string]bool{},
 		effSince:    map[string]time.Time{},
+		causeSeries: map[unhealthySeries]bool{},
 		lastXID:     map[string]uint64{},
 		nodeFit:     true,
 		changes:     make(chan struct{}, 1),
@@ -654,7 +657,36 @@ func (m *Monitor) publishLocked(now time.Time) bool {
 		m.metrics.nodeFit.Set(boolGauge(fit))
 		changed = true
 	}
+	m.publishCausesLocked()
 	return changed
+}
+
+// publishCausesLocked brings gpu_node_agent_device_unhealthy in step with
+// the states: one series per cause of each unhealthy device, with the
+// check, code and action of the cause.
+func (m *Monitor) publishCausesLocked() {
+	now := map[unhealthySeries]bool{}
+	for id, s := range m.states {
+		if s.healthy {
+			continue
+		}
+		kind := m.kindLocked(id, "")
+		for k, c := range s.causes {
+			check, code := causeCode(k)
+			now[unhealthySeries{device: id, kind: kind, check: check, cause: code, action: c.action}] = true
+		}
+	}
+	for u := range m.causeSeries {
+		if !now[u] {
+			m.metrics.unhealthy.DeleteLabelValues(u.values()...)
+		}
+	}
+	for u := range now {
+		if !m.causeSeries[u] {
+			m.metrics.unhealthy.WithLabelValues(u.values()...).Set(1)
+		}
+	}
+	m.causeSeries = now
 }
 
 // evaluate runs every device's recovery check and returns the next time

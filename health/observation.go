@@ -57,6 +57,10 @@ type Observation struct {
 	Reason string
 	// XID is set for XID observations (fatal or counted).
 	XID uint64
+	// Action says what the cause asks of an operator (an Action*
+	// constant, action.go), for a check whose key does not tell (the
+	// driver's recovery action); empty: derived from Check, Key and XID.
+	Action string
 }
 
 func (o Observation) causeKey() string {

@@ -88,6 +88,9 @@ func checkRecoveryAction(in *checkInput, out *checkResult) {
 	}
 	o := flag(in.UUID, CheckRecovery, "", nvml.DeviceGpuRecoveryAction(a) != nvml.GPU_RECOVERY_ACTION_NONE, reason)
 	o.HoldUntilReset = hold
+	if o.Fatal {
+		o.Action = recoveryAction(a)
+	}
 	out.add(o)
 }
 

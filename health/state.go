@@ -21,6 +21,8 @@ type cause struct {
 	// inactive while not held, was released, or the event happened);
 	// recovery counts from the latest clearedAt of all causes.
 	clearedAt time.Time
+	// action is what the cause asks of an operator (an Action* constant).
+	action string
 }
 
 func (c *cause) blocking() bool { return c.active || c.held }
@@ -64,6 +66,7 @@ func (s *deviceState) apply(o Observation, now time.Time, cfg Config) (wentUnhea
 		before := *c
 		c.reason = o.Reason
 		c.held = c.held || o.HoldUntilReset
+		c.action = actionOf(o)
 		if o.Event {
 			// Recovery restarts with every repeat of an event.
 			c.active = false
@@ -190,17 +193,24 @@ func (s *deviceState) reasons() []string {
 func (s *deviceState) causeCodes() []string {
 	out := make([]string, 0, len(s.causes))
 	for _, k := range slices.Sorted(maps.Keys(s.causes)) {
-		check, key, ok := strings.Cut(k, "/")
-		code := check
-		if ok {
-			code = strings.ReplaceAll(key, " ", "-")
-			if !strings.HasPrefix(code, check) {
-				code = check + "-" + code
-			}
-		}
+		_, code := causeCode(k)
 		out = append(out, code)
 	}
 	return out
+}
+
+// causeCode splits cause key k ("check" or "check/key") into its check and
+// its short code (see causeCodes).
+func causeCode(k string) (check, code string) {
+	check, key, ok := strings.Cut(k, "/")
+	code = check
+	if ok {
+		code = strings.ReplaceAll(key, " ", "-")
+		if !strings.HasPrefix(code, check) {
+			code = check + "-" + code
+		}
+	}
+	return check, code
 }
 
 // checks lists the checks of the active-or-recovering causes, sorted.

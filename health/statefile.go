@@ -60,6 +60,9 @@ type causeJSON struct {
 	Active    bool      `json:"active,omitempty"`
 	Held      bool      `json:"held,omitempty"`
 	ClearedAt time.Time `json:"clearedAt,omitzero"`
+	// Action is the cause's action (action.go); a file without it (an
+	// older agent's) gets the one its check and key imply.
+	Action string `json:"action,omitempty"`
 }
 
 func (s *deviceState) toJSON() deviceStateJSON {
@@ -68,7 +71,7 @@ func (s *deviceState) toJSON() deviceStateJSON {
 	if len(s.causes) > 0 {
 		out.Causes = map[string]causeJSON{}
 		for k, c := range s.causes {
-			out.Causes[k] = causeJSON{Reason: c.reason, Active: c.active, Held: c.held, ClearedAt: c.clearedAt}
+			out.Causes[k] = causeJSON{Reason: c.reason, Active: c.active, Held: c.held, ClearedAt: c.clearedAt, Action: c.action}
 		}
 	}
 	return out
@@ -78,7 +81,12 @@ func (j deviceStateJSON) state() *deviceState {
 	s := &deviceState{kind: j.Kind, healthy: j.Healthy, since: j.Since, causes: map[string]*cause{},
 		flaps: j.Flaps, recentFlaps: j.RecentFlaps, lastRecovered: j.LastRecovered}
 	for k, c := range j.Causes {
-		s.causes[k] = &cause{reason: c.Reason, active: c.Active, held: c.Held, clearedAt: c.ClearedAt}
+		action := c.Action
+		if action == "" {
+			check, key, _ := strings.Cut(k, "/")
+			action = defaultAction(check, key, c.Held)
+		}
+		s.causes[k] = &cause{reason: c.Reason, active: c.Active, held: c.Held, clearedAt: c.ClearedAt, action: action}
 	}
 	return s
 }

@@ -41,6 +41,7 @@ type Tainter struct {
 	safeguard Safeguard
 
 	refusedGauge prometheus.Gauge
+	maxFraction  prometheus.Gauge
 
 	// backoff spaces Run's retries while the API server fails.
 	backoff wait.Backoff
@@ -90,12 +91,21 @@ func newTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, 
 			Name: "gpu_node_agent_taint_refused",
 			Help: "1 while the fleet safeguard refuses to taint this unfit node because too many nodes already carry the taint.",
 		}),
+		// The fleet alert (deploy/prometheus) compares the fraction of
+		// unfit nodes with it, whatever the agents were configured with.
+		maxFraction: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpu_node_agent_taint_max_fraction",
+			Help: "The fleet safeguard's taint.maxFraction: at most this fraction of the nodes taint.nodeSelector selects may carry the taint (one node always may).",
+		}),
 		backoff: RetryBackoff(),
 		mayHold: true,
 	}
+	t.maxFraction.Set(cfg.MaxFraction)
 	if reg != nil {
-		if err := reg.Register(t.refusedGauge); err != nil {
-			return nil, fmt.Errorf("tainter metrics: %w", err)
+		for _, c := range []prometheus.Collector{t.refusedGauge, t.maxFraction} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("tainter metrics: %w", err)
+			}
 		}
 	}
 	return t, nil

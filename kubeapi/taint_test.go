@@ -131,6 +131,31 @@ func TestTainterMetricsLint(t *testing.T) {
 	}
 }
 
+// TestTainterReportsMaxFraction: the safeguard's taint.maxFraction is a
+// series (the fleet alert's threshold), the default when unset.
+func TestTainterReportsMaxFraction(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  TaintConfig
+		want string
+	}{
+		{TaintConfig{}, "0.2"},
+		{TaintConfig{MaxFraction: 0.05}, "0.05"},
+	} {
+		reg := prometheus.NewRegistry()
+		c := newFake(t, testNode(nodeName))
+		if _, err := NewTainter(fakeClients(t, c), startWatch(t, c, 0), tc.cfg, discard(), reg); err != nil {
+			t.Fatal(err)
+		}
+		want := `
+# HELP gpu_node_agent_taint_max_fraction The fleet safeguard's taint.maxFraction: at most this fraction of the nodes taint.nodeSelector selects may carry the taint (one node always may).
+# TYPE gpu_node_agent_taint_max_fraction gauge
+gpu_node_agent_taint_max_fraction ` + tc.want + "\n"
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpu_node_agent_taint_max_fraction"); err != nil {
+			t.Errorf("maxFraction %v: %v", tc.cfg.MaxFraction, err)
+		}
+	}
+}
+
 // TestTainterLifecycle: a fault, steady state, recovery; at steady state
 // the tainter makes no request at all (it reads the informer's cache).
 func TestTainterLifecycle(t *testing.T) {

@@ -47,6 +47,7 @@ const (
 	FieldDecUtil                         // GetDecoderUtilization(), %
 	FieldFBReserved                      // GetMemoryInfo_v2().Reserved, bytes
 	FieldVGPULicense                     // GetGridLicensableFeatures(): 1 a licensable feature is licensed
+	FieldClocksEventReasons              // GetCurrentClocksEventReasons() (GetCurrentClocksThrottleReasons before R535): nvmlClocksEventReason* bits
 	NumFields
 )
 
@@ -62,6 +63,7 @@ var fieldNames = [NumFields]string{
 	FieldRemapPending: "remap-pending", FieldRemapFailure: "remap-failure",
 	FieldFabricState: "fabric-state", FieldFabricStatus: "fabric-status",
 	FieldEncUtil: "enc-util", FieldDecUtil: "dec-util", FieldFBReserved: "fb-reserved", FieldVGPULicense: "vgpu-license",
+	FieldClocksEventReasons: "clocks-event-reasons",
 }
 
 // String is the field's name as used in logs and the no-data metric.

@@ -216,6 +216,7 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 	for i, t := range targets {
 		snap.Samples[i] = Sample{UUID: t.UUID, Time: snap.Time}
 	}
+	eventReasons := false
 	if len(targets) > 0 {
 		var count int
 		snap.LibErr = s.o.Lib(ctx, "device count", func(lib Library) nvml.Return {
@@ -223,6 +224,9 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 			count, ret = lib.DeviceGetCount()
 			return ret
 		})
+		if snap.LibErr == nil {
+			eventReasons = s.hasEventReasons(ctx)
+		}
 		if snap.LibErr == nil && count != s.count {
 			// GPUs appeared or vanished (a driver reload, a GPU that
 			// failed to initialise): handles may be stale, look them
@@ -238,7 +242,7 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 	} else {
 		var wg sync.WaitGroup
 		for i := range targets {
-			wg.Go(func() { s.sampleGPU(ctx, targets[i], &snap.Samples[i]) })
+			wg.Go(func() { s.sampleGPU(ctx, targets[i], eventReasons, &snap.Samples[i]) })
 		}
 		wg.Wait()
 	}
@@ -283,10 +287,26 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 	return snap
 }
 
+// hasEventReasons says the driver exports the clocks event reasons call
+// (R535 and later). go-nvml links NVML lazily and exits the process on a
+// call the driver lacks, so it is looked up every cycle (a driver reload
+// may bring an older one); when the lookup fails the deprecated name,
+// which every driver exports, is read (as ReadPreflight does).
+func (s *Sampler) hasEventReasons(ctx context.Context) bool {
+	found := false
+	_ = s.o.Lib(ctx, "LookupSymbol "+eventReasonsSymbol, func(lib Library) nvml.Return {
+		if ext := lib.Extensions(); ext != nil && ext.LookupSymbol(eventReasonsSymbol) == nil {
+			found = true
+		}
+		return nvml.SUCCESS
+	})
+	return found
+}
+
 // sampleGPU reads one GPU on its lane into out. The read fills a sample of
 // its own; out is written only if the read finished in time, so a late
 // reader never races with the consumer.
-func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
+func (s *Sampler) sampleGPU(ctx context.Context, t Target, eventReasons bool, out *Sample) {
 	var (
 		mu   sync.Mutex
 		done *Sample
@@ -294,7 +314,7 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 	err := s.o.Do(ctx, t.UUID, "sample", func(dev Device) nvml.Return {
 		r := &Sample{UUID: t.UUID, Time: out.Time}
 		seen := s.utilSeen(t.UUID)
-		ret := readSample(dev, t, r, s.linkBound(t.UUID), &seen)
+		ret := readSample(dev, t, r, s.linkBound(t.UUID), &seen, eventReasons)
 		if ret == nvml.SUCCESS {
 			s.learnLinks(t.UUID, r.Links)
 		}
@@ -322,8 +342,9 @@ func (s *Sampler) sampleGPU(ctx context.Context, t Target, out *Sample) {
 // readSample reads every field of one GPU. It returns non-SUCCESS only
 // when the GPU as a whole is gone (GPU_IS_LOST), which makes the sample's
 // Err; a field that fails otherwise fails alone. utilSeen is the GPU's
-// process utilisation lastSeenTimeStamp, updated by the read.
-func readSample(dev Device, t Target, r *Sample, links int, utilSeen *uint64) nvml.Return {
+// process utilisation lastSeenTimeStamp, updated by the read; eventReasons
+// says the driver has nvmlDeviceGetCurrentClocksEventReasons.
+func readSample(dev Device, t Target, r *Sample, links int, utilSeen *uint64, eventReasons bool) nvml.Return {
 	v := &r.Values
 	lost := false
 	note := func(ret nvml.Return) nvml.Return {
@@ -361,6 +382,16 @@ func readSample(dev Device, t Target, r *Sample, links int, utilSeen *uint64) nv
 	v[FieldTotalEnergy] = valueOf(e, note(ret))
 	n, ret := dev.GetPcieReplayCounter()
 	v[FieldPCIeReplay] = valueOf(uint64(n), note(ret))
+	// nvml.h nvmlDeviceGetCurrentClocksEventReasons: "bitmask of active
+	// clocks event reasons" (nvmlClocksEventReason*), NOT_SUPPORTED where
+	// the device has none; the deprecated call answers the same bits.
+	var mask uint64
+	if eventReasons {
+		mask, ret = dev.GetCurrentClocksEventReasons()
+	} else {
+		mask, ret = dev.GetCurrentClocksThrottleReasons()
+	}
+	v[FieldClocksEventReasons] = valueOf(mask, note(ret))
 	readFieldValues(dev, v, note)
 
 	if cur, _, ret := dev.GetEccMode(); note(ret) == nvml.SUCCESS {

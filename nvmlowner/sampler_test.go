@@ -224,3 +224,45 @@ func TestTargetsOf(t *testing.T) {
 		t.Errorf("TargetsOf(nil) = %+v, want nil", got)
 	}
 }
+
+// TestSamplerReadsClocksEventReasons: every sample carries the GPU's clocks
+// event reasons (nvml.h nvmlDeviceGetCurrentClocksEventReasons, a bitmask
+// of nvmlClocksEventReason*), through the R535 call where the driver
+// exports it and the deprecated throttle-reasons call where it does not
+// (calling a symbol the driver lacks would end the process).
+func TestSamplerReadsClocksEventReasons(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		faults        []string
+		event, legacy uint64 // calls of each per cycle
+	}{
+		{"R570", nil, 8, 0},
+		{"R525 lacks the R535 call", []string{`{"kind":"old-driver","driverVersion":"525.147.05"}`}, 0, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, _, s, _ := simSampler(t, "dgx-h100")
+			fault(t, node, `{"kind":"throttle","gpu":2,"reason":"hw-thermal-slowdown"}`)
+			fault(t, node, `{"kind":"throttle","gpu":2,"reason":"sw-power-cap"}`)
+			for _, f := range tc.faults {
+				fault(t, node, f)
+			}
+			before := node.NVMLCalls()
+			snap := s.SampleNow(context.Background())
+			after := node.NVMLCalls()
+			for i, smp := range snap.Samples {
+				want := ok(0)
+				if i == 2 {
+					want = ok(nvml.ClocksThrottleReasonHwThermalSlowdown | nvml.ClocksEventReasonSwPowerCap)
+				}
+				if got := smp.Values[FieldClocksEventReasons]; got != want {
+					t.Errorf("gpu %d clocks event reasons %+v, want %+v", i, got, want)
+				}
+			}
+			event := after["GetCurrentClocksEventReasons"] - before["GetCurrentClocksEventReasons"]
+			legacy := after["GetCurrentClocksThrottleReasons"] - before["GetCurrentClocksThrottleReasons"]
+			if event != tc.event || legacy != tc.legacy {
+				t.Errorf("event reasons calls %d, throttle reasons calls %d; want %d and %d", event, legacy, tc.event, tc.legacy)
+			}
+		})
+	}
+}

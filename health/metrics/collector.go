@@ -66,6 +66,8 @@ type Collector struct {
 	unavailable *prometheus.Desc
 	// pods are the holder and per-pod series (pods.go).
 	pods podDescs
+	// lastRead is gpu_node_agent_last_collection_timestamp_seconds.
+	lastRead *prometheus.Desc
 
 	node     atomic.Pointer[topology.Node]
 	snapshot atomic.Pointer[[]prometheus.Metric]
@@ -82,6 +84,9 @@ type Collector struct {
 	failing    map[string]bool
 	errSeries  map[string]bool
 	noDataSeen map[noDataKey]bool
+	// readAt is, per GPU, the time of its last sample that read it (no
+	// Err): what the staleness alert compares with the clock.
+	readAt map[string]time.Time
 	// rendered, when set (tests), is called after every refresh.
 	rendered func()
 
@@ -112,11 +117,17 @@ func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, l
 			"1 for each NVML reading (field) a GPU, by UUID, does not give: reason not-supported "+
 				"(the device has no such reading) or no-permission (this process may not read it). No data, not a fault.",
 			[]string{"device", "field", "reason"}, nil),
-		pods:       newPodDescs(),
+		pods: newPodDescs(),
+		lastRead: prometheus.NewDesc("gpu_node_agent_last_collection_timestamp_seconds",
+			"When a GPU (by UUID) was last read, as Unix time: the start of the last sampling cycle in which NVML answered for it "+
+				"(single readings may still have failed). A GPU that is lost, hung or unreadable because NVML fails keeps its last time; "+
+				"absent until the GPU was read once.",
+			[]string{"device"}, nil),
 		kick:       make(chan struct{}, 1),
 		failing:    map[string]bool{},
 		errSeries:  map[string]bool{},
 		noDataSeen: map[noDataKey]bool{},
+		readAt:     map[string]time.Time{},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "gpu_node_agent_collection_duration_seconds",
 			Help: "Time one refresh of the GPU metrics took: rendering the latest NVML sample with its pod attribution.",
@@ -178,6 +189,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.unavailable
+	ch <- c.lastRead
 	c.pods.describe(ch)
 }
 
@@ -266,6 +278,11 @@ func (c *Collector) prune(n *topology.Node) {
 			delete(c.noDataSeen, k)
 		}
 	}
+	for uuid := range c.readAt {
+		if !present[uuid] {
+			delete(c.readAt, uuid)
+		}
+	}
 }
 
 // account counts one new sampling cycle: collection errors, and a log
@@ -276,6 +293,9 @@ func (c *Collector) account(node *topology.Node, samples map[string]*nvmlowner.S
 		s := samples[g.UUID]
 		if s == nil {
 			continue
+		}
+		if s.Err == nil && s.Time.After(c.readAt[g.UUID]) {
+			c.readAt[g.UUID] = s.Time
 		}
 		if err := sampleError(s); err != nil {
 			c.errors.WithLabelValues(g.UUID).Inc()
@@ -314,6 +334,9 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 	var lv [numDeviceLabels]string
 	for i := range node.GPUs {
 		g := &node.GPUs[i]
+		if at, ok := c.readAt[g.UUID]; ok {
+			out = append(out, prometheus.MustNewConstMetric(c.lastRead, prometheus.GaugeValue, float64(at.UnixNano())/1e9, g.UUID))
+		}
 		s := samples[g.UUID]
 		if s == nil {
 			continue
@@ -382,8 +405,8 @@ func findMIG(s *nvmlowner.Sample, uuid string) *nvmlowner.MIGSample {
 	return nil
 }
 
-// countSeries sizes a render: every sampled reading plus XID and MIG
-// framebuffer, an upper bound.
+// countSeries sizes a render: every sampled reading plus XID, last read
+// time and MIG framebuffer, an upper bound.
 func countSeries(samples map[string]*nvmlowner.Sample) int {
 	n := 0
 	for _, s := range samples {
@@ -392,7 +415,7 @@ func countSeries(samples map[string]*nvmlowner.Sample) int {
 				n++
 			}
 		}
-		n += 1 + 2*len(s.MIG)
+		n += 2 + 2*len(s.MIG)
 	}
 	return n
 }

@@ -71,6 +71,7 @@ const (
 	fieldUncorrectableRemapped
 	fieldCorrectableRemapped
 	fieldRowRemapFailure
+	fieldClocksEventReasons
 	numFields
 )
 
@@ -124,6 +125,11 @@ var fieldSpecs = [numFields]fieldSpec{
 	fieldUncorrectableRemapped: {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", prometheus.CounterValue, "Number of remapped rows for uncorrectable errors.", nvmlowner.FieldRemapUncorrectable, nil},
 	fieldCorrectableRemapped:   {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", prometheus.CounterValue, "Number of remapped rows for correctable errors.", nvmlowner.FieldRemapCorrectable, nil},
 	fieldRowRemapFailure:       {"DCGM_FI_DEV_ROW_REMAP_FAILURE", prometheus.GaugeValue, "Whether remapping of rows has failed.", nvmlowner.FieldRemapFailure, nil},
+	// Not in default-counters.csv: DCGM field 112 (dcgm_fields.h; the
+	// deprecated DCGM_FI_DEV_CLOCK_THROTTLE_REASONS is the same ID), the
+	// bits of nvml.h's nvmlClocksEventReason*, which the thermal and power
+	// alerts test.
+	fieldClocksEventReasons: {"DCGM_FI_DEV_CLOCKS_EVENT_REASONS", prometheus.GaugeValue, "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).", nvmlowner.FieldClocksEventReasons, nil},
 }
 
 // FieldNames returns the names of the DCGM metrics this package can serve,

@@ -112,6 +112,13 @@ func setReadings(d *server.Device, i int) {
 	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 100500 + 1000*u, nvml.SUCCESS }
 	d.GetTotalEnergyConsumptionFunc = func() (uint64, nvml.Return) { return 123456789 + uint64(i), nvml.SUCCESS }
 	d.GetPcieReplayCounterFunc = func() (int, nvml.Return) { return i, nvml.SUCCESS }
+	// Idle GPUs report GpuIdle; GPU 1 is held at its power cap.
+	reasons := uint64(nvml.ClocksEventReasonGpuIdle)
+	if i == 1 {
+		reasons = nvml.ClocksEventReasonSwPowerCap
+	}
+	d.GetCurrentClocksEventReasonsFunc = func() (uint64, nvml.Return) { return reasons, nvml.SUCCESS }
+	d.GetCurrentClocksThrottleReasonsFunc = d.GetCurrentClocksEventReasonsFunc
 	d.GetFieldValuesFunc = func(fvs []nvml.FieldValue) nvml.Return {
 		for k := range fvs {
 			switch fvs[k].FieldId {

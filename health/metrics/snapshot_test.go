@@ -3,9 +3,12 @@ package metrics
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
@@ -264,5 +267,68 @@ gpu_node_agent_nvml_field_unavailable{device="` + snapGPU1 + `",field="ecc-sbe-a
 	}
 	if strings.Contains(out, "level=WARN") {
 		t.Errorf("no data logged as a warning:\n%s", out)
+	}
+}
+
+// TestLastCollectionTimestamp: each GPU's last read time follows the
+// cycles that read it; a GPU that could not be read (hung, lost, NVML
+// failing) keeps its last time, so `time() - x` grows for it alone; a
+// cycle rendered again moves nothing; a GPU that leaves loses its series.
+func TestLastCollectionTimestamp(t *testing.T) {
+	c, reg := newSnapCollector(t, Config{}, testLogger(t))
+	t1 := time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
+	t2, t3 := t1.Add(10*time.Second), t1.Add(20*time.Second)
+	at := func(s nvmlowner.Sample, when time.Time) nvmlowner.Sample { s.Time = when; return s }
+	timedOut := &nvmlowner.CallError{What: "sample", Err: nvmlowner.ErrTimeout}
+	failed := at(okSample(snapGPU0, nil), t3)
+	failed.Values[nvmlowner.FieldPowerUsage] = nvmlowner.Value{Status: nvmlowner.Failed, Err: nvml.ERROR_UNKNOWN}
+	libErr := errors.New("nvml device count: ERROR_UNKNOWN")
+	const name = "gpu_node_agent_last_collection_timestamp_seconds"
+	unix := func(tm time.Time) float64 { return float64(tm.UnixNano()) / 1e9 }
+	steps := []struct {
+		name string
+		node *topology.Node // nil keeps the node
+		snap *nvmlowner.Snapshot
+		want map[string]float64
+	}{
+		{"nothing read yet", nil, &nvmlowner.Snapshot{Seq: 1, Time: t1, LibErr: libErr, Samples: []nvmlowner.Sample{
+			{UUID: snapGPU0, Time: t1, Err: libErr}, {UUID: snapGPU1, Time: t1, Err: libErr}}}, map[string]float64{}},
+		{"both read", nil, &nvmlowner.Snapshot{Seq: 2, Time: t1, Samples: []nvmlowner.Sample{
+			at(okSample(snapGPU0, nil), t1), at(okSample(snapGPU1, nil), t1)}},
+			map[string]float64{snapGPU0: unix(t1), snapGPU1: unix(t1)}},
+		{"GPU 1 hangs", nil, &nvmlowner.Snapshot{Seq: 3, Time: t2, Samples: []nvmlowner.Sample{
+			at(okSample(snapGPU0, nil), t2), {UUID: snapGPU1, Time: t2, Err: timedOut}}},
+			map[string]float64{snapGPU0: unix(t2), snapGPU1: unix(t1)}},
+		{"a failed reading still is a read", nil, &nvmlowner.Snapshot{Seq: 4, Time: t3, Samples: []nvmlowner.Sample{
+			failed, {UUID: snapGPU1, Time: t3, Err: timedOut}}},
+			map[string]float64{snapGPU0: unix(t3), snapGPU1: unix(t1)}},
+		{"NVML fails for all", nil, &nvmlowner.Snapshot{Seq: 5, Time: t3.Add(time.Minute), LibErr: libErr, Samples: []nvmlowner.Sample{
+			{UUID: snapGPU0, Time: t3.Add(time.Minute), Err: libErr}, {UUID: snapGPU1, Time: t3.Add(time.Minute), Err: libErr}}},
+			map[string]float64{snapGPU0: unix(t3), snapGPU1: unix(t1)}},
+		{"GPU 0 leaves", &topology.Node{GPUs: snapNode().GPUs[1:]}, &nvmlowner.Snapshot{Seq: 5, Time: t3.Add(time.Minute), LibErr: libErr,
+			Samples: []nvmlowner.Sample{{UUID: snapGPU1, Time: t3.Add(time.Minute), Err: libErr}}},
+			map[string]float64{snapGPU1: unix(t1)}},
+	}
+	for _, st := range steps {
+		if st.node != nil {
+			c.SetNode(st.node)
+		}
+		c.refresh(context.Background(), st.snap)
+		got := map[string]float64{}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+		if !maps.Equal(got, st.want) {
+			t.Errorf("%s: %s = %v, want %v", st.name, name, got, st.want)
+		}
 	}
 }

@@ -633,14 +633,16 @@ func TestMonitoringObjectsAreOptional(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(files["prometheusrule.yaml"]), &rule); err != nil {
 		t.Fatal(err)
 	}
-	if rule.Kind != "PrometheusRule" || len(rule.Spec.Groups) != 1 {
+	if rule.Kind != "PrometheusRule" || len(rule.Spec.Groups) == 0 {
 		t.Fatalf("PrometheusRule %+v", rule)
 	}
 	alerts := map[string]bool{}
-	for _, r := range rule.Spec.Groups[0]["rules"].([]any) {
-		alerts[r.(map[string]any)["alert"].(string)] = true
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g["rules"].([]any) {
+			alerts[r.(map[string]any)["alert"].(string)] = true
+		}
 	}
-	for _, a := range []string{"GPUNodeAgentDown", "GPUDeviceUnhealthy", "GPUNodeTainted"} {
+	for _, a := range []string{"GPUNodeAgentDown", "GPUDeviceUnhealthy", "GPUNodeUnfit"} {
 		if !alerts[a] {
 			t.Errorf("alert %s missing (have %v)", a, alerts)
 		}

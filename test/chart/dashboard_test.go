@@ -56,6 +56,7 @@ type dashboard struct {
 }
 
 type panel struct {
+	ID      int `json:"id"`
 	Title   string
 	Type    string
 	Targets []struct {

@@ -104,3 +104,36 @@ func WriteManifests(dir string, files map[string]string) error {
 	}
 	return nil
 }
+
+// RulesFile is the alerting rules' source, relative to the root; the
+// chart carries a copy at ChartRulesFile (a chart can read only its own
+// files), which CopyRules writes.
+const (
+	RulesFile      = "deploy/prometheus/gpu-node-agent-rules.yaml"
+	ChartRulesFile = ChartDir + "/files/gpu-node-agent-rules.yaml"
+)
+
+// rulesCopyHeader starts the chart's copy of the rules.
+const rulesCopyHeader = "# Copied from " + RulesFile + " by `make manifests`;\n# edit that file, not this copy.\n"
+
+// ChartRules is what the chart's copy of the rules must hold: rules (the
+// source's content) under a header saying where it comes from.
+func ChartRules(rules []byte) []byte {
+	return append([]byte(rulesCopyHeader), rules...)
+}
+
+// CopyRules writes the chart's copy of the alerting rules under root.
+func CopyRules(root string) error {
+	rules, err := os.ReadFile(filepath.Join(root, RulesFile))
+	if err != nil {
+		return fmt.Errorf("read alerting rules: %w", err)
+	}
+	dst := filepath.Join(root, ChartRulesFile)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", filepath.Dir(dst), err)
+	}
+	if err := os.WriteFile(dst, ChartRules(rules), 0o644); err != nil {
+		return fmt.Errorf("write chart's alerting rules: %w", err)
+	}
+	return nil
+}

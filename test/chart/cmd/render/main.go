@@ -1,6 +1,7 @@
-// Command render writes deploy/manifests from the Helm chart's default
-// values (`make manifests`). Run it from the repository root, or pass the
-// root as the only argument.
+// Command render copies the alerting rules into the chart and writes
+// deploy/manifests from the Helm chart's default values (`make
+// manifests`). Run it from the repository root, or pass the root as the
+// only argument.
 package main
 
 import (
@@ -23,6 +24,10 @@ func main() {
 }
 
 func run(root string) error {
+	if err := chart.CopyRules(root); err != nil {
+		return err
+	}
+	fmt.Printf("copied %s to %s\n", chart.RulesFile, chart.ChartRulesFile)
 	ch, err := chart.Load(filepath.Join(root, chart.ChartDir))
 	if err != nil {
 		return err
