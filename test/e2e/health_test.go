@@ -117,28 +117,13 @@ func TestGPUFaultTaintsNode(t *testing.T) {
 	}
 
 	workloadPod(t, "during-fault", map[string]int64{"nvidia.com/gpu": 1})
-	var pod *corev1.Pod
-	err := poll(ctx, func(ctx context.Context) (bool, error) {
-		var err error
-		if pod, err = shared.Client.CoreV1().Pods(testNamespace).Get(ctx, "during-fault", metav1.GetOptions{}); err != nil {
-			return false, nil
-		}
-		for _, c := range pod.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "untolerated taint") {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("GPU pod not held back by the taint: %s", podSummary(pod))
-	}
+	waitPodHeldByTaint(ctx, t, "during-fault")
 
 	start := time.Now()
 	clearFault()
 	waitNodeHealth(ctx, t, true, "the fault cleared")
 	waitDemoResources(t, time.Minute)
 	t.Logf("fault cleared: node untainted and GPU back after %s (recovery period 10s)", time.Since(start).Round(time.Millisecond))
-	pod = waitPodRunning(t, "during-fault", 2*time.Minute)
+	pod := waitPodRunning(t, "during-fault", 2*time.Minute)
 	checkAllocated(t, pod, "nvidia.com/gpu", 1, whole)
 }
