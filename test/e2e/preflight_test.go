@@ -45,18 +45,7 @@ func TestPreflightGate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	defaults := a.Options
-	t.Cleanup(func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer rcancel()
-		if _, err := a.Reinstall(rctx, shared, defaults); err != nil {
-			t.Errorf("restore the default install: %v\nagent log:\n%s", err, agentLog(a))
-			return
-		}
-		forgetPreflight(rctx, t)
-		if err := shared.WaitNodeResources(rctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
-			t.Errorf("demo resources after the default install came back: %v", err)
-		}
-	})
+	restoreAtEnd(t, a, forgetPreflight)
 	gpu3 := simTopology(t, a).GPUs[3]
 	gated := func(simFaults ...string) agentdeploy.Options {
 		opts := defaults

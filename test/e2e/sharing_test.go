@@ -38,17 +38,7 @@ func TestSharedGPU(t *testing.T) {
 	const sharedGPU = 2
 
 	defaults := a.Options
-	t.Cleanup(func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer rcancel()
-		if _, err := a.Reinstall(rctx, shared, defaults); err != nil {
-			t.Errorf("restore the default install: %v\nagent log:\n%s", err, agentLog(a))
-			return
-		}
-		if err := shared.WaitNodeResources(rctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
-			t.Errorf("demo resources after the default install came back: %v", err)
-		}
-	})
+	restoreAtEnd(t, a, nil)
 	opts := defaults
 	opts.Values = withConfig(defaults.Values, "sharing", map[string]any{"timeSlicing": map[string]any{
 		"resources": []any{map[string]any{"name": "nvidia.com/gpu", "replicas": 2, "rename": sharedResource, "devices": []any{sharedGPU}}},
@@ -116,6 +106,27 @@ func TestSharedGPU(t *testing.T) {
 	for _, s := range sharers {
 		deletePod(t, s.name)
 	}
+}
+
+// restoreAtEnd reinstalls the agent as it was (a.Options now) when t
+// ends, runs then (nil: nothing) after the reinstall, and waits for the
+// demo resources to be back.
+func restoreAtEnd(t *testing.T, a *agentdeploy.Agent, then func(context.Context, *testing.T)) {
+	defaults := a.Options
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if _, err := a.Reinstall(ctx, shared, defaults); err != nil {
+			t.Errorf("restore the default install: %v\nagent log:\n%s", err, agentLog(a))
+			return
+		}
+		if then != nil {
+			then(ctx, t)
+		}
+		if err := shared.WaitNodeResources(ctx, "nvidia.com/", agentdeploy.DemoResources, agentdeploy.DemoResources); err != nil {
+			t.Errorf("demo resources after the default install came back: %v", err)
+		}
+	})
 }
 
 // withConfig returns values with config.<key> set to v (values is not
