@@ -94,6 +94,7 @@ func (a *Agent) newPreflighter() (*preflighter, error) {
 		node:        func() *topology.Node { return a.rec.current().node },
 		assignments: a.tracker.Assignments,
 		cycled:      a.tracker.Subscribe(),
+		recordRetry: recordRetry,
 		log:         a.log.With("component", "preflight"),
 	}
 	if pf.Enabled {
@@ -143,7 +144,9 @@ type preflighter struct {
 	// gating run waits (briefly) for the first, so that it knows which
 	// GPUs pods hold before it loads any.
 	cycled <-chan struct{}
-	log    *slog.Logger
+	// recordRetry spaces the reads of the Node's record that failed.
+	recordRetry time.Duration
+	log         *slog.Logger
 
 	// last is the latest results: the last full run with the re-checks
 	// since merged in (run goroutine only).
@@ -178,10 +181,30 @@ func (p *preflighter) run(ctx context.Context) {
 // may be busy. It returns false when ctx ended first.
 func (p *preflighter) gateNode(ctx context.Context) bool {
 	retry := time.Duration(p.cfg.Preflight.WithDefaults().RetryInterval)
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
 	for {
 		proven, labels, err := p.gate.PreflightRecord(ctx)
-		if err != nil {
+		if ctx.Err() != nil {
 			return false
+		}
+		if err != nil {
+			// The Node not there yet, or its informer not running: the
+			// node stays as it is (tainted if registered so) and the
+			// record is read again.
+			p.log.Warn("cannot read the node's preflight record; trying again", "err", err, "retry", p.recordRetry)
+			if !wait(p.recordRetry) {
+				return false
+			}
+			continue
 		}
 		if proven {
 			p.log.Info("node already passed its preflight (condition on the Node); not gating it again")
@@ -197,15 +220,14 @@ func (p *preflighter) gateNode(ctx context.Context) bool {
 			return true
 		}
 		p.log.Warn("node stays tainted: preflight failed; running it again later", "failed", len(rep.Failed()), "retry", retry)
-		t := time.NewTimer(retry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !wait(retry) {
 			return false
-		case <-t.C:
 		}
 	}
 }
+
+// recordRetry spaces the reads of a Node's preflight record that failed.
+const recordRetry = 10 * time.Second
 
 // firstAnswerWait bounds how long the gating run waits for the kubelet's
 // first pod-resources answer: without one it runs as on a new node.

@@ -38,9 +38,15 @@ type fakeGate struct {
 	proven   bool
 	labels   map[string]string
 	verdicts chan kubeapi.PreflightVerdict
+	// fail is how many reads of the record fail first.
+	fail int
 }
 
 func (g *fakeGate) PreflightRecord(ctx context.Context) (bool, map[string]string, error) {
+	if g.fail > 0 {
+		g.fail--
+		return false, nil, fmt.Errorf("nodes %q not found", "gpu-node-1")
+	}
 	return g.proven, g.labels, ctx.Err()
 }
 
@@ -161,6 +167,26 @@ func TestPreflightGatesUntilPass(t *testing.T) {
 	<-done // no re-check interval: the runner ends after the pass
 	if got := gauge(t, reg, "gpu_node_agent_preflight_passed", ""); got != 1 {
 		t.Errorf("gpu_node_agent_preflight_passed %v after the pass", got)
+	}
+}
+
+// TestPreflightRecordRetried: a Node record that cannot be read (the
+// Node not registered yet) is read again, and the gate then runs; it does
+// not stop the preflight.
+func TestPreflightRecordRetried(t *testing.T) {
+	hw, _ := preflightHW(t)
+	p, _, _ := newTestPreflighter(t, hw, preflight.Config{Enabled: true}, nil)
+	p.recordRetry = time.Millisecond
+	gate := &fakeGate{fail: 2, verdicts: make(chan kubeapi.PreflightVerdict, 1)}
+	p.gate = gate
+	p.run(t.Context())
+	select {
+	case v := <-gate.verdicts:
+		if !v.Passed {
+			t.Errorf("verdict %+v on a healthy node", v)
+		}
+	default:
+		t.Error("no verdict after the record could be read")
 	}
 }
 

@@ -42,9 +42,9 @@ type NodeObjectConfig struct {
 // health taint and condition (Tainter), the preflight taint and condition
 // (the preflight gate) and the topology labels and annotations (Labeler),
 // all reading the Node from one informer scoped to it (NodeWatch), and the
-// Events other parts post about the node (NodeEvents). The agent serves devices whether or not the API server is
-// reachable: the client is built, and every write retried, in the
-// background.
+// Events other parts post about the node (NodeEvents). The agent serves
+// devices whether or not the API server is reachable: the client is
+// built, and every write retried, in the background.
 type NodeObject struct {
 	cfg    NodeObjectConfig
 	health Health

@@ -124,8 +124,8 @@ func TestDRA(t *testing.T) {
 	twoGPUs := runTwoGPUClaim(ctx, t, node, devs)
 
 	// (e) Nothing changed since the slices settled: claims, pods, health
-	// polls (10 s) and at least one rescan (draRescan) later, no slice
-	// write.
+	// polls (e2ePollInterval) and at least one rescan (draRescan) later,
+	// no slice write.
 	if d := draRescan + 2*time.Second - time.Since(quietSince); d > 0 {
 		time.Sleep(d)
 	}
@@ -971,7 +971,7 @@ func agentRestartWhilePrepared(ctx context.Context, t *testing.T, a *agentdeploy
 	})
 	// Two health polls after Ready: a restart with nothing changed
 	// rewrites no slice.
-	time.Sleep(20 * time.Second)
+	time.Sleep(2*e2ePollInterval + time.Second)
 	if w := sliceWrites(ctx, t, a); w != 0 {
 		t.Errorf("the restarted agent wrote ResourceSlices %v times with no device or health change", w)
 	}

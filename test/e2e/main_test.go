@@ -31,9 +31,12 @@ func installAgent(ctx context.Context) {
 	}
 	if agent, agentErr = agentdeploy.Install(ctx, shared, agentdeploy.Options{
 		// A short recovery period, so the health scenario's node recovers
-		// within the test after its fault is cleared; the GPU process
-		// check as the zombie scenario wants it.
-		Values: map[string]any{"config": map[string]any{"health": map[string]any{"recoveryPeriod": "10s", "zombies": zombieValues}}},
+		// within the test after its fault is cleared; polls (and so the
+		// GPU process check's cycles) every e2ePollInterval instead of
+		// 10 s, so what a poll sees (a zombie, a reset) is seen sooner;
+		// the GPU process check as the zombie scenario wants it.
+		Values: map[string]any{"config": map[string]any{"health": map[string]any{
+			"recoveryPeriod": "10s", "pollInterval": e2ePollInterval.String(), "zombies": zombieValues}}},
 	}); agentErr != nil {
 		return
 	}
@@ -45,6 +48,10 @@ func installAgent(ctx context.Context) {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: agent installed (%v) and Ready in %s\n", agent.Objects, time.Since(start).Round(time.Millisecond))
 }
+
+// e2ePollInterval is the e2e agent's health poll (and NVML sampling)
+// interval.
+const e2ePollInterval = 2 * time.Second
 
 // needAgent fails the test when the agent could not be installed.
 func needAgent(t *testing.T) *agentdeploy.Agent {
