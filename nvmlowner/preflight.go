@@ -73,22 +73,30 @@ func (s *PreflightSample) TimedOut() bool { return errors.Is(s.Err, ErrTimeout) 
 // eventReasonsSymbol is the R535+ name of the clocks event reasons call.
 const eventReasonsSymbol = "nvmlDeviceGetCurrentClocksEventReasons"
 
+// hasEventReasons says the driver exports the clocks event reasons call
+// (R535 and later). go-nvml links NVML lazily and exits the process on a
+// call the driver lacks, so it is looked up before every use (a driver
+// reload may bring an older one); without the library's answer the
+// deprecated name, which every driver exports, is read. The answer comes
+// back as the call's return, not through a variable the call sets: a
+// lookup that outlives the call timeout still runs on the lane after Lib
+// has returned.
+func (o *Owner) hasEventReasons(ctx context.Context) bool {
+	err := o.Lib(ctx, "LookupSymbol "+eventReasonsSymbol, func(lib Library) nvml.Return {
+		if ext := lib.Extensions(); ext != nil && ext.LookupSymbol(eventReasonsSymbol) == nil {
+			return nvml.SUCCESS
+		}
+		return nvml.ERROR_FUNCTION_NOT_FOUND
+	})
+	return err == nil
+}
+
 // ReadPreflight reads the preflight's values of every GPU in uuids, each
 // on its own lane at the same time, so a GPU that hangs costs its own
 // sample the call timeout and delays no other. Samples are in uuids'
 // order.
 func (o *Owner) ReadPreflight(ctx context.Context, uuids []string) []PreflightSample {
-	// go-nvml links NVML lazily: calling a function the driver does not
-	// export exits the process instead of returning an error. The event
-	// reasons call is looked up once per read; without the library's
-	// answer the deprecated name, which every driver exports, is used.
-	eventReasons := false
-	_ = o.Lib(ctx, "LookupSymbol "+eventReasonsSymbol, func(lib Library) nvml.Return {
-		if ext := lib.Extensions(); ext != nil && ext.LookupSymbol(eventReasonsSymbol) == nil {
-			eventReasons = true
-		}
-		return nvml.SUCCESS
-	})
+	eventReasons := o.hasEventReasons(ctx)
 	out := make([]PreflightSample, len(uuids))
 	var wg sync.WaitGroup
 	for i, uuid := range uuids {

@@ -225,7 +225,7 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 			return ret
 		})
 		if snap.LibErr == nil {
-			eventReasons = s.hasEventReasons(ctx)
+			eventReasons = s.o.hasEventReasons(ctx)
 		}
 		if snap.LibErr == nil && count != s.count {
 			// GPUs appeared or vanished (a driver reload, a GPU that
@@ -285,22 +285,6 @@ func (s *Sampler) SampleNow(ctx context.Context) *Snapshot {
 	}
 	s.subsMu.Unlock()
 	return snap
-}
-
-// hasEventReasons says the driver exports the clocks event reasons call
-// (R535 and later). go-nvml links NVML lazily and exits the process on a
-// call the driver lacks, so it is looked up every cycle (a driver reload
-// may bring an older one); when the lookup fails the deprecated name,
-// which every driver exports, is read (as ReadPreflight does).
-func (s *Sampler) hasEventReasons(ctx context.Context) bool {
-	found := false
-	_ = s.o.Lib(ctx, "LookupSymbol "+eventReasonsSymbol, func(lib Library) nvml.Return {
-		if ext := lib.Extensions(); ext != nil && ext.LookupSymbol(eventReasonsSymbol) == nil {
-			found = true
-		}
-		return nvml.SUCCESS
-	})
-	return found
 }
 
 // sampleGPU reads one GPU on its lane into out. The read fills a sample of
