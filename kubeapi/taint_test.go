@@ -526,7 +526,15 @@ func TestTainterRunFollowsNode(t *testing.T) {
 	go func() { done <- tr.Run(ctx, h) }()
 	key := "gpu-node-agent.io/unhealthy"
 	h.set(unfit)
-	waitFor(t, "taint after the fault", func() bool { return hasTaint(getNode(t, c).Spec.Taints, key) })
+	// The condition is written after the taint: wait for both, so the
+	// tainter writes nothing more while the test changes the Node (a
+	// write in between would make the test's update conflict and GET
+	// again).
+	waitFor(t, "taint and condition after the fault", func() bool {
+		n := getNode(t, c)
+		cond := condition(n)
+		return hasTaint(n.Spec.Taints, key) && cond != nil && cond.Status == corev1.ConditionFalse
+	})
 	gets := countVerb(c, "get")
 	modifyNode(t, c, func(n *corev1.Node) { n.Spec.Taints = nil })
 	waitFor(t, "taint repaired after its removal", func() bool { return hasTaint(getNode(t, c).Spec.Taints, key) })
