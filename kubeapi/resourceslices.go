@@ -259,12 +259,18 @@ func (p *SlicePublisher) Run(ctx context.Context) {
 // what it holds, and without the slices we deleted.
 func (p *SlicePublisher) current() []*resourcev1.ResourceSlice {
 	byName := map[string]*resourcev1.ResourceSlice{}
+	// The store is read under p.mu, as stored and delete read it: the
+	// informer updates its store before its handler (delivered, which
+	// holds p.mu) retires our record of a write, so under the lock every
+	// write is in the store or still recorded. Read before the lock, a
+	// slice delivered in between would be in neither, and the pool would
+	// look half-written (a needless generation bump and a second create).
+	p.mu.Lock()
 	for _, obj := range p.informer.GetStore().List() {
 		if s, ok := obj.(*resourcev1.ResourceSlice); ok {
 			byName[s.Name] = s
 		}
 	}
-	p.mu.Lock()
 	for name, w := range p.written {
 		if s, ok := byName[name]; !ok || olderVersion(s.ResourceVersion, w.ResourceVersion) {
 			byName[name] = w

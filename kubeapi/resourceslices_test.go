@@ -141,7 +141,7 @@ func checkPool(t *testing.T, c *fake.Clientset, want []resourcev1.Device) int64 
 		if !ok || i >= len(chunks) {
 			t.Fatalf("slice %s: no index of the pool", s.Name)
 		}
-		prefix := encodeIndex(i, minIndexLength) + "-" + dra.DriverName + "-" + sliceNode + "-"
+		prefix := slicePrefix(i)
 		if !strings.HasPrefix(s.Name, prefix) {
 			t.Errorf("slice %s: want name prefix %s", s.Name, prefix)
 		}
@@ -174,6 +174,11 @@ func sliceName(t *testing.T, c *fake.Clientset, index int) string {
 	return ""
 }
 
+// slicePrefix is the generateName of sliceNode's slice i.
+func slicePrefix(i int) string {
+	return encodeIndex(i, minIndexLength) + "-" + dra.DriverName + "-" + sliceNode + "-"
+}
+
 func equalWrites(t *testing.T, what string, got []string, want ...string) {
 	t.Helper()
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -184,9 +189,7 @@ func equalWrites(t *testing.T, what string, got []string, want ...string) {
 func TestSlicePublisherWritesOnlyChanges(t *testing.T) {
 	c := newFake(t, sliceNodeObject())
 	r, _ := startPublisher(t, c)
-	prefix := func(i int) string {
-		return encodeIndex(i, minIndexLength) + "-" + dra.DriverName + "-" + sliceNode + "-"
-	}
+	prefix := slicePrefix
 
 	devs := testDevices(70) // two slices: 64 + 6
 	mark := len(c.Actions())
@@ -291,7 +294,7 @@ func TestSlicePublisherRepairs(t *testing.T) {
 	// A new slice bumps the generation, so the first is updated too (the
 	// library's rule).
 	equalWrites(t, "slice deleted by someone else", sliceWrites(c, mark)[1:],
-		"update "+first, "create "+encodeIndex(1, minIndexLength)+"-"+dra.DriverName+"-"+sliceNode+"-")
+		"update "+first, "create "+slicePrefix(1))
 	checkPool(t, c, devs)
 
 	// Someone rewrites the first slice's devices: it is rewritten.
@@ -320,6 +323,10 @@ func TestSlicePublisherAdoptsAfterRestart(t *testing.T) {
 	r, stop := startPublisher(t, c)
 	devs := testDevices(70)
 	r.publish(t, devs)
+	equalWrites(t, "first publish", sliceWrites(c, 0), "create "+slicePrefix(0), "create "+slicePrefix(1))
+	if gen := checkPool(t, c, devs); gen != 1 {
+		t.Errorf("first publish: generation %d, want 1", gen)
+	}
 	stop()
 
 	r2, stop2 := startPublisher(t, c)
