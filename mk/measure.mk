@@ -3,7 +3,7 @@
 RSS_PROFILE ?= dgx-h100
 RSS_WAIT    ?= 5
 
-.PHONY: measure-rss measure-rss-real measure-devices measure-served measure-fault
+.PHONY: measure-rss measure-rss-real measure-rss-floor measure-devices measure-served measure-fault
 
 # The demo command wires everything: health monitor, GPU metrics collector
 # and endpoint, RDMA (rdma/ib from the demo config) and mixed MIG. Like
@@ -28,6 +28,25 @@ measure-rss-real: build ## product agent RSS $(RSS_WAIT)s after start in real mo
 		--state-dir "$$dir/state" --log-level error >/dev/null 2>&1 & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "real mode after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ')"; \
+	kill $$pid; wait $$pid || true; rm -rf "$$dir"
+
+# The floor under measure-rss-real: a program that only links the
+# product's direct dependencies (each package the agent's own packages
+# import, blank-imported: their init code and what it reaches, nothing of
+# ours) and sleeps. Built and run as measure-rss-real builds and runs the
+# product (stripped, a copy), so the two subtract.
+RSS_FLOOR_DIR := .build/rssfloor
+MODULE         = $(shell $(GO) list -m)
+measure-rss-floor: deps ## RSS $(RSS_WAIT)s after start of a program linking only the product's direct dependencies
+	@mkdir -p $(RSS_FLOOR_DIR); \
+	{ echo 'package main'; echo 'import ('; \
+	  $(GO) list -deps -f '{{with .Module}}{{if eq .Path "$(MODULE)"}}{{join $$.Imports "\n"}}{{end}}{{end}}' ./cmd/gpu-node-agent \
+	    | grep -v -E '^($(MODULE)(/|$$)|C$$|unsafe$$)' | sort -u | sed 's/.*/\t_ "&"/'; \
+	  echo '	"time"'; echo ')'; echo 'func main() { time.Sleep(time.Hour) }'; } > $(RSS_FLOOR_DIR)/main.go; \
+	$(GO) build -trimpath -ldflags '-s -w' -o $(RSS_FLOOR_DIR)/floor ./$(RSS_FLOOR_DIR); \
+	dir=$$(mktemp -d); cp $(RSS_FLOOR_DIR)/floor "$$dir/floor"; "$$dir/floor" & pid=$$!; \
+	sleep $(RSS_WAIT); \
+	echo "dependencies only after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ') binary $$(stat -c %s $(RSS_FLOOR_DIR)/floor)"; \
 	kill $$pid; wait $$pid || true; rm -rf "$$dir"
 
 measure-devices: ## table of devices served per simulator profile, MIG layout and strategy
