@@ -307,10 +307,8 @@ func (p *preflighter) report(rep *preflight.Report, uuids []string) {
 	type key struct{ uuid, item string }
 	worst := map[key]preflight.Result{}
 	for _, r := range rep.Results {
-		if r.Device == "" || !slices.Contains(uuids, r.Device) {
-			continue
-		}
-		// One verdict per item and GPU; a failure wins.
+		// One verdict per item and GPU (node-wide results, Device "",
+		// are no GPU's); a failure wins.
 		k := key{r.Device, r.Item}
 		if old, ok := worst[k]; !ok || old.Status != preflight.Fail {
 			worst[k] = r

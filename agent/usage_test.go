@@ -1,17 +1,12 @@
 package agent
 
 import (
-	"context"
 	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -22,33 +17,8 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
+	"github.com/gpu-node-agent/gpu-node-agent/usage/usagetest"
 )
-
-// fakePodResources is the kubelet's pod-resources List API on a unix
-// socket.
-type fakePodResources struct {
-	podresourcesv1.UnimplementedPodResourcesListerServer
-	resp *podresourcesv1.ListPodResourcesResponse
-}
-
-func (f *fakePodResources) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
-	return f.resp, nil
-}
-
-func servePodResources(t *testing.T, socket string, resp *podresourcesv1.ListPodResourcesResponse) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	podresourcesv1.RegisterPodResourcesListerServer(s, &fakePodResources{resp: resp})
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(s.Stop)
-}
 
 // TestUsageTrackerWiring: the usage tracker runs on the sampler's cycles,
 // asks the kubelet's pod-resources socket under the host root, and the
@@ -71,11 +41,10 @@ func TestUsageTrackerWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpu0 := simOf(a).Spec().GPUs[0].UUID
-	servePodResources(t, usage.PodResourcesSocketPath(a.hw.HostRoot()), &podresourcesv1.ListPodResourcesResponse{
-		PodResources: []*podresourcesv1.PodResources{{Name: "train-0", Namespace: "ml", Containers: []*podresourcesv1.ContainerResources{
+	usagetest.ServePodResources(t, usage.PodResourcesSocketPath(a.hw.HostRoot()),
+		&podresourcesv1.PodResources{Name: "train-0", Namespace: "ml", Containers: []*podresourcesv1.ContainerResources{
 			{Name: "trainer", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: "nvidia.com/gpu", DeviceIds: []string{gpu0}}}},
-		}}},
-	})
+		}})
 	startAgent(t, a)
 	base := "http://" + cfg.MetricsAddress
 	waitFor(t, "GPU 0's series labelled with its pod", func() bool {
@@ -162,7 +131,7 @@ func TestUsageEventsOnly(t *testing.T) {
 		t.Fatal("no node object for the GPU process check's Events")
 	}
 	// The kubelet lists no pod: every GPU is unassigned.
-	servePodResources(t, usage.PodResourcesSocketPath(a.hw.HostRoot()), &podresourcesv1.ListPodResourcesResponse{})
+	usagetest.ServePodResources(t, usage.PodResourcesSocketPath(a.hw.HostRoot()))
 	pid, err := simOf(a).StartProcess(sim.ProcessSpec{GPU: 2, MemoryMiB: 1024, Kind: "host", HostCgroup: "/system.slice/train.service"})
 	if err != nil {
 		t.Fatal(err)

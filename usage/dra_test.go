@@ -416,7 +416,7 @@ func TestDRAZombieAfterGrace(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := draRig(t, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
-			r.kubelet.set(tt.pod)
+			r.kubelet.Set(tt.pod)
 			r.host.podLogs("ml", "train-0", uidTrain)
 			r.host.proc(4242, 77001, "python3", "S", podCgroup(uidTrain))
 			busy := tt.sample(nvmlProc(4242, 9000))
@@ -483,7 +483,7 @@ func TestDRANeverKillsRunningPod(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := draRig(t, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
-			r.kubelet.set(trainDRA(draPool))
+			r.kubelet.Set(trainDRA(draPool))
 			tt.setup(r)
 			r.host.proc(4242, 77001, "python3", "S", podCgroup(uidTrain))
 			s := gpuSample(gpu0, 30500, 500, nvmlProc(4242, 9000))
@@ -516,7 +516,7 @@ func TestDRAFreeAndLabels(t *testing.T) {
 				c.Judge = judge
 				o.Allocations = frag
 			})
-			r.kubelet.set(
+			r.kubelet.Set(
 				trainDRA(draPool),
 				pod("serving", "infer-1", draContainer("server", claim("serving", "infer-1-mig-n4w8d",
 					ours(claimInfer, draPool, devMIG1, "mig"), ours(claimInfer, draPool, devNIC0, "nic")))),
@@ -583,7 +583,7 @@ func TestDRACheckpointNeeded(t *testing.T) {
 					c.DevicePluginDir += "-absent"
 				}
 			})
-			r.kubelet.set(tt.pods...)
+			r.kubelet.Set(tt.pods...)
 			r.host.podLogs("ml", "train-0", uidTrain)
 			r.host.podLogs("ml", "other", uidNoGPU)
 			r.host.proc(4242, 77001, "python3", "S", podCgroup(uidNoGPU))
@@ -614,7 +614,7 @@ func TestDRAUnresolvedLoggedOnce(t *testing.T) {
 	gone := pod("ml", "train-0", draContainer("trainer", claim("ml", "train-0-gpus-x7k2p", ours(claimTrain, draPool, "gpu-7", "gpus"))))
 	r.host.podLogs("ml", "train-0", uidTrain)
 	for _, pods := range [][]*podresourcesv1.PodResources{{gone}, {gone}, {gone}, {trainDRA(draPool)}, {gone}} {
-		r.kubelet.set(pods...)
+		r.kubelet.Set(pods...)
 		r.cycle(gpuSample(gpu0, 500, 500))
 		r.clock.Step(15 * time.Second)
 	}

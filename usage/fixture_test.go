@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,13 +16,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
+	"github.com/gpu-node-agent/gpu-node-agent/usage/usagetest"
 )
 
 const mib = 1 << 20
@@ -142,62 +141,6 @@ func (h *hostTree) checkpoint(entries ...CheckpointEntry) {
 		h.t.Fatal(err)
 	}
 	h.write("var/lib/kubelet/device-plugins/"+CheckpointFile, string(b))
-}
-
-// fakeKubelet serves the pod-resources List API on a unix socket, like
-// the kubelet's pod-resources server; its answer can change and it can
-// fail.
-type fakeKubelet struct {
-	podresourcesv1.UnimplementedPodResourcesListerServer
-	mu    sync.Mutex
-	pods  []*podresourcesv1.PodResources
-	err   error
-	calls int
-}
-
-func (f *fakeKubelet) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls++
-	if f.err != nil {
-		return nil, f.err
-	}
-	return &podresourcesv1.ListPodResourcesResponse{PodResources: f.pods}, nil
-}
-
-func (f *fakeKubelet) set(pods ...*podresourcesv1.PodResources) {
-	f.mu.Lock()
-	f.pods, f.err = pods, nil
-	f.mu.Unlock()
-}
-
-func (f *fakeKubelet) fail(err error) {
-	f.mu.Lock()
-	f.err = err
-	f.mu.Unlock()
-}
-
-func (f *fakeKubelet) listCalls() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.calls
-}
-
-func startFakeKubelet(t testing.TB, socket string) *fakeKubelet {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatalf("listen %s: %v", socket, err)
-	}
-	f := &fakeKubelet{}
-	srv := grpc.NewServer()
-	podresourcesv1.RegisterPodResourcesListerServer(srv, f)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-	return f
 }
 
 func pod(namespace, name string, ctrs ...*podresourcesv1.ContainerResources) *podresourcesv1.PodResources {
@@ -368,7 +311,7 @@ func testNode() *topology.Node {
 type rig struct {
 	t       *testing.T
 	host    *hostTree
-	kubelet *fakeKubelet
+	kubelet *usagetest.PodResources
 	samples *fakeSamples
 	clock   *clocktesting.FakeClock
 	health  *fakeHealth
@@ -388,7 +331,7 @@ func newRig(t *testing.T, hostPIDs bool, opts ...rigOption) *rig {
 		r.host.hostPIDs()
 	}
 	socket := PodResourcesSocketPath(r.host.root)
-	r.kubelet = startFakeKubelet(t, socket)
+	r.kubelet = usagetest.ServePodResources(t, socket)
 	cfg := Config{Judge: true, HostRoot: r.host.root, DevicePluginDir: r.host.pluginDir(), PodResourcesSocket: socket, MIGDevicesServed: true}
 	o := Options{Samples: r.samples, Health: r.health, Events: r.events, Signaller: r.signals, Clock: r.clock,
 		Logger: testLogger(t), Registerer: r.reg}

@@ -19,7 +19,7 @@ const (
 )
 
 func (r *rig) notebooksSharing() {
-	r.kubelet.set(
+	r.kubelet.Set(
 		pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)),
 		pod("ml", "notebook-a", container("lab", "nvidia.com/gpu.shared", gpu1+"::0")),
 		pod("research", "notebook-b", container("lab", "nvidia.com/gpu.shared", gpu1+"::3")),
@@ -173,7 +173,7 @@ func TestHoldersUseUnknown(t *testing.T) {
 // replicas of the same GPU get no Use; another pod's holder still does.
 func TestHoldersTwoContainersOfOnePod(t *testing.T) {
 	r := newRig(t, true)
-	r.kubelet.set(
+	r.kubelet.Set(
 		pod("ml", "pair", container("left", "nvidia.com/gpu.shared", gpu1+"::0"), container("right", "nvidia.com/gpu.shared", gpu1+"::1")),
 		pod("ml", "notebook-a", container("lab", "nvidia.com/gpu.shared", gpu1+"::2")),
 	)
@@ -204,7 +204,7 @@ func TestHoldersTwoContainersOfOnePod(t *testing.T) {
 // even for an idle holder.
 func TestHoldersSharedMIG(t *testing.T) {
 	r := newRig(t, true)
-	r.kubelet.set(
+	r.kubelet.Set(
 		pod("ml", "notebook-a", container("lab", "nvidia.com/mig-1g.10gb.shared", mig1+"::0")),
 		pod("research", "notebook-b", container("lab", "nvidia.com/mig-1g.10gb.shared", mig1+"::1")),
 	)

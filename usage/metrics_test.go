@@ -18,7 +18,7 @@ import (
 func TestMetrics(t *testing.T) {
 	r := newRig(t, true, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
 	r.trainRunning()
-	r.kubelet.set(pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)), pod("ops", "monitor", container("agent", "")))
+	r.kubelet.Set(pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)), pod("ops", "monitor", container("agent", "")))
 	r.host.podLogs("ops", "monitor", uidNoGPU)
 	r.host.proc(4242, 77001, "python3", "S", podCgroup(uidGone))
 	r.host.proc(5000, 88000, "python3", "S", podCgroup(uidTrain))

@@ -18,7 +18,7 @@ import (
 
 // trainRunning sets up ml/train-0 holding gpu0, as the kubelet shows it.
 func (r *rig) trainRunning() {
-	r.kubelet.set(pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)))
+	r.kubelet.Set(pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)))
 	r.host.checkpoint(CheckpointEntry{PodUID: uidTrain, Container: "trainer", Resource: "nvidia.com/gpu", DeviceIDs: []string{gpu0}})
 	r.host.podLogs("ml", "train-0", uidTrain)
 }
@@ -27,7 +27,7 @@ func (r *rig) trainRunning() {
 // from the kubelet's List and its log directory, its checkpoint entry
 // lingering (the kubelet drops it lazily).
 func (r *rig) trainDeleted() {
-	r.kubelet.set()
+	r.kubelet.Set()
 	r.host.rmPodLogs("ml", "train-0", uidTrain)
 }
 
@@ -196,7 +196,7 @@ func TestMissingDataKeepsState(t *testing.T) {
 	}{
 		{"process list not supported", nil, notRead},
 		{"GPU unreadable", nil, lost},
-		{"kubelet failing", func() { r.kubelet.fail(errKubeletDown) }, gpuSample(gpu0, 500, 500)},
+		{"kubelet failing", func() { r.kubelet.Fail(errKubeletDown) }, gpuSample(gpu0, 500, 500)},
 	}
 	for _, s := range steps {
 		if s.before != nil {
@@ -217,7 +217,7 @@ func TestMissingDataKeepsState(t *testing.T) {
 	if r.tr.Assignments() != nil {
 		t.Error("Assignments after a failed List must be nil (unknown)")
 	}
-	r.kubelet.set()
+	r.kubelet.Set()
 	r.host.killProc(4242)
 	r.cycle(gpuSample(gpu0, 500, 500))
 	if got := r.health.reason(gpu0, ClassZombie); got != "" {
@@ -233,7 +233,7 @@ func TestMissingDataKeepsState(t *testing.T) {
 func TestLeakedAndForeign(t *testing.T) {
 	r := newRig(t, true)
 	r.trainRunning()
-	r.kubelet.set(
+	r.kubelet.Set(
 		pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)),
 		pod("ops", "monitor", container("agent", "")),
 	)
@@ -273,7 +273,7 @@ func TestMIGDevices(t *testing.T) {
 	for _, served := range []bool{true, false} {
 		t.Run(map[bool]string{true: "served", false: "whole GPUs"}[served], func(t *testing.T) {
 			r := newRig(t, true, func(c *Config, _ *Options) { c.MIGDevicesServed = served })
-			r.kubelet.set()
+			r.kubelet.Set()
 			r.host.checkpoint()
 			r.host.proc(6000, 99000, "python3", "S", hostCgroup)
 			p := nvmlProc(6000, 3000)
@@ -308,7 +308,7 @@ func TestMIGDevices(t *testing.T) {
 func TestKill(t *testing.T) {
 	r := newRig(t, true, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
 	r.trainRunning()
-	r.kubelet.set(
+	r.kubelet.Set(
 		pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)),
 		pod("ops", "monitor", container("agent", "")),
 	)
@@ -382,7 +382,7 @@ func TestKill(t *testing.T) {
 // more signals are sent; the device stays unhealthy.
 func TestKillFailsOnUninterruptible(t *testing.T) {
 	r := newRig(t, true, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
-	r.kubelet.set()
+	r.kubelet.Set()
 	r.host.checkpoint()
 	r.host.proc(4242, 77001, "python3", "D", hostCgroup)
 	r.signals.ignore = map[uint32][]syscall.Signal{4242: {syscall.SIGTERM, syscall.SIGKILL}}
@@ -410,7 +410,7 @@ func TestKillFailsOnUninterruptible(t *testing.T) {
 func TestKillOnlyWhenCertain(t *testing.T) {
 	t.Run("pod logs unreadable", func(t *testing.T) {
 		r := newRig(t, true, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
-		r.kubelet.set(pod("ops", "monitor", container("agent", "")))
+		r.kubelet.Set(pod("ops", "monitor", container("agent", "")))
 		r.host.checkpoint()
 		r.host.proc(4242, 77001, "python3", "S", podCgroup(uidGone))
 		s := gpuSample(gpu1, 8500, 500, nvmlProc(4242, 8000))
@@ -435,7 +435,7 @@ func TestKillOnlyWhenCertain(t *testing.T) {
 	t.Run("no host PIDs", func(t *testing.T) {
 		r := newRig(t, false, func(c *Config, _ *Options) { c.Zombies.Action = ActionKill })
 		r.tr.announce()
-		r.kubelet.set()
+		r.kubelet.Set()
 		r.host.checkpoint()
 		r.host.proc(4242, 77001, "python3", "S", hostCgroup)
 		s := gpuSample(gpu1, 8500, 500, nvmlProc(4242, 8000))
@@ -462,7 +462,7 @@ func TestKillOnlyWhenCertain(t *testing.T) {
 // processes, and reports nothing to health.
 func TestCheckDisabled(t *testing.T) {
 	r := newRig(t, true, func(c *Config, _ *Options) { c.Judge = false })
-	r.kubelet.set()
+	r.kubelet.Set()
 	r.host.checkpoint()
 	r.host.proc(4242, 77001, "python3", "S", hostCgroup)
 	s := gpuSample(gpu1, 8500, 500, nvmlProc(4242, 8000))
@@ -502,7 +502,7 @@ func TestAllocationsAndAssignments(t *testing.T) {
 	})
 	updated := r.tr.Subscribe()
 	r.trainRunning()
-	r.kubelet.set(pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)),
+	r.kubelet.Set(pod("ml", "train-0", container("trainer", "nvidia.com/gpu", gpu0)),
 		pod("ml", "shared", container("app", "nvidia.com/gpu", gpu1+"::3")))
 	r.cycle(gpuSample(gpu0, 500, 500))
 	select {
@@ -517,10 +517,10 @@ func TestAllocationsAndAssignments(t *testing.T) {
 		t.Errorf("fragmentation update = %+v", alloc)
 	}
 	r.tr.Cycle(context.Background()) // the same snapshot: nothing to do
-	if n := r.kubelet.listCalls(); n != 1 {
+	if n := r.kubelet.Calls(); n != 1 {
 		t.Errorf("List calls = %d, want 1 per sampling cycle", n)
 	}
-	r.kubelet.fail(errKubeletDown)
+	r.kubelet.Fail(errKubeletDown)
 	r.cycle(gpuSample(gpu0, 500, 500))
 	if alloc.calls != 1 {
 		t.Error("fragmentation updated from a failed List")
@@ -543,7 +543,7 @@ func (f *fakeAllocations) Update(n *topology.Node, offered func(string) bool, al
 // signals and stops with its context.
 func TestRunFollowsSampler(t *testing.T) {
 	r := newRig(t, true)
-	r.kubelet.set()
+	r.kubelet.Set()
 	r.host.checkpoint()
 	updated := r.tr.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -552,7 +552,7 @@ func TestRunFollowsSampler(t *testing.T) {
 	for i := range 3 {
 		r.samples.publish(gpuSample(gpu0, 500, 500))
 		<-updated
-		if n := r.kubelet.listCalls(); n < i+1 {
+		if n := r.kubelet.Calls(); n < i+1 {
 			t.Errorf("after %d snapshots: %d List calls", i+1, n)
 		}
 	}
@@ -622,7 +622,7 @@ func TestWithHealthMonitor(t *testing.T) {
 // with nothing pending are cleared at once.
 func TestRestartKeepsPendingCause(t *testing.T) {
 	r := newRig(t, true)
-	r.kubelet.set()
+	r.kubelet.Set()
 	r.host.checkpoint()
 	r.host.proc(4242, 77001, "python3", "D", hostCgroup)
 	restored := health.Observation{DeviceID: gpu1, Check: health.CheckGPUProcesses, Key: string(ClassZombie), Fatal: true,

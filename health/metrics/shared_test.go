@@ -3,7 +3,6 @@ package metrics
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,12 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
-	"google.golang.org/grpc"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
+	"github.com/gpu-node-agent/gpu-node-agent/usage/usagetest"
 )
 
 // Pods as NVIDIA's GPU Operator time-slicing guide runs them (a Deployment
@@ -187,13 +186,12 @@ func TestSharedGPUPerPodUse(t *testing.T) {
 		{uidInfB, "server", "nvidia.com/mig-3g.40gb", mig + "::1"},
 	})
 	socket := usage.PodResourcesSocketPath(root)
-	servePodResources(t, socket, &podresourcesv1.ListPodResourcesResponse{PodResources: []*podresourcesv1.PodResources{
-		{Name: "train-0", Namespace: "ml", Containers: []*podresourcesv1.ContainerResources{container("trainer", "nvidia.com/gpu", gpu0)}},
-		{Name: podTSA, Namespace: "default", Containers: []*podresourcesv1.ContainerResources{container(ctr, "nvidia.com/gpu", gpu1+"::0")}},
-		{Name: podTSB, Namespace: "default", Containers: []*podresourcesv1.ContainerResources{container(ctr, "nvidia.com/gpu", gpu1+"::2")}},
-		{Name: "infer-a", Namespace: "serving", Containers: []*podresourcesv1.ContainerResources{container("server", "nvidia.com/mig-3g.40gb", mig+"::0")}},
-		{Name: "infer-b", Namespace: "serving", Containers: []*podresourcesv1.ContainerResources{container("server", "nvidia.com/mig-3g.40gb", mig+"::1")}},
-	}})
+	usagetest.ServePodResources(t, socket,
+		&podresourcesv1.PodResources{Name: "train-0", Namespace: "ml", Containers: []*podresourcesv1.ContainerResources{container("trainer", "nvidia.com/gpu", gpu0)}},
+		&podresourcesv1.PodResources{Name: podTSA, Namespace: "default", Containers: []*podresourcesv1.ContainerResources{container(ctr, "nvidia.com/gpu", gpu1+"::0")}},
+		&podresourcesv1.PodResources{Name: podTSB, Namespace: "default", Containers: []*podresourcesv1.ContainerResources{container(ctr, "nvidia.com/gpu", gpu1+"::2")}},
+		&podresourcesv1.PodResources{Name: "infer-a", Namespace: "serving", Containers: []*podresourcesv1.ContainerResources{container("server", "nvidia.com/mig-3g.40gb", mig+"::0")}},
+		&podresourcesv1.PodResources{Name: "infer-b", Namespace: "serving", Containers: []*podresourcesv1.ContainerResources{container("server", "nvidia.com/mig-3g.40gb", mig+"::1")}})
 
 	sampler := newLibSampler(t, node.NVML(), layout, patientTimeout)
 	tracker, err := usage.NewTracker(usage.Config{Judge: true, HostRoot: root, DevicePluginDir: pluginDir, PodResourcesSocket: socket,
@@ -322,32 +320,6 @@ func writeCheckpoint(t *testing.T, dir string, entries []checkpointEntry) {
 	if err := os.WriteFile(usage.CheckpointPath(dir), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// podResourcesServer answers List as the kubelet's pod-resources server.
-type podResourcesServer struct {
-	podresourcesv1.UnimplementedPodResourcesListerServer
-	resp *podresourcesv1.ListPodResourcesResponse
-}
-
-func (s *podResourcesServer) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
-	return s.resp, nil
-}
-
-// servePodResources serves resp on the unix socket until the test ends.
-func servePodResources(t *testing.T, socket string, resp *podresourcesv1.ListPodResourcesResponse) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesv1.RegisterPodResourcesListerServer(srv, &podResourcesServer{resp: resp})
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
 }
 
 // hasSeries says whether reg has a series of family name with (at least)
