@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
@@ -107,14 +110,48 @@ func (a *Agent) newPreflighter() (*preflighter, error) {
 }
 
 // preflightGateConfig is the node object's preflight gate: none unless
-// preflight.enabled; a dry run with the taint's.
+// preflight.enabled; a dry run with the taint's. Unless
+// preflight.keepAcrossReboots, a pass counts for the boot it was made in:
+// the gate is given the host's boot time.
 func (a *Agent) preflightGateConfig() *kubeapi.PreflightGateConfig {
 	if !a.cfg.Preflight.Enabled {
 		return nil
 	}
 	taint := a.cfg.Taint.WithDefaults()
-	return &kubeapi.PreflightGateConfig{TaintKey: a.cfg.Preflight.TaintKey, ConditionType: a.cfg.Preflight.ConditionType,
+	cfg := &kubeapi.PreflightGateConfig{TaintKey: a.cfg.Preflight.TaintKey, ConditionType: a.cfg.Preflight.ConditionType,
 		EventNamespace: taint.EventNamespace, DryRun: taint.Mode == kubeapi.TaintDryRun}
+	if a.cfg.Preflight.KeepAcrossReboots {
+		return cfg
+	}
+	boot, err := hostBootTime(a.hw.HostRoot())
+	switch {
+	case err == nil:
+		cfg.BootTime = boot
+	case simulated(a.hw):
+		// A simulated root has a /proc/stat only if the test wrote one.
+		a.log.Debug("no boot time under the simulated host root; a preflight pass is kept across reboots", "err", err)
+	default:
+		a.log.Warn("cannot read the host's boot time; a preflight pass is kept across reboots", "err", err)
+	}
+	return cfg
+}
+
+// hostBootTime is when the host booted: btime of /proc/stat under hostRoot
+// (proc(5): "boot time, in seconds since the Epoch"), which a container
+// reads as the host's (the file is not namespaced).
+func hostBootTime(hostRoot string) (time.Time, error) {
+	fs, err := procfs.NewFS(filepath.Join(hostRoot, "proc"))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("host boot time: %w", err)
+	}
+	st, err := fs.Stat()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("host boot time: %w", err)
+	}
+	if st.BootTime == 0 {
+		return time.Time{}, fmt.Errorf("host boot time: no btime in %s", filepath.Join(hostRoot, "proc", "stat"))
+	}
+	return time.Unix(int64(st.BootTime), 0), nil
 }
 
 // preflightGate is the Node side of the gate: *kubeapi.NodeObject.

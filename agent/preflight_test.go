@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -452,6 +454,112 @@ func TestAgentPreflightGate(t *testing.T) {
 	_, body := httpGet(base + "/metrics")
 	if !strings.Contains(body, "gpu_node_agent_preflight_passed 1") || strings.Contains(body, "gpu_node_agent_preflight_failed{") {
 		t.Errorf("series after the pass:\n%s", grepLines(body, "gpu_node_agent_preflight_"))
+	}
+}
+
+// TestAgentPreflightAfterReboot: a Node whose preflight passed before
+// the host's last boot is gated again, as a new node: the re-run finds
+// GPU 3's degraded link and taints the node failed; once the link is
+// back the pass is recorded with a transition after the boot.
+func TestAgentPreflightAfterReboot(t *testing.T) {
+	dir := shortTempDir(t)
+	cfg := defaults()
+	cfg.Simulate = "dgx-h100"
+	cfg.DevicePluginDir = dir
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = freeAddr(t)
+	cfg.RescanInterval = 0
+	cfg.NodeName = "gpu-node-1"
+	cfg.NodeLabels = false
+	cfg.Taint.Mode = kubeapi.TaintOff
+	cfg.Health.DCGMMode = "off"
+	cfg.Preflight = preflight.Config{Enabled: true, RetryInterval: preflight.Duration(20 * time.Millisecond)}
+	cfg.BootTime = time.Now().Add(-time.Minute).Truncate(time.Second)
+	passedBefore := metav1.NewTime(cfg.BootTime.Add(-time.Hour))
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: kubeapi.DefaultPreflightCondition,
+			Status: corev1.ConditionTrue, Reason: "PreflightPassed", Message: "preflight passed (12 items passed)",
+			LastHeartbeatTime: passedBefore, LastTransitionTime: passedBefore}}}})
+	cfg.KubeClients = func() (kubeapi.Clients, error) {
+		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+	}
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.preflightGateConfig().BootTime; !got.Equal(cfg.BootTime) {
+		t.Fatalf("the gate's boot time %v, want /proc/stat's %v", got, cfg.BootTime)
+	}
+	if err := simOf(a).InjectFault(sim.Fault{Kind: sim.FaultPCIeDegraded, GPU: 3}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, _ := startAgent(t, a)
+	gate := func() (taint string, c corev1.NodeCondition) {
+		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tt := range n.Spec.Taints {
+			if tt.Key == kubeapi.DefaultPreflightTaintKey {
+				taint = tt.Value
+			}
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == kubeapi.DefaultPreflightCondition {
+				return taint, c
+			}
+		}
+		return taint, c
+	}
+	waitFor(t, "the rebooted node tainted failed, naming GPU 3's link", func() bool {
+		taint, c := gate()
+		return taint == "failed" && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "pcie-link: GPU 3 (")
+	})
+	simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
+	waitFor(t, "the taint removed and GPUPreflight=True since the boot", func() bool {
+		taint, c := gate()
+		return taint == "" && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.Time.Before(cfg.BootTime)
+	})
+}
+
+// TestHostBootTime: btime of /proc/stat under the host root; a missing
+// file or line is an error naming it, and keepAcrossReboots (or an
+// unreadable boot time) gives the gate none.
+func TestHostBootTime(t *testing.T) {
+	root := t.TempDir()
+	if _, err := hostBootTime(root); err == nil {
+		t.Fatal("no error without /proc/stat")
+	}
+	boot := time.Unix(1764201600, 0)
+	if err := writeProcStat(root, boot); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hostBootTime(root)
+	if err != nil || !got.Equal(boot) {
+		t.Fatalf("hostBootTime = %v, %v; want %v", got, err, boot)
+	}
+	noBtime := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(noBtime, "proc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(noBtime, "proc", "stat"), []byte("cpu  1 2 3 4 5 6 7 8 0 0\nctxt 3\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostBootTime(noBtime); err == nil || !strings.Contains(err.Error(), "no btime in "+filepath.Join(noBtime, "proc", "stat")) {
+		t.Fatalf("hostBootTime without btime: %v", err)
+	}
+
+	hw, _ := preflightHW(t)
+	a := &Agent{cfg: Config{Preflight: preflight.Config{Enabled: true, KeepAcrossReboots: true}}, hw: hw, log: slog.New(slog.DiscardHandler)}
+	if err := writeProcStat(hw.HostRoot(), boot); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.preflightGateConfig().BootTime; !got.IsZero() {
+		t.Fatalf("keepAcrossReboots: the gate's boot time %v, want none", got)
+	}
+	a.cfg.Preflight.KeepAcrossReboots = false
+	if got := a.preflightGateConfig().BootTime; !got.Equal(boot) {
+		t.Fatalf("the gate's boot time %v, want %v", got, boot)
 	}
 }
 

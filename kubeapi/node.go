@@ -150,15 +150,15 @@ func (o *NodeObject) PreflightRecord(ctx context.Context) (proven bool, labels m
 	if err != nil {
 		return false, nil, fmt.Errorf("preflight record: %w", err)
 	}
-	condition := DefaultPreflightCondition
+	condition, boot := DefaultPreflightCondition, time.Time{}
 	if o.cfg.Preflight != nil {
-		condition = o.cfg.Preflight.WithDefaults().ConditionType
+		condition, boot = o.cfg.Preflight.WithDefaults().ConditionType, o.cfg.Preflight.BootTime
 	}
 	labels = maps.Clone(n.Labels)
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	return preflightProven(n, condition), labels, nil
+	return preflightProven(n, condition, boot), labels, nil
 }
 
 // setWatch records the node informer (nil: none runs) for

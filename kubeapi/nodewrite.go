@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -183,18 +184,22 @@ func findCondition(node *corev1.Node, typ string) *corev1.NodeCondition {
 
 // setCondition gives node's condition typ the status, reason and message
 // (truncated to MaxMessage) if any of them differ, keeping its transition
-// time while the status stays. It returns the patched Node and true when
+// time while the status stays, or if its transition predates boot (zero:
+// never), which then becomes now. It returns the patched Node and true when
 // it wrote (nil and false when the condition was as wanted, or in dry-run
 // mode).
-func (w *nodeWriter) setCondition(ctx context.Context, node *corev1.Node, typ string, status corev1.ConditionStatus, reason, msg string) (*corev1.Node, bool, error) {
+func (w *nodeWriter) setCondition(ctx context.Context, node *corev1.Node, typ string, status corev1.ConditionStatus, reason, msg string, boot time.Time) (*corev1.Node, bool, error) {
 	msg = truncate(msg)
 	old := findCondition(node, typ)
-	if old != nil && old.Status == status && old.Reason == reason && old.Message == msg {
+	// A state that dates from before boot is not the state since boot,
+	// even when it reads the same: it is written anew.
+	stale := old != nil && passedBeforeBoot(old, boot)
+	if old != nil && old.Status == status && old.Reason == reason && old.Message == msg && !stale {
 		return nil, false, nil
 	}
 	now := metav1.Now()
 	transition := now
-	if old != nil && old.Status == status {
+	if old != nil && old.Status == status && !stale {
 		transition = old.LastTransitionTime
 	}
 	cond := corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: status, Reason: reason, Message: msg,

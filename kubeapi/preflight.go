@@ -61,6 +61,12 @@ type PreflightGateConfig struct {
 	EventNamespace string
 	// DryRun logs the writes only (taint.mode dry-run).
 	DryRun bool
+	// BootTime is when the host last booted. A pass recorded before it
+	// (the condition True since an earlier time) proves nothing of the
+	// node as it is now: a reboot follows a GPU or NIC replaced, a driver
+	// or firmware upgraded, or the reset an XID asked for. Such a node is
+	// gated again, as a new one. Zero: a pass proves the node for good.
+	BootTime time.Time
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -102,19 +108,29 @@ func (c PreflightGateConfig) Validate(taint TaintConfig) error {
 	return errors.Join(errs...)
 }
 
-// preflightProven says whether node carries condition typ True: a
-// preflight passed on it, in this run of the agent or an earlier one.
-func preflightProven(node *corev1.Node, typ string) bool {
+// preflightProven says whether node carries condition typ True since
+// boot (any time when boot is zero): a preflight passed on it since the
+// host booted, in this run of the agent or an earlier one.
+func preflightProven(node *corev1.Node, typ string, boot time.Time) bool {
 	c := findCondition(node, typ)
-	return c != nil && c.Status == corev1.ConditionTrue
+	return c != nil && c.Status == corev1.ConditionTrue && !passedBeforeBoot(c, boot)
+}
+
+// passedBeforeBoot says whether condition c's state dates from before
+// boot (never when boot is zero). The condition's times are written by
+// the agent on this host (nodeWriter.setCondition), on the clock the
+// kernel's boot time is read against.
+func passedBeforeBoot(c *corev1.NodeCondition, boot time.Time) bool {
+	return !boot.IsZero() && c.LastTransitionTime.Time.Before(boot)
 }
 
 // preflightGate keeps the preflight taint and condition on the Node in
 // step with the agent's preflight verdict. Until a verdict arrives, a node
-// not proven (condition not True) is tainted key=pending:NoSchedule with
-// the condition False/PreflightPending, and a proven one is left as it is
-// (a restarted agent neither taints it again nor waits for the disruptive
-// items); a verdict then decides: not passed, taint pending or failed and
+// not proven (condition not True, or True since before the host booted:
+// BootTime) is tainted key=pending:NoSchedule with the condition
+// False/PreflightPending, and a proven one is left as it is (a restarted
+// agent neither taints it again nor waits for the disruptive items); a
+// verdict then decides: not passed, taint pending or failed and
 // the condition False/PreflightPending or PreflightFailed with the
 // verdict's message; passed, the taint removed and the condition
 // True/PreflightPassed. An Event (PreflightFailed Warning, PreflightPassed
@@ -172,9 +188,16 @@ func (g *preflightGate) want(node *corev1.Node, v *PreflightVerdict) (s gateStat
 		}
 		return m
 	}
+	passed := findCondition(node, g.cfg.ConditionType)
+	if passed != nil && passed.Status != corev1.ConditionTrue {
+		passed = nil
+	}
 	switch {
-	case v == nil && preflightProven(node, g.cfg.ConditionType):
+	case v == nil && passed != nil && !passedBeforeBoot(passed, g.cfg.BootTime):
 		return gateState{}, false
+	case v == nil && passed != nil:
+		return gateState{preflightTaintPending, corev1.ConditionFalse, reasonPreflightPending,
+			"the node rebooted since its preflight passed; preflight has not run since"}, true
 	case v == nil:
 		return gateState{preflightTaintPending, corev1.ConditionFalse, reasonPreflightPending, "preflight has not run yet"}, true
 	case v.Passed:
@@ -220,7 +243,7 @@ func (g *preflightGate) reconcile(ctx context.Context, v *PreflightVerdict) erro
 		return err
 	}
 	old := findCondition(node, g.cfg.ConditionType)
-	patched, wrote, err := g.w.setCondition(ctx, node, g.cfg.ConditionType, s.status, s.reason, s.message)
+	patched, wrote, err := g.w.setCondition(ctx, node, g.cfg.ConditionType, s.status, s.reason, s.message, g.cfg.BootTime)
 	if err != nil {
 		return err
 	}

@@ -214,6 +214,76 @@ func TestPreflightGateProvenNode(t *testing.T) {
 	}
 }
 
+// TestPreflightGateRebootedNode: a pass recorded before the host booted
+// proves nothing of the node now: without a verdict the node is tainted
+// pending again, saying why; the next pass untaints it with a condition
+// dated after the boot, which a restarted agent (same boot) then leaves
+// alone. A pass arriving before any pending write also re-dates the
+// condition, though it reads the same.
+func TestPreflightGateRebootedNode(t *testing.T) {
+	boot := time.Now().Add(-time.Minute).Truncate(time.Second)
+	stale := func() *corev1.Node {
+		n := provenNode(otherTaint)
+		n.Status.Conditions[0].LastTransitionTime = metav1.NewTime(boot.Add(-time.Hour))
+		return n
+	}
+	passed := &PreflightVerdict{Ran: true, Passed: true, Message: "preflight passed (9 items passed, 3 skipped)"}
+	ctx := context.Background()
+
+	c := newFake(t, stale())
+	g := newTestGate(t, c, PreflightGateConfig{BootTime: boot})
+	if err := g.reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := getNode(t, c)
+	if got := gateTaints(n); len(got) != 1 || got[0] != DefaultPreflightTaintKey+"=pending:NoSchedule" {
+		t.Fatalf("taints %v on a node rebooted since its pass, want pending", got)
+	}
+	if cond := preflightCond(n); cond.Status != corev1.ConditionFalse || cond.Reason != reasonPreflightPending ||
+		!strings.Contains(cond.Message, "rebooted") {
+		t.Fatalf("condition %+v, want False/PreflightPending saying the node rebooted", cond)
+	}
+	if err := g.reconcile(ctx, passed); err != nil {
+		t.Fatal(err)
+	}
+	n = getNode(t, c)
+	if got := gateTaints(n); len(got) != 0 {
+		t.Fatalf("taints %v after the pass", got)
+	}
+	if cond := preflightCond(n); cond.Status != corev1.ConditionTrue || cond.LastTransitionTime.Time.Before(boot) {
+		t.Fatalf("condition %+v after the pass, want True since the boot at %v", cond, boot)
+	}
+	if ev := events(t, c); len(ev) != 1 || ev[0] != "Normal/PreflightPassed" {
+		t.Fatalf("events %v", ev)
+	}
+	mark := len(requests(c))
+	restarted := newTestGate(t, c, PreflightGateConfig{BootTime: boot})
+	if err := restarted.reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := requests(c)[mark:]; len(r) != 0 {
+		t.Fatalf("%d requests from a restarted agent on a node passed since boot, want 0: %v", len(r), r)
+	}
+
+	// Without a boot time (preflight.keepAcrossReboots) the old pass holds.
+	c = newFake(t, stale())
+	if err := newTestGate(t, c, PreflightGateConfig{}).reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := requests(c); len(r) != 0 {
+		t.Fatalf("%d requests without a boot time, want 0: %v", len(r), r)
+	}
+
+	// The verdict first: the same status, reason and message, re-dated.
+	c = newFake(t, stale())
+	if err := newTestGate(t, c, PreflightGateConfig{BootTime: boot}).reconcile(ctx, passed); err != nil {
+		t.Fatal(err)
+	}
+	if cond := preflightCond(getNode(t, c)); cond.Status != corev1.ConditionTrue || cond.LastTransitionTime.Time.Before(boot) {
+		t.Fatalf("condition %+v after a pass over a pre-boot one, want True since the boot", cond)
+	}
+}
+
 // TestPreflightGateProvenButTainted: a node proven but carrying the
 // preflight taint (someone put it there, or a run crashed between its two
 // writes) is left as it is until a verdict arrives, which then decides.
@@ -498,20 +568,26 @@ func TestNodeObjectPreflight(t *testing.T) {
 // informer has synced: proven or not, and the Node's labels; it waits no
 // longer than its context, and fails at once when no informer runs.
 func TestNodeObjectPreflightRecord(t *testing.T) {
+	rebooted := provenNode()
+	boot := time.Now().Add(-time.Minute).Truncate(time.Second)
+	rebooted.Status.Conditions[0].LastTransitionTime = metav1.NewTime(boot.Add(-time.Hour))
 	for _, tc := range []struct {
 		name   string
 		node   *corev1.Node
+		boot   time.Time
 		proven bool
 	}{
 		{name: "new node", node: testNode(nodeName)},
-		{name: "proven node", node: provenNode(), proven: true},
+		{name: "proven node", node: provenNode(), boot: boot, proven: true},
+		{name: "proven before the boot", node: rebooted, boot: boot},
+		{name: "proven before the boot, kept across reboots", node: rebooted.DeepCopy(), proven: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.node.Labels = map[string]string{"example.com/gpu-count": "8"}
 			c := newFake(t, tc.node)
 			ready := make(chan struct{})
 			o := NewNodeObject(NodeObjectConfig{
-				NodeName: nodeName, Taint: TaintConfig{Mode: TaintOff}, Retry: time.Millisecond, Preflight: &PreflightGateConfig{},
+				NodeName: nodeName, Taint: TaintConfig{Mode: TaintOff}, Retry: time.Millisecond, Preflight: &PreflightGateConfig{BootTime: tc.boot},
 				NewClients: func() (Clients, error) {
 					select {
 					case <-ready:

@@ -269,7 +269,7 @@ func (t *Tainter) reconcileCondition(ctx context.Context, node *corev1.Node, f h
 	if old == nil && f.Fit && t.cfg.Mode == TaintDryRun {
 		return nil, nil
 	}
-	patched, wrote, err := t.w.setCondition(ctx, node, t.cfg.ConditionType, status, reason, msg)
+	patched, wrote, err := t.w.setCondition(ctx, node, t.cfg.ConditionType, status, reason, msg, time.Time{})
 	if err != nil || !wrote {
 		return patched, err
 	}

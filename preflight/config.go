@@ -59,6 +59,12 @@ type Config struct {
 	// full run starts (the node stays tainted meanwhile);
 	// DefaultRetryInterval when zero.
 	RetryInterval Duration `json:"retryInterval,omitempty"`
+	// KeepAcrossReboots makes a pass prove the node for good. By default
+	// a pass counts for the boot it was made in: a rebooted node (a GPU or
+	// NIC replaced, a driver or firmware upgraded, the reset an XID asked
+	// for) is tainted pending and checked again, as a new one; an agent
+	// restart is not a reboot.
+	KeepAcrossReboots bool `json:"keepAcrossReboots,omitempty"`
 	// TaintKey and ConditionType are the gate's taint (NoSchedule, value
 	// pending or failed) and node condition; empty: the node API
 	// package's defaults, gpu-node-agent.io/preflight and GPUPreflight
