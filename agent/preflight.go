@@ -158,6 +158,8 @@ func hostBootTime(hostRoot string) (time.Time, error) {
 type preflightGate interface {
 	PreflightRecord(ctx context.Context) (proven bool, labels map[string]string, err error)
 	SetPreflight(v kubeapi.PreflightVerdict)
+	// PreflightRerun is signalled by an operator's re-run request.
+	PreflightRerun() <-chan struct{}
 }
 
 // preflighter runs the preflight in the agent: the gating run (full, until
@@ -191,33 +193,49 @@ type preflighter struct {
 }
 
 // run gates the node (when enabled), then re-checks idle GPUs every
-// preflight.recheckInterval (when set) until ctx ends.
+// preflight.recheckInterval (when set) and gates the node again on an
+// operator's re-run request, until ctx ends.
 func (p *preflighter) run(ctx context.Context) {
-	if p.gate != nil && !p.gateNode(ctx) {
+	var rerun <-chan struct{}
+	if p.gate != nil {
+		if !p.gateNode(ctx, false) {
+			return
+		}
+		rerun = p.gate.PreflightRerun()
+	}
+	var tick <-chan time.Time
+	if every := time.Duration(p.cfg.Preflight.RecheckInterval); every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	if tick == nil && rerun == nil {
 		return
 	}
-	every := time.Duration(p.cfg.Preflight.RecheckInterval)
-	if every <= 0 {
-		return
-	}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick:
 			p.recheck(ctx)
+		case <-rerun:
+			p.log.Info("preflight re-run requested on the node; running every item again")
+			if !p.gateNode(ctx, true) {
+				return
+			}
 		}
 	}
 }
 
 // gateNode runs full preflights until one passes and hands each verdict
 // to the gate, which untaints the node on the pass. A node the Node
-// object shows proven (an earlier run passed) is not run again: its GPUs
-// may be busy. It returns false when ctx ended first.
-func (p *preflighter) gateNode(ctx context.Context) bool {
+// object shows proven (an earlier run passed) is not run again, unless
+// forced (an operator's re-run request): its GPUs may be busy. A re-run
+// request while it waits to retry a failed run retries at once. It
+// returns false when ctx ended first.
+func (p *preflighter) gateNode(ctx context.Context, force bool) bool {
 	retry := time.Duration(p.cfg.Preflight.WithDefaults().RetryInterval)
+	rerun := p.gate.PreflightRerun()
 	wait := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -225,6 +243,8 @@ func (p *preflighter) gateNode(ctx context.Context) bool {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
+			return true
+		case <-rerun:
 			return true
 		}
 	}
@@ -243,7 +263,7 @@ func (p *preflighter) gateNode(ctx context.Context) bool {
 			}
 			continue
 		}
-		if proven {
+		if proven && !force {
 			p.log.Info("node already passed its preflight (condition on the Node); not gating it again")
 			return true
 		}

@@ -42,7 +42,11 @@ type fakeGate struct {
 	verdicts chan kubeapi.PreflightVerdict
 	// fail is how many reads of the record fail first.
 	fail int
+	// rerun is the operator's re-run requests (nil: none come).
+	rerun chan struct{}
 }
+
+func (g *fakeGate) PreflightRerun() <-chan struct{} { return g.rerun }
 
 func (g *fakeGate) PreflightRecord(ctx context.Context) (bool, map[string]string, error) {
 	if g.fail > 0 {
@@ -202,6 +206,48 @@ func TestPreflightProvenNodeNotRun(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
 		t.Errorf("%d preflight series (err %v) on a proven node; want none", n, err)
 	}
+}
+
+// TestPreflightRerunOnRequest: on a proven node nothing runs until an
+// operator's re-run request; then every item runs as on a new node (GPU
+// 3's degraded link fails it), again until it passes; a later request
+// runs it once more.
+func TestPreflightRerunOnRequest(t *testing.T) {
+	hw, fault := preflightHW(t)
+	fault(http.MethodPost, `{"kind":"pcie-degraded","gpu":3}`)
+	p, reg, _ := newTestPreflighter(t, hw, preflight.Config{Enabled: true, RetryInterval: preflight.Duration(time.Millisecond)}, nil)
+	gate := &fakeGate{proven: true, verdicts: make(chan kubeapi.PreflightVerdict), rerun: make(chan struct{}, 1)}
+	p.gate = gate
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.run(ctx)
+	}()
+	select {
+	case v := <-gate.verdicts:
+		t.Fatalf("verdict %+v on a proven node before any request", v)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Fatalf("%d preflight series (err %v) before the request; want none", n, err)
+	}
+	gate.rerun <- struct{}{}
+	if v := <-gate.verdicts; v.Passed || !strings.Contains(v.Message, "pcie-link: GPU 3 (") {
+		t.Fatalf("verdict %+v after the request, want the degraded link", v)
+	}
+	fault(http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
+	for v := range gate.verdicts {
+		if v.Passed {
+			break
+		}
+	}
+	gate.rerun <- struct{}{}
+	if v := <-gate.verdicts; !v.Passed {
+		t.Fatalf("verdict %+v after the second request, want a pass", v)
+	}
+	cancel()
+	<-done
 }
 
 // TestPreflightExpectedCountLabel: the expected count comes from the node
@@ -455,6 +501,27 @@ func TestAgentPreflightGate(t *testing.T) {
 	if !strings.Contains(body, "gpu_node_agent_preflight_passed 1") || strings.Contains(body, "gpu_node_agent_preflight_failed{") {
 		t.Errorf("series after the pass:\n%s", grepLines(body, "gpu_node_agent_preflight_"))
 	}
+
+	// The link degrades again and an operator asks for a re-run: the
+	// whole preflight runs on the proven node, which is tainted failed.
+	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"pcie-degraded","gpu":3}`)
+	n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Annotations = map[string]string{kubeapi.PreflightRerunAnnotation: "link reseated"}
+	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-run taints the node failed and the request is removed", func() bool {
+		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		taint, c := gate()
+		_, requested := n.Annotations[kubeapi.PreflightRerunAnnotation]
+		return !requested && taint != nil && taint.Value == "failed" && c != nil && strings.Contains(c.Message, "pcie-link: GPU 3 (")
+	})
 }
 
 // TestAgentPreflightAfterReboot: a Node whose preflight passed before

@@ -2,13 +2,9 @@ package kubeapi
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // ClearFaultsAnnotation is the Node annotation an operator sets to clear
@@ -39,23 +35,14 @@ func (t *Tainter) clearFaults(ctx context.Context, node *corev1.Node) (*corev1.N
 		return nil, nil
 	}
 	cleared, cerr := t.clearer.ClearFaults(target)
-	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(ClearFaultsAnnotation)
-	body, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": path, "value": target},
-		{"op": "remove", "path": path},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("encode clear-faults annotation patch: %w", err)
-	}
-	patched, err := t.client.Nodes().Patch(ctx, t.node, types.JSONPatchType, body, metav1.PatchOptions{})
+	patched, err := t.w.removeAnnotation(ctx, ClearFaultsAnnotation, target)
 	if err != nil {
 		// The cache may be behind the Node: read it afresh next time.
 		// Cleared already; clearing again on the retry is harmless
 		// (ClearFaults is idempotent).
 		t.reader.conflicted(ctx, node.ResourceVersion)
-		return nil, fmt.Errorf("remove annotation %s from node %s: %w", ClearFaultsAnnotation, t.node, err)
+		return nil, err
 	}
-	t.w.writes.WithLabelValues("annotation").Inc()
 	if cerr != nil {
 		t.log.Warn("clear-faults request rejected", "node", t.node, "target", target, "err", cerr)
 		t.w.event(ctx, patched, corev1.EventTypeWarning, "ClearFaultsRejected", cerr.Error())

@@ -3,9 +3,10 @@
 // the preflight gate and the labeler read instead of polling, the taint,
 // condition and Events that mirror health.Fitness (Tainter), the preflight
 // taint and condition that keep pods off a node until its preflight passed
-// (NodeObject.SetPreflight), the Events other parts post about
-// the node (NodeEvents: GPU process findings and kills, posted once each),
-// the operator's clear-faults annotation, the topology labels and annotations (Labeler), the fleet
+// since the host booted (NodeObject.SetPreflight), the Events other parts
+// post about the node (NodeEvents: GPU process findings and kills, posted
+// once each), the operator's clear-faults and preflight-rerun annotations,
+// the topology labels and annotations (Labeler), the fleet
 // safeguard behind the Safeguard seam, and jittered retries. It talks
 // through a narrow typed client of its own (Client: Nodes, Leases, Events),
 // not client-go's clientset, whose every API group costs the agent memory.

@@ -59,9 +59,11 @@ type NodeObject struct {
 	kick chan struct{}
 
 	// verdict is the latest preflight verdict (nil: none yet);
-	// preflightKick signals a new one to the gate.
+	// preflightKick signals a new one to the gate. rerun signals an
+	// operator's re-run request the gate has taken.
 	verdict       atomic.Pointer[PreflightVerdict]
 	preflightKick chan struct{}
+	rerun         chan struct{}
 
 	// watch is the node informer, set once (nil when none runs) before
 	// watchSet is closed.
@@ -92,7 +94,8 @@ func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registere
 		}
 	}
 	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, events: events, writes: writes,
-		kick: make(chan struct{}, 1), preflightKick: make(chan struct{}, 1), watchSet: make(chan struct{})}
+		kick: make(chan struct{}, 1), preflightKick: make(chan struct{}, 1), rerun: make(chan struct{}, 1),
+		watchSet: make(chan struct{})}
 }
 
 // Event queues an Event about the node (type corev1.EventTypeNormal or
@@ -121,6 +124,23 @@ func (o *NodeObject) SetPreflight(v PreflightVerdict) {
 	o.verdict.Store(&v)
 	select {
 	case o.preflightKick <- struct{}{}:
+	default:
+	}
+}
+
+// PreflightRerun is signalled when the gate has taken an operator's
+// re-run request (PreflightRerunAnnotation): the node is tainted pending
+// and the verdict held dropped; the agent then runs every item again,
+// whatever the Node's record says, and hands the verdict to SetPreflight.
+// Requests taken before the agent reads coalesce into one.
+func (o *NodeObject) PreflightRerun() <-chan struct{} { return o.rerun }
+
+// takeRerun is the gate's rerun: the verdict of the run before the
+// request no longer decides.
+func (o *NodeObject) takeRerun() {
+	o.verdict.Store(nil)
+	select {
+	case o.rerun <- struct{}{}:
 	default:
 	}
 }
@@ -225,6 +245,7 @@ func (o *NodeObject) Run(ctx context.Context) error {
 			o.log.Error("preflight gate not started", "err", err)
 		} else {
 			g := newPreflightGate(clients.Core, watch, *o.cfg.Preflight, o.writes, o.log.With("component", "preflight"))
+			g.rerun = o.takeRerun
 			wg.Go(func() { g.run(ctx, o.preflightKick, o.verdict.Load) })
 		}
 	}

@@ -27,7 +27,7 @@ const MaxMessage = 1024
 func newWritesCounter() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpu_node_agent_kube_api_writes_total",
-		Help: "Writes the agent made to its Node and the Node's Events (health taint and condition, preflight taint and condition, clear-faults annotation), by kind (taint, condition, event, annotation).",
+		Help: "Writes the agent made to its Node and the Node's Events (health taint and condition, preflight taint and condition, clear-faults and preflight-rerun annotations), by kind (taint, condition, event, annotation).",
 	}, []string{"kind"})
 }
 
@@ -169,6 +169,28 @@ func (w *nodeWriter) patchTaints(ctx context.Context, node *corev1.Node, key str
 	}
 	w.writes.WithLabelValues("taint").Inc()
 	w.log.Info("node taints updated", "node", w.node, "taints", len(want), "ours", taintStrings(taintsWithKey(want, key)))
+	return patched, nil
+}
+
+// removeAnnotation removes the Node's annotation key with a JSON patch
+// that first tests it still holds value, so a newer value written
+// meanwhile is neither lost nor removed unseen (the patch fails with
+// Invalid or Conflict, and the caller's next reconcile reads it). It
+// returns the patched Node.
+func (w *nodeWriter) removeAnnotation(ctx context.Context, key, value string) (*corev1.Node, error) {
+	path := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	body, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": path, "value": value},
+		{"op": "remove", "path": path},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode annotation %s patch: %w", key, err)
+	}
+	patched, err := w.client.Nodes().Patch(ctx, w.node, types.JSONPatchType, body, metav1.PatchOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("remove annotation %s from node %s: %w", key, w.node, err)
+	}
+	w.writes.WithLabelValues("annotation").Inc()
 	return patched, nil
 }
 

@@ -34,6 +34,14 @@ const (
 	reasonPreflightPassed  = "PreflightPassed"
 )
 
+// PreflightRerunAnnotation is the Node annotation an operator sets to have
+// the preflight run again on a node that passed, without a reboot (after
+// reseating a cable, say); its value says why. The gate taints the node
+// pending with the condition False/PreflightPending naming the request,
+// removes the annotation, posts an Event PreflightRerun and has the agent
+// run every item as on a new node (NodeObject.PreflightRerun).
+const PreflightRerunAnnotation = "gpu-node-agent.io/preflight-rerun"
+
 // PreflightVerdict is the agent's preflight state, mirrored on the Node.
 type PreflightVerdict struct {
 	// Ran says a preflight finished on this run of the agent (false:
@@ -147,6 +155,16 @@ type preflightGate struct {
 	log    *slog.Logger
 	// backoff spaces run's retries while the API server fails.
 	backoff wait.Backoff
+	// rerun is called once the gate has taken an operator's re-run
+	// request (the Node tainted pending, the annotation removed): it
+	// drops the verdict the gate holds and has the agent run again. Nil:
+	// requests are not taken.
+	rerun func()
+	// rerunning says a request (the annotation's value rerunRequest) was
+	// taken and no verdict has come since: the node stays pending (gate
+	// goroutine only).
+	rerunning    bool
+	rerunRequest string
 }
 
 // newPreflightGate returns the gate of the node watch follows; cfg is
@@ -225,11 +243,25 @@ func (g *preflightGate) taints(s gateState) []corev1.Taint {
 // deliver its writes.
 func (g *preflightGate) reconcile(ctx context.Context, v *PreflightVerdict) error {
 	var (
-		s   gateState
-		act bool
+		s       gateState
+		act     bool
+		request string
+		taken   bool
 	)
 	node, written, err := g.w.syncTaints(ctx, g.reader, g.cfg.TaintKey, func(node *corev1.Node) (*corev1.Node, []corev1.Taint, bool, error) {
-		if s, act = g.want(node, v); !act {
+		request, taken = node.Annotations[PreflightRerunAnnotation]
+		taken = taken && g.rerun != nil && !g.cfg.DryRun
+		switch {
+		case taken:
+			// The verdict held is of a run before the request.
+			g.rerunning, g.rerunRequest = true, request
+		case v != nil:
+			g.rerunning = false
+		}
+		if g.rerunning {
+			s, act = gateState{preflightTaintPending, corev1.ConditionFalse, reasonPreflightPending,
+				"preflight re-run requested (" + PreflightRerunAnnotation + "=" + g.rerunRequest + "); it has not finished yet"}, true
+		} else if s, act = g.want(node, v); !act {
 			return nil, nil, false, nil
 		}
 		return nil, withTaints(node.Spec.Taints, g.cfg.TaintKey, g.taints(s)...), true, nil
@@ -248,6 +280,14 @@ func (g *preflightGate) reconcile(ctx context.Context, v *PreflightVerdict) erro
 		return err
 	}
 	if patched != nil {
+		written, node = patched, patched
+	}
+	if taken {
+		// Tainted and marked pending first: an agent that stops here
+		// finds the annotation again, or a node not proven.
+		if patched, err = g.takeRerun(ctx, node, request); err != nil {
+			return err
+		}
 		written = patched
 	}
 	if !wrote || (old != nil && old.Status == s.status && old.Reason == s.reason) {
@@ -260,4 +300,22 @@ func (g *preflightGate) reconcile(ctx context.Context, v *PreflightVerdict) erro
 		g.w.event(ctx, node, corev1.EventTypeNormal, reasonPreflightPassed, s.message)
 	}
 	return nil
+}
+
+// takeRerun removes the re-run annotation of node, which holds request,
+// with a JSON patch that first tests it still holds that value (a newer
+// request is neither lost nor removed unseen: the patch fails and the
+// next reconcile takes it), posts an Event PreflightRerun and calls
+// rerun. It returns the patched Node.
+func (g *preflightGate) takeRerun(ctx context.Context, node *corev1.Node, request string) (*corev1.Node, error) {
+	patched, err := g.w.removeAnnotation(ctx, PreflightRerunAnnotation, request)
+	if err != nil {
+		g.reader.conflicted(ctx, node.ResourceVersion)
+		return nil, err
+	}
+	g.log.Info("preflight re-run requested; running it again", "node", g.watch.Name(), "request", request)
+	g.w.event(ctx, patched, corev1.EventTypeNormal, "PreflightRerun",
+		"preflight re-run requested ("+PreflightRerunAnnotation+"="+request+"); the node is tainted pending until it passes")
+	g.rerun()
+	return patched, nil
 }

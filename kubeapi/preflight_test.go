@@ -284,6 +284,82 @@ func TestPreflightGateRebootedNode(t *testing.T) {
 	}
 }
 
+// TestPreflightGateRerun: an operator's re-run annotation on a proven
+// node taints it pending with the condition naming the request, is
+// removed, posts an Event and has the agent run again (once); the held
+// pass no longer decides, the node stays pending at no further request
+// until a new verdict, which then decides. In dry-run mode the request is
+// left alone.
+func TestPreflightGateRerun(t *testing.T) {
+	n := provenNode(otherTaint)
+	n.Annotations = map[string]string{PreflightRerunAnnotation: "gpu 3 reseated", "example.com/keep": "x"}
+	c := newFake(t, n)
+	g := newTestGate(t, c, PreflightGateConfig{})
+	reruns := 0
+	g.rerun = func() { reruns++ }
+	passed := &PreflightVerdict{Ran: true, Passed: true, Message: "preflight passed (12 items passed)"}
+	ctx := context.Background()
+	if err := g.reconcile(ctx, passed); err != nil {
+		t.Fatal(err)
+	}
+	n = getNode(t, c)
+	if got := gateTaints(n); len(got) != 1 || got[0] != DefaultPreflightTaintKey+"=pending:NoSchedule" {
+		t.Fatalf("taints %v after a re-run request, want pending", got)
+	}
+	if cond := preflightCond(n); cond.Status != corev1.ConditionFalse || cond.Reason != reasonPreflightPending ||
+		!strings.Contains(cond.Message, PreflightRerunAnnotation+"=gpu 3 reseated") {
+		t.Fatalf("condition %+v, want False/PreflightPending naming the request", cond)
+	}
+	if _, ok := n.Annotations[PreflightRerunAnnotation]; ok || n.Annotations["example.com/keep"] != "x" {
+		t.Fatalf("annotations %v: want the request removed, the rest kept", n.Annotations)
+	}
+	if ev := events(t, c); len(ev) != 1 || ev[0] != "Normal/PreflightRerun" {
+		t.Fatalf("events %v", ev)
+	}
+	if reruns != 1 {
+		t.Fatalf("%d re-runs asked, want 1", reruns)
+	}
+	// No verdict (the NodeObject dropped the held one): the node stays
+	// pending, however often it is reconciled.
+	mark := len(requests(c))
+	for range 3 {
+		if err := g.reconcile(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := requests(c)[mark:]; len(r) != 0 {
+		t.Fatalf("%d requests while the re-run runs, want 0: %v", len(r), r)
+	}
+	failed := &PreflightVerdict{Ran: true, Message: "preflight failed: pcie-link: GPU 3 (0000:33:00.0): PCIe link gen 4 x8, max gen 5 x16"}
+	if err := g.reconcile(ctx, failed); err != nil {
+		t.Fatal(err)
+	}
+	if got := gateTaints(getNode(t, c)); len(got) != 1 || got[0] != DefaultPreflightTaintKey+"=failed:NoSchedule" {
+		t.Fatalf("taints %v after the re-run failed", got)
+	}
+	if err := g.reconcile(ctx, passed); err != nil {
+		t.Fatal(err)
+	}
+	if n := getNode(t, c); len(gateTaints(n)) != 0 || preflightCond(n).Status != corev1.ConditionTrue {
+		t.Fatalf("taints %v, condition %+v after the re-run passed", gateTaints(n), preflightCond(n))
+	}
+	if reruns != 1 {
+		t.Fatalf("%d re-runs asked, want 1", reruns)
+	}
+
+	dry := provenNode()
+	dry.Annotations = map[string]string{PreflightRerunAnnotation: ""}
+	c = newFake(t, dry)
+	g = newTestGate(t, c, PreflightGateConfig{DryRun: true})
+	g.rerun = func() { reruns++ }
+	if err := g.reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := getNode(t, c).Annotations[PreflightRerunAnnotation]; !ok || reruns != 1 || len(requests(c)) != 0 {
+		t.Fatalf("dry run: annotation kept %v, re-runs %d, requests %v", ok, reruns, requests(c))
+	}
+}
+
 // TestPreflightGateProvenButTainted: a node proven but carrying the
 // preflight taint (someone put it there, or a run crashed between its two
 // writes) is left as it is until a verdict arrives, which then decides.
@@ -562,6 +638,45 @@ func TestNodeObjectPreflight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNodeObjectPreflightRerun: the re-run annotation put on a running
+// node object's proven Node reaches the agent through PreflightRerun, with
+// the held pass dropped and the node pending; the next pass untaints it.
+func TestNodeObjectPreflightRerun(t *testing.T) {
+	c := newFake(t, provenNode())
+	o := NewNodeObject(NodeObjectConfig{
+		NodeName: nodeName, Taint: TaintConfig{Mode: TaintOff}, Retry: time.Millisecond,
+		NewClients: func() (Clients, error) { return fakeClients(t, c), nil },
+		Preflight:  &PreflightGateConfig{},
+	}, newFakeHealth(fit), nil, discard())
+	ctx := runNodeObject(t, o)
+	passed := PreflightVerdict{Ran: true, Passed: true, Message: "preflight passed (12 items passed)"}
+	o.SetPreflight(passed)
+	if _, _, err := o.PreflightRecord(ctx); err != nil {
+		t.Fatal(err)
+	}
+	modifyNode(t, c, func(n *corev1.Node) { n.Annotations = map[string]string{PreflightRerunAnnotation: "after repair"} })
+	select {
+	case <-o.PreflightRerun():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no re-run signalled")
+	}
+	if v := o.verdict.Load(); v != nil {
+		t.Fatalf("verdict %+v held after the request, want none", v)
+	}
+	n := getNode(t, c)
+	if !hasTaint(n.Spec.Taints, DefaultPreflightTaintKey) || preflightCond(n).Status != corev1.ConditionFalse {
+		t.Fatalf("taints %v, condition %+v after the request, want pending", n.Spec.Taints, preflightCond(n))
+	}
+	if _, ok := n.Annotations[PreflightRerunAnnotation]; ok {
+		t.Fatal("the request annotation was not removed")
+	}
+	o.SetPreflight(passed)
+	waitFor(t, "the preflight taint removed after the re-run passed", func() bool {
+		n := getNode(t, c)
+		return !hasTaint(n.Spec.Taints, DefaultPreflightTaintKey) && preflightCond(n).Status == corev1.ConditionTrue
+	})
 }
 
 // TestNodeObjectPreflightRecord: PreflightRecord answers once the
