@@ -20,6 +20,7 @@ import (
 const (
 	preflightTaint     = "gpu-node-agent.io/preflight"
 	preflightCondition = "GPUPreflight"
+	preflightRerun     = "gpu-node-agent.io/preflight-rerun"
 )
 
 // TestPreflightGate: with preflight.enabled, a node that never passed is
@@ -34,6 +35,10 @@ const (
 //     its link, and a GPU pod stays Pending; once the link trains at its
 //     maximum again (the fault cleared), the next run passes, the taint
 //     goes and the pod runs.
+//  3. The link degrades again on the proven node and an operator asks for
+//     a re-run (annotation gpu-node-agent.io/preflight-rerun): the agent
+//     removes the annotation (through the admission policy), runs every
+//     item and taints the node failed; once the link is back it passes.
 //
 // The e2e kubelet registers without --register-with-taints (the other
 // tests share its node): the taint here is the one the agent adds to a
@@ -126,6 +131,41 @@ func TestPreflightGate(t *testing.T) {
 	waitPreflight(ctx, t, a, corev1.ConditionTrue, "the link trained at its maximum again")
 	t.Logf("link restored: preflight passed and taint removed %s later (retryInterval 2s)", time.Since(cleared).Round(time.Millisecond))
 	waitPodRunning(t, "before-preflight", 2*time.Minute)
+
+	// 3. An operator's re-run request on the proven node.
+	if err := a.Control.InjectFault(ctx, agentproc.Fault{Kind: "pcie-degraded", GPU: 3}); err != nil {
+		t.Fatal(err)
+	}
+	requested := time.Now()
+	err = retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		n, err := shared.Client.CoreV1().Nodes().Get(ctx, shared.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[preflightRerun] = "e2e: link reseated"
+		_, err = shared.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("annotate the node %s: %v", preflightRerun, err)
+	}
+	_, cond = waitPreflight(ctx, t, a, corev1.ConditionFalse, "a re-run request with GPU 3's link degraded")
+	t.Logf("re-run request: node tainted failed %s later: %s", time.Since(requested).Round(time.Millisecond), cond.Message)
+	if n, err := shared.Client.CoreV1().Nodes().Get(ctx, shared.NodeName, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if v, ok := n.Annotations[preflightRerun]; ok {
+		t.Errorf("annotation %s=%q still on the node after the re-run", preflightRerun, v)
+	}
+	if !sawNodeEvent(ctx, t, "PreflightRerun") {
+		t.Errorf("no PreflightRerun Event for the node")
+	}
+	if err := a.Control.ClearFault(ctx, agentproc.Fault{Kind: "pcie-degraded", GPU: 3}); err != nil {
+		t.Fatal(err)
+	}
+	waitPreflight(ctx, t, a, corev1.ConditionTrue, "the link restored after the re-run")
 }
 
 // waitPreflight waits until GPUPreflight has status want, with the
