@@ -141,9 +141,11 @@ func passedBeforeBoot(c *corev1.NodeCondition, boot time.Time) bool {
 // verdict then decides: not passed, taint pending or failed and
 // the condition False/PreflightPending or PreflightFailed with the
 // verdict's message; passed, the taint removed and the condition
-// True/PreflightPassed. An Event (PreflightFailed Warning, PreflightPassed
-// Normal) marks a change of the condition's status or reason to failed or
-// passed. Like the tainter it compares with the NodeWatch's cache and
+// True/PreflightPassed. An operator's re-run request
+// (PreflightRerunAnnotation) makes the node pending until the next
+// verdict, whatever the one held said. An Event (PreflightFailed Warning,
+// PreflightPassed Normal) marks a change of the condition's status or
+// reason to failed or passed. Like the tainter it compares with the NodeWatch's cache and
 // writes only what differs, touches no other taint (the health taint is
 // independent of it), and is not under the fleet safeguard: a node not
 // yet proven is not capacity. Use it from one goroutine.
