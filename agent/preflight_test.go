@@ -135,6 +135,51 @@ func holding(ids ...string) *usage.Assignments {
 	}, nil)
 }
 
+// gatedConfig is an agent on a simulated DGX H100 with preflight.enabled
+// (retries every 20 ms) against a fake API server holding node, and the
+// fake's clientset.
+func gatedConfig(t *testing.T, node *corev1.Node) (testConfig, *fake.Clientset) {
+	t.Helper()
+	cfg := defaults()
+	cfg.Simulate = "dgx-h100"
+	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = freeAddr(t)
+	cfg.RescanInterval = 0
+	cfg.NodeName = node.Name
+	cfg.NodeLabels = false
+	cfg.Taint.Mode = kubeapi.TaintOff
+	cfg.Health.DCGMMode = "off"
+	cfg.Preflight = preflight.Config{Enabled: true, RetryInterval: preflight.Duration(20 * time.Millisecond)}
+	client := fake.NewClientset(node)
+	cfg.KubeClients = func() (kubeapi.Clients, error) {
+		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+	}
+	return cfg, client
+}
+
+// preflightState is the Node's preflight taint and condition (nil for
+// none) and whether it carries the re-run annotation.
+func preflightState(t *testing.T, client *fake.Clientset, name string) (taint *corev1.Taint, cond *corev1.NodeCondition, rerun bool) {
+	t.Helper()
+	n, err := client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n.Spec.Taints {
+		if n.Spec.Taints[i].Key == kubeapi.DefaultPreflightTaintKey {
+			taint = &n.Spec.Taints[i]
+		}
+	}
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == kubeapi.DefaultPreflightCondition {
+			cond = &n.Status.Conditions[i]
+		}
+	}
+	_, rerun = n.Annotations[kubeapi.PreflightRerunAnnotation]
+	return taint, cond, rerun
+}
+
 // TestPreflightGatesUntilPass: on a node never proven the gating run
 // fails while GPU 3's link is degraded (the verdict names the item and
 // the GPU, the node stays gated and the run is repeated), and passes
@@ -437,22 +482,8 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
 // trains at its maximum again and a retry passes; the preflight series
 // follow.
 func TestAgentPreflightGate(t *testing.T) {
-	dir := shortTempDir(t)
-	cfg := defaults()
-	cfg.Simulate = "dgx-h100"
-	cfg.DevicePluginDir = dir
+	cfg, client := gatedConfig(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1"}})
 	cfg.MetricsAddress = freeAddr(t)
-	cfg.SimControlAddress = freeAddr(t)
-	cfg.RescanInterval = 0
-	cfg.NodeName = "gpu-node-1"
-	cfg.NodeLabels = false
-	cfg.Taint.Mode = kubeapi.TaintOff
-	cfg.Health.DCGMMode = "off"
-	cfg.Preflight = preflight.Config{Enabled: true, RetryInterval: preflight.Duration(20 * time.Millisecond)}
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
-	cfg.KubeClients = func() (kubeapi.Clients, error) {
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
-	}
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -462,27 +493,9 @@ func TestAgentPreflightGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, _ := startAgent(t, a)
-	gate := func() (*corev1.Taint, *corev1.NodeCondition) {
-		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var taint *corev1.Taint
-		for i := range n.Spec.Taints {
-			if n.Spec.Taints[i].Key == kubeapi.DefaultPreflightTaintKey {
-				taint = &n.Spec.Taints[i]
-			}
-		}
-		for i := range n.Status.Conditions {
-			if n.Status.Conditions[i].Type == kubeapi.DefaultPreflightCondition {
-				return taint, &n.Status.Conditions[i]
-			}
-		}
-		return taint, nil
-	}
 	gpu3 := simOf(a).Spec().GPUs[3]
 	waitFor(t, "GPUPreflight=False naming GPU 3's link, and the taint", func() bool {
-		taint, c := gate()
+		taint, c, _ := preflightState(t, client, cfg.NodeName)
 		return taint != nil && taint.Value == "failed" && taint.Effect == corev1.TaintEffectNoSchedule &&
 			c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "pcie-link: GPU 3 ("+gpu3.PCIBusID+")")
 	})
@@ -494,7 +507,7 @@ func TestAgentPreflightGate(t *testing.T) {
 	})
 	simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
 	waitFor(t, "the taint removed and GPUPreflight=True", func() bool {
-		taint, c := gate()
+		taint, c, _ := preflightState(t, client, cfg.NodeName)
 		return taint == nil && c != nil && c.Status == corev1.ConditionTrue
 	})
 	_, body := httpGet(base + "/metrics")
@@ -514,12 +527,7 @@ func TestAgentPreflightGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the re-run taints the node failed and the request is removed", func() bool {
-		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		taint, c := gate()
-		_, requested := n.Annotations[kubeapi.PreflightRerunAnnotation]
+		taint, c, requested := preflightState(t, client, cfg.NodeName)
 		return !requested && taint != nil && taint.Value == "failed" && c != nil && strings.Contains(c.Message, "pcie-link: GPU 3 (")
 	})
 }
@@ -529,63 +537,33 @@ func TestAgentPreflightGate(t *testing.T) {
 // GPU 3's degraded link and taints the node failed; once the link is
 // back the pass is recorded with a transition after the boot.
 func TestAgentPreflightAfterReboot(t *testing.T) {
-	dir := shortTempDir(t)
-	cfg := defaults()
-	cfg.Simulate = "dgx-h100"
-	cfg.DevicePluginDir = dir
-	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = freeAddr(t)
-	cfg.RescanInterval = 0
-	cfg.NodeName = "gpu-node-1"
-	cfg.NodeLabels = false
-	cfg.Taint.Mode = kubeapi.TaintOff
-	cfg.Health.DCGMMode = "off"
-	cfg.Preflight = preflight.Config{Enabled: true, RetryInterval: preflight.Duration(20 * time.Millisecond)}
-	cfg.BootTime = time.Now().Add(-time.Minute).Truncate(time.Second)
-	passedBefore := metav1.NewTime(cfg.BootTime.Add(-time.Hour))
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName},
+	boot := time.Now().Add(-time.Minute).Truncate(time.Second)
+	passedBefore := metav1.NewTime(boot.Add(-time.Hour))
+	cfg, client := gatedConfig(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1"},
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: kubeapi.DefaultPreflightCondition,
 			Status: corev1.ConditionTrue, Reason: "PreflightPassed", Message: "preflight passed (12 items passed)",
 			LastHeartbeatTime: passedBefore, LastTransitionTime: passedBefore}}}})
-	cfg.KubeClients = func() (kubeapi.Clients, error) {
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
-	}
+	cfg.BootTime = boot
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := a.preflightGateConfig().BootTime; !got.Equal(cfg.BootTime) {
-		t.Fatalf("the gate's boot time %v, want /proc/stat's %v", got, cfg.BootTime)
+	if got := a.preflightGateConfig().BootTime; !got.Equal(boot) {
+		t.Fatalf("the gate's boot time %v, want /proc/stat's %v", got, boot)
 	}
 	if err := simOf(a).InjectFault(sim.Fault{Kind: sim.FaultPCIeDegraded, GPU: 3}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, _ := startAgent(t, a)
-	gate := func() (taint string, c corev1.NodeCondition) {
-		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tt := range n.Spec.Taints {
-			if tt.Key == kubeapi.DefaultPreflightTaintKey {
-				taint = tt.Value
-			}
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == kubeapi.DefaultPreflightCondition {
-				return taint, c
-			}
-		}
-		return taint, c
-	}
+	startAgent(t, a)
 	waitFor(t, "the rebooted node tainted failed, naming GPU 3's link", func() bool {
-		taint, c := gate()
-		return taint == "failed" && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "pcie-link: GPU 3 (")
+		taint, c, _ := preflightState(t, client, cfg.NodeName)
+		return taint != nil && taint.Value == "failed" && c != nil && c.Status == corev1.ConditionFalse &&
+			strings.Contains(c.Message, "pcie-link: GPU 3 (")
 	})
 	simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
 	waitFor(t, "the taint removed and GPUPreflight=True since the boot", func() bool {
-		taint, c := gate()
-		return taint == "" && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.Time.Before(cfg.BootTime)
+		taint, c, _ := preflightState(t, client, cfg.NodeName)
+		return taint == nil && c != nil && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.Time.Before(boot)
 	})
 }
 
