@@ -40,10 +40,10 @@ MODULE         = $(shell $(GO) list -m)
 measure-rss-floor: deps ## RSS $(RSS_WAIT)s after start of a program linking only the product's direct dependencies
 	@mkdir -p $(RSS_FLOOR_DIR); \
 	{ echo 'package main'; echo 'import ('; \
-	  $(GO) list -deps -f '{{with .Module}}{{if eq .Path "$(MODULE)"}}{{join $$.Imports "\n"}}{{end}}{{end}}' ./cmd/gpu-node-agent \
+	  $(GO) list -tags '$(PRODUCT_TAGS)' -deps -f '{{with .Module}}{{if eq .Path "$(MODULE)"}}{{join $$.Imports "\n"}}{{end}}{{end}}' ./cmd/gpu-node-agent \
 	    | grep -v -E '^($(MODULE)(/|$$)|C$$|unsafe$$)' | sort -u | sed 's/.*/\t_ "&"/'; \
 	  echo '	"time"'; echo ')'; echo 'func main() { time.Sleep(time.Hour) }'; } > $(RSS_FLOOR_DIR)/main.go; \
-	$(GO) build -trimpath -ldflags '-s -w' -o $(RSS_FLOOR_DIR)/floor ./$(RSS_FLOOR_DIR); \
+	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -ldflags '-s -w' -o $(RSS_FLOOR_DIR)/floor ./$(RSS_FLOOR_DIR); \
 	dir=$$(mktemp -d); cp $(RSS_FLOOR_DIR)/floor "$$dir/floor"; "$$dir/floor" & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "dependencies only after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ') binary $$(stat -c %s $(RSS_FLOOR_DIR)/floor)"; \
