@@ -80,13 +80,14 @@ e2e-deps: ## install the Debian packages the e2e cluster needs, when missing
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-# Conformance runs with -race; the cluster tests need root (kubelet, runc).
+# Conformance runs with -race, with the unit tests of test/'s own tools
+# (cmd/); the cluster tests need root (kubelet, runc).
 # The same conformance tests run against two kubelets: test/ (its go.mod's
 # k8s.io/kubernetes, the current one) and CONFORMANCE_OLD_KUBELET_DIR, a
 # module of its own pinned to the older one whose test files are symlinks.
 CONFORMANCE_OLD_KUBELET_DIR := test/conformance/kubelet134
 e2e-conformance: build-sim ## the agent against the kubelet's device-manager code (1.37 and 1.34)
-	cd test && $(E2E_ENV) $(GO) test -race -count=1 -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./conformance/... ./internal/...
+	cd test && $(E2E_ENV) $(GO) test -race -count=1 -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./conformance/... ./internal/... ./cmd/...
 	cd $(CONFORMANCE_OLD_KUBELET_DIR) && $(E2E_ENV) $(GO) test -race -count=1 -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./...
 
 e2e-cluster: build-sim kube-bins containerd-bins e2e-deps image-local ## scenarios on a real single-node cluster; the tainter on a real apiserver

@@ -49,6 +49,26 @@ measure-rss-floor: deps ## RSS $(RSS_WAIT)s after start of a program linking onl
 	echo "dependencies only after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ') binary $$(stat -c %s $(RSS_FLOOR_DIR)/floor)"; \
 	kill $$pid; wait $$pid || true; rm -rf "$$dir"
 
+# What brings the binary's pages in: the product (its symbol table kept, for
+# perf to name frames; -s moves no section) run as measure-rss-real runs it,
+# under `perf record -e page-faults`, each fault on its file-backed sections
+# sorted by section and by what ran (runtime start, package init, the agent,
+# stack growth, the rest). Each fault maps a whole 64 KiB fault-around window.
+RSS_FAULTS_BIN := .build/rssfaults/agent
+measure-rss-faults: deps deps-perf ## page faults on the idle product agent's binary by section and by what ran (perf)
+	@mkdir -p $(dir $(RSS_FAULTS_BIN)); \
+	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -ldflags '-w $(LDFLAGS)' -o $(RSS_FAULTS_BIN) ./cmd/gpu-node-agent; \
+	dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+	cd test && $(GO) run ./cmd/rssfaults -bin $(abspath $(RSS_FAULTS_BIN)) -seconds $(RSS_WAIT)s -- \
+		--device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 --node-name "" --state-dir "$$dir/state" --log-level error
+
+.PHONY: deps-perf measure-rss-faults
+deps-perf: ## install perf (Debian's linux-perf) when missing
+	@if ! command -v perf >/dev/null; then \
+		echo "installing linux-perf"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf; \
+	fi
+
 measure-devices: ## table of devices served per simulator profile, MIG layout and strategy
 	$(GO) test -count=1 -v -run 'TestResourcesOnSimProfiles$$' ./gpu | sed -n '/devices served per profile/,/^--- /p'
 
