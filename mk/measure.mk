@@ -59,7 +59,7 @@ measure-rss-faults: deps deps-perf ## page faults on the idle product agent's bi
 	@mkdir -p $(dir $(RSS_FAULTS_BIN)); \
 	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -ldflags '-w $(LDFLAGS)' -o $(RSS_FAULTS_BIN) ./cmd/gpu-node-agent; \
 	dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
-	cd test && $(GO) run ./cmd/rssfaults -bin $(abspath $(RSS_FAULTS_BIN)) -seconds $(RSS_WAIT)s -- \
+	cd test && $(GO) run ./cmd/rssfaults -bin $(abspath $(RSS_FAULTS_BIN)) -duration $(RSS_WAIT)s -- \
 		--device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 --node-name "" --state-dir "$$dir/state" --log-level error
 
 .PHONY: deps-perf measure-rss-faults

@@ -10,7 +10,7 @@
 // (64 KiB by default) when its pages are in the page cache, so the count
 // of faults times 64 KiB is, near enough, the binary's RssFile.
 //
-//	rssfaults -bin .build/rssfaults/agent -seconds 6 -- --metrics-address 127.0.0.1:0 ...
+//	rssfaults -bin .build/rssfaults/agent -duration 6s -- --metrics-address 127.0.0.1:0 ...
 //
 // The binary must carry its symbol table (built without -s) so that perf
 // can name the frames; -s moves no section, so the numbers hold for the
@@ -35,7 +35,7 @@ import (
 
 func main() {
 	bin := flag.String("bin", "", "the agent binary, with its symbol table")
-	seconds := flag.Duration("seconds", 6*time.Second, "how long the agent runs under perf")
+	duration := flag.Duration("duration", 6*time.Second, "how long the agent runs under perf")
 	top := flag.Int("top", 15, "how many packages and functions to list per phase")
 	module := flag.String("module", "github.com/gpu-node-agent/gpu-node-agent", "the agent's module path: frames under it are the agent's own")
 	flag.Parse()
@@ -43,7 +43,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rssfaults: -bin is required")
 		os.Exit(2)
 	}
-	if err := run(*bin, *seconds, *top, *module, flag.Args(), os.Stdout); err != nil {
+	if err := run(*bin, *duration, *top, *module, flag.Args(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "rssfaults:", err)
 		os.Exit(1)
 	}
