@@ -59,12 +59,16 @@ fmt-check: ## fail when any Go file (all modules) needs gofmt
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
+# -trimpath keeps the source directory out of what go test compiles, so a
+# fresh clone (as CI makes) reuses the build cache instead of compiling
+# every package of the module again with -race (no test reads its own
+# source path).
 test: vet fmt-check check-no-sim check-no-clientset check-deadcode deps-prometheus test-alerts ## go vet, gofmt check, the no-simulator, no-clientset and dead-code checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
-	$(GO) test -race -tags 'simulator $(PRODUCT_TAGS)' ./...
+	$(GO) test -race -trimpath -tags 'simulator $(PRODUCT_TAGS)' ./...
 	$(MAKE) --no-print-directory test-no-sim
 
 test-no-sim: deps ## go test -race cmd/gpu-node-agent as the product is built (no simulator tag)
-	$(GO) test -race -tags '$(PRODUCT_TAGS)' ./cmd/gpu-node-agent
+	$(GO) test -race -trimpath -tags '$(PRODUCT_TAGS)' ./cmd/gpu-node-agent
 
 # The product binary must not link the simulator or go-nvml's mocks.
 NO_SIM_PKGS := github.com/gpu-node-agent/gpu-node-agent/sim github.com/gpu-node-agent/gpu-node-agent/agent/simhw github.com/NVIDIA/go-nvml/pkg/nvml/mock
