@@ -52,17 +52,17 @@ build-sim: deps ## build bin/gpu-node-agent-sim (with the simulator: --simulate,
 	$(GO) build -trimpath -tags 'simulator $(PRODUCT_TAGS)' -ldflags '$(LDFLAGS)' -o $(SIM_BIN) ./cmd/gpu-node-agent
 
 vet: deps ## go vet the root module, with and without the simulator tag
-	$(GO) vet -tags '$(PRODUCT_TAGS)' ./...
-	$(GO) vet -tags 'simulator $(PRODUCT_TAGS)' ./...
+	$(GO) vet -trimpath -tags '$(PRODUCT_TAGS)' ./...
+	$(GO) vet -trimpath -tags 'simulator $(PRODUCT_TAGS)' ./...
 
 fmt-check: ## fail when any Go file (all modules) needs gofmt
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-# -trimpath keeps the source directory out of what go test compiles, so a
-# fresh clone (as CI makes) reuses the build cache instead of compiling
-# every package of the module again with -race (no test reads its own
-# source path).
+# -trimpath (here and in vet) keeps the source directory out of what go
+# test compiles, so a fresh clone (as CI makes) reuses the build cache
+# instead of compiling every package of the module again with -race (no
+# test reads its own source path).
 test: vet fmt-check check-no-sim check-no-clientset check-deadcode deps-prometheus test-alerts ## go vet, gofmt check, the no-simulator, no-clientset and dead-code checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
 	$(GO) test -race -trimpath -tags 'simulator $(PRODUCT_TAGS)' ./...
 	$(MAKE) --no-print-directory test-no-sim
