@@ -21,9 +21,10 @@ ARG VERSION=dev
 # GO_TAGS are extra go build tags; "simulator" builds in the simulated GPU
 # node the e2e cluster runs (the production image has none). grpcnotrace is
 # always on, as the Makefile's PRODUCT_TAGS: gRPC's x/net/trace would turn
-# off the linker's dead-code elimination (`make check-deadcode`).
+# off the linker's dead-code elimination (`make check-deadcode`). The
+# -gcflags are the Makefile's PRODUCT_GCFLAGS (why: there).
 ARG GO_TAGS=""
-RUN go build -trimpath -tags "grpcnotrace ${GO_TAGS}" -ldflags "-s -w -X main.version=${VERSION}" -o /out/gpu-node-agent ./cmd/gpu-node-agent
+RUN go build -trimpath -tags "grpcnotrace ${GO_TAGS}" -gcflags "k8s.io/api/...=-l" -ldflags "-s -w -X main.version=${VERSION}" -o /out/gpu-node-agent ./cmd/gpu-node-agent
 
 # Run: a glibc base, because the host's libnvidia-ml.so.1 (mounted in by
 # the NVIDIA container toolkit or a hostPath) is linked against glibc.

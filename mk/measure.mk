@@ -43,7 +43,7 @@ measure-rss-floor: deps ## RSS $(RSS_WAIT)s after start of a program linking onl
 	  $(GO) list -tags '$(PRODUCT_TAGS)' -deps -f '{{with .Module}}{{if eq .Path "$(MODULE)"}}{{join $$.Imports "\n"}}{{end}}{{end}}' ./cmd/gpu-node-agent \
 	    | grep -v -E '^($(MODULE)(/|$$)|C$$|unsafe$$)' | sort -u | sed 's/.*/\t_ "&"/'; \
 	  echo '	"time"'; echo ')'; echo 'func main() { time.Sleep(time.Hour) }'; } > $(RSS_FLOOR_DIR)/main.go; \
-	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -ldflags '-s -w' -o $(RSS_FLOOR_DIR)/floor ./$(RSS_FLOOR_DIR); \
+	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -gcflags '$(PRODUCT_GCFLAGS)' -ldflags '-s -w' -o $(RSS_FLOOR_DIR)/floor ./$(RSS_FLOOR_DIR); \
 	dir=$$(mktemp -d); cp $(RSS_FLOOR_DIR)/floor "$$dir/floor"; "$$dir/floor" & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "dependencies only after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ') binary $$(stat -c %s $(RSS_FLOOR_DIR)/floor)"; \
@@ -57,12 +57,27 @@ measure-rss-floor: deps ## RSS $(RSS_WAIT)s after start of a program linking onl
 RSS_FAULTS_BIN := .build/rssfaults/agent
 measure-rss-faults: deps deps-perf ## page faults on the idle product agent's binary by section and by what ran (perf)
 	@mkdir -p $(dir $(RSS_FAULTS_BIN)); \
-	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -ldflags '-w $(LDFLAGS)' -o $(RSS_FAULTS_BIN) ./cmd/gpu-node-agent; \
+	$(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -gcflags '$(PRODUCT_GCFLAGS)' -ldflags '-w $(LDFLAGS)' -o $(RSS_FAULTS_BIN) ./cmd/gpu-node-agent; \
 	dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
 	cd test && $(GO) run ./cmd/rssfaults -bin $(abspath $(RSS_FAULTS_BIN)) -duration $(RSS_WAIT)s -- \
 		--device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 --node-name "" --state-dir "$$dir/state" --log-level error
 
-.PHONY: deps-perf measure-rss-faults
+# What PRODUCT_GCFLAGS cost: the Node protobuf benchmark (kubeapi) with
+# k8s.io/api inlined as Go does by default and as the product builds it:
+# two test binaries, run alternately API_CODEC_COUNT times (20,000
+# operations a run); the median of each.
+API_CODEC_COUNT ?= 10
+API_CODEC_DIR   := .build/apicodec
+measure-api-codec: deps ## Node protobuf decode/encode time with Go's default inlining and with the product's PRODUCT_GCFLAGS
+	@mkdir -p $(API_CODEC_DIR); \
+	$(GO) test -c -trimpath -tags '$(PRODUCT_TAGS)' -o $(API_CODEC_DIR)/default.test ./kubeapi; \
+	$(GO) test -c -trimpath -tags '$(PRODUCT_TAGS)' -gcflags '$(PRODUCT_GCFLAGS)' -o $(API_CODEC_DIR)/product.test ./kubeapi; \
+	for i in $$(seq $(API_CODEC_COUNT)); do for v in default product; do \
+		$(API_CODEC_DIR)/$$v.test -test.run '^$$' -test.bench NodeProtobuf -test.benchtime 20000x | sed -n "s/^Benchmark/$$v Benchmark/p"; \
+	done; done | sort -k2,2 -k1,1 -k4,4n | awk '{k = $$2 " " $$1; v[k, ++n[k]] = $$4} \
+		END {for (k in n) printf "%-40s median %6.0f ns/op, %6.0f-%6.0f (%d runs)\n", k, v[k, int((n[k] + 1) / 2)], v[k, 1], v[k, n[k]], n[k]}' | sort
+
+.PHONY: deps-perf measure-rss-faults measure-api-codec
 deps-perf: ## install perf (Debian's linux-perf) when missing
 	@if ! command -v perf >/dev/null; then \
 		echo "installing linux-perf"; \
