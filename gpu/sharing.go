@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -201,7 +202,9 @@ func qualify(name string) string {
 // deviceRef matches what NVIDIA's ReplicatedDeviceRef accepts: a GPU
 // index, a MIG index "<gpu>:<mig>", a GPU UUID or a MIG UUID in either
 // form (MIG-<uuid>, or the pre-R470 MIG-GPU-<uuid>/<gi>/<ci>).
-var deviceRef = regexp.MustCompile(`^(?:[0-9]+|[0-9]+:[0-9]+|GPU-` + uuidRE + `|MIG-` + uuidRE + `|MIG-GPU-` + uuidRE + `/[0-9]+/[0-9]+)$`)
+var deviceRef = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(?:[0-9]+|[0-9]+:[0-9]+|GPU-` + uuidRE + `|MIG-` + uuidRE + `|MIG-GPU-` + uuidRE + `/[0-9]+/[0-9]+)$`)
+})
 
 const uuidRE = `[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`
 
@@ -239,7 +242,7 @@ func decodeDevices(path string, b []byte) (SharedDevices, error) {
 		switch {
 		case json.Unmarshal(item, &idx) == nil:
 			ref = strconv.FormatUint(idx, 10)
-		case json.Unmarshal(item, &ref) == nil && deviceRef.MatchString(ref):
+		case json.Unmarshal(item, &ref) == nil && deviceRef().MatchString(ref):
 		default:
 			return SharedDevices{}, fmt.Errorf("%s[%d]: %s is not a GPU index, a MIG index (<gpu>:<mig>), a GPU UUID or a MIG UUID", path, i, item)
 		}

@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/sysfsattr"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -45,9 +45,13 @@ func GPUsOnPCI(hostRoot string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range entries {
-		vendor, ok1 := readHex(filepath.Join(dir, e.Name(), "vendor"))
-		class, ok2 := readHex(filepath.Join(dir, e.Name(), "class"))
-		if !ok1 || !ok2 || vendor != nvidiaVendor {
+		// The class only of NVIDIA's functions: a GPU node has hundreds.
+		vendor, err := sysfsattr.Hex(filepath.Join(dir, e.Name(), "vendor"))
+		if err != nil || vendor != nvidiaVendor {
+			continue
+		}
+		class, err := sysfsattr.Hex(filepath.Join(dir, e.Name(), "class"))
+		if err != nil {
 			continue
 		}
 		// class is 0xBBSSPP: base class, subclass, programming interface.
@@ -57,15 +61,6 @@ func GPUsOnPCI(hostRoot string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-func readHex(path string) (uint64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(string(b)), "0x"), 16, 32)
-	return v, err == nil
 }
 
 // MissingGPUs is the gpu-missing check: it compares the NVIDIA GPUs on the

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/sysfsattr"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -591,14 +590,14 @@ func cString(b []int8) string {
 // missing or says so.
 func (d *discovery) numaNode(busID string) int {
 	path := filepath.Join(d.x.hostRoot, "sys", "bus", "pci", "devices", busID, "numa_node")
-	data, err := os.ReadFile(path)
+	data, err := sysfsattr.Read(path)
 	if err != nil {
 		d.x.log.Debug("no numa node for pci device", "busID", busID, "err", err)
 		return -1
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	n, err := strconv.Atoi(data)
 	if err != nil || n < -1 {
-		d.x.log.Debug("bad numa_node", "path", path, "content", strings.TrimSpace(string(data)))
+		d.x.log.Debug("bad numa_node", "path", path, "content", data)
 		return -1
 	}
 	return n
@@ -616,7 +615,7 @@ func (d *discovery) pciPath(busID string) []string {
 	}
 	var path []string
 	for _, part := range strings.Split(filepath.ToSlash(target), "/") {
-		if isBusID(part) {
+		if topology.IsBusID(part) {
 			path = append(path, part)
 		}
 	}
@@ -625,11 +624,6 @@ func (d *discovery) pciPath(busID string) []string {
 	}
 	return path
 }
-
-// isBusID says whether s is a PCI address as sysfs spells it.
-func isBusID(s string) bool { return busIDPattern.MatchString(s) }
-
-var busIDPattern = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 
 // PCIeLevelFromNVML maps NVML's topology level to the model's PCIe level.
 func PCIeLevelFromNVML(l nvml.GpuTopologyLevel) (topology.PCIeLevel, bool) {

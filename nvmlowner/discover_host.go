@@ -2,13 +2,14 @@ package nvmlowner
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/sysfsattr"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -53,22 +54,18 @@ func (d *discovery) host() topology.Host {
 // machineType is <hostRoot>/sys/class/dmi/id/product_name, trimmed (GFD's
 // default --machine-type-file); "" when it cannot be read.
 func machineType(hostRoot string) string {
-	b, err := os.ReadFile(filepath.Join(hostRoot, "sys", "class", "dmi", "id", "product_name"))
+	s, err := sysfsattr.Read(filepath.Join(hostRoot, "sys", "class", "dmi", "id", "product_name"))
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(b))
+	return s
 }
 
 // pciClass is /sys/bus/pci/devices/<bdf>/class ("0x030200"); 0 when it
 // cannot be read.
 func pciClass(hostRoot, busID string) uint32 {
-	b, err := os.ReadFile(filepath.Join(hostRoot, "sys", "bus", "pci", "devices", busID, "class"))
-	if err != nil {
-		return 0
-	}
-	c, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(string(b)), "0x"), 16, 32)
-	if err != nil {
+	c, err := sysfsattr.Hex(filepath.Join(hostRoot, "sys", "bus", "pci", "devices", busID, "class"))
+	if err != nil || c > math.MaxUint32 {
 		return 0
 	}
 	return uint32(c)
@@ -97,11 +94,11 @@ func readVGPU(hostRoot string) (*topology.VGPU, error) {
 	}
 	v := &topology.VGPU{}
 	for _, e := range entries {
-		vendor, err := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
+		vendor, err := sysfsattr.Read(filepath.Join(dir, e.Name(), "vendor"))
 		if err != nil {
 			return nil, fmt.Errorf("pci device %s vendor: %w", e.Name(), err)
 		}
-		if strings.TrimSpace(string(vendor)) != "0x10de" {
+		if vendor != "0x10de" {
 			continue
 		}
 		cfg, err := os.ReadFile(filepath.Join(dir, e.Name(), "config"))

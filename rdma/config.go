@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // Resource modes.
@@ -88,7 +91,9 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d)
 
 // resourceNameRE is a Kubernetes qualified-name "name" part, which the
 // part after "rdma/" of an extended resource must be.
-var resourceNameRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+var resourceNameRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+})
 
 // Validate checks the section, naming each bad field by its path, e.g.
 // `rdma.resources[1].mode: "foo" is not exclusive or shared`.
@@ -118,7 +123,7 @@ func (r ResourceConfig) Validate() error {
 	switch {
 	case r.Name == "":
 		errs = append(errs, errors.New("name: must not be empty"))
-	case len(r.Name) > 63 || !resourceNameRE.MatchString(r.Name):
+	case len(r.Name) > 63 || !resourceNameRE().MatchString(r.Name):
 		errs = append(errs, fmt.Errorf("name: %q is not a valid resource name (alphanumerics, '-', '_', '.', at most 63)", r.Name))
 	}
 	switch r.Mode {
@@ -149,7 +154,7 @@ func (r ResourceConfig) Validate() error {
 		}
 	}
 	for i, v := range r.Selectors.PCIAddresses {
-		if !bdfRE.MatchString(normBDF(v)) {
+		if !topology.IsBusID(normBDF(v)) {
 			errs = append(errs, fmt.Errorf("selectors.pciAddresses[%d]: %q is not a PCI address like 0000:0c:00.0", i, v))
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/procfs/sysfs"
+
+	"github.com/gpu-node-agent/gpu-node-agent/internal/sysfsattr"
 )
 
 // DiscoverOptions says where and how to look for RDMA devices.
@@ -211,7 +213,7 @@ func readPCIFunction(devLink string) (PCIFunction, string, error) {
 	pci.Address = chain[len(chain)-1]
 	pci.Vendor = readHex(filepath.Join(dir, "vendor"))
 	pci.DeviceID = readHex(filepath.Join(dir, "device"))
-	if s, err := readTrim(filepath.Join(dir, "numa_node")); err == nil {
+	if s, err := sysfsattr.Read(filepath.Join(dir, "numa_node")); err == nil {
 		if n, err := strconv.Atoi(s); err == nil && n >= 0 {
 			pci.NUMANode = n
 		}
@@ -239,7 +241,7 @@ func readDevNet(dir string) []netDevPort {
 	var out []netDevPort
 	for _, e := range entries {
 		nd := netDevPort{name: e.Name(), devPort: -1}
-		if s, err := readTrim(filepath.Join(dir, e.Name(), "dev_port")); err == nil {
+		if s, err := sysfsattr.Read(filepath.Join(dir, e.Name(), "dev_port")); err == nil {
 			if n, err := strconv.Atoi(s); err == nil {
 				nd.devPort = n
 			}
@@ -260,7 +262,7 @@ func readGIDNetDevs(portDir string) []string {
 	sort.Slice(entries, func(i, j int) bool { return gidIndex(entries[i].Name()) < gidIndex(entries[j].Name()) })
 	var out []string
 	for _, e := range entries {
-		s, err := readTrim(filepath.Join(dir, e.Name()))
+		s, err := sysfsattr.Read(filepath.Join(dir, e.Name()))
 		if err == nil && s != "" {
 			out = append(out, s)
 		}
@@ -300,7 +302,7 @@ func readCharDevs(sysRoot, hostPrefix string) (charDevs, error) {
 		if !strings.HasPrefix(e.Name(), "uverbs") {
 			continue // abi_version
 		}
-		ibdev, err := readTrim(filepath.Join(verbs, e.Name(), "ibdev"))
+		ibdev, err := sysfsattr.Read(filepath.Join(verbs, e.Name(), "ibdev"))
 		if err == nil {
 			c.uverbs[ibdev] = newCharDev(e.Name(), hostPrefix)
 		}
@@ -320,8 +322,8 @@ func readCharDevs(sysRoot, hostPrefix string) (charDevs, error) {
 		default:
 			continue
 		}
-		ibdev, err1 := readTrim(filepath.Join(mad, e.Name(), "ibdev"))
-		port, err2 := readTrim(filepath.Join(mad, e.Name(), "port"))
+		ibdev, err1 := sysfsattr.Read(filepath.Join(mad, e.Name(), "ibdev"))
+		port, err2 := sysfsattr.Read(filepath.Join(mad, e.Name(), "port"))
 		n, err3 := strconv.ParseUint(port, 10, 32)
 		if err1 != nil || err2 != nil || err3 != nil {
 			continue
@@ -336,17 +338,9 @@ func newCharDev(name, hostPrefix string) *CharDev {
 	return &CharDev{Name: name, Path: p, HostPath: filepath.Join("/", hostPrefix, p)}
 }
 
-func readTrim(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(b)), nil
-}
-
 // readHex reads a sysfs hex attribute ("0x15b3") as lower-case "15b3".
 func readHex(path string) string {
-	s, err := readTrim(path)
+	s, err := sysfsattr.Read(path)
 	if err != nil {
 		return ""
 	}

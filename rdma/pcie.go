@@ -4,14 +4,14 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
-var (
-	bdfRE        = regexp.MustCompile(`^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`)
-	hostBridgeRE = regexp.MustCompile(`^pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}$`)
-)
+var hostBridgeRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}$`)
+})
 
 // parsePCIPath splits a resolved sysfs device path such as
 // /sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0 into its host bridge
@@ -20,11 +20,11 @@ var (
 func parsePCIPath(p string) (hostBridge string, chain []string, err error) {
 	parts := strings.Split(p, "/")
 	for i, part := range parts {
-		if !hostBridgeRE.MatchString(part) {
+		if !hostBridgeRE().MatchString(part) {
 			continue
 		}
 		for _, q := range parts[i+1:] {
-			if !bdfRE.MatchString(q) {
+			if !topology.IsBusID(strings.ToLower(q)) {
 				break
 			}
 			chain = append(chain, strings.ToLower(q))

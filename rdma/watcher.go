@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/procfs/sysfs"
+
+	"github.com/gpu-node-agent/gpu-node-agent/internal/sysfsattr"
 )
 
 // ObserveFunc receives port health: id is a port ID (Device.PortID),
@@ -168,7 +170,7 @@ func (w *Watcher) evaluate(p watchedPort, ev *LinkInfo) portHealth {
 // Reading two small files beats procfs's full device parse (every counter
 // of every port) on each poll.
 func readPortState(path string) (string, error) {
-	s, err := readTrim(path)
+	s, err := sysfsattr.Read(path)
 	if err != nil {
 		return "", err
 	}

@@ -2,7 +2,9 @@ package topology
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
+	"sync"
 )
 
 // NormalizeBusID turns an NVML or sysfs spelling of a PCI address
@@ -16,6 +18,17 @@ func NormalizeBusID(s string) string {
 	}
 	return fmt.Sprintf("%04x:%02x:%02x.%x", dom, bus, dev, fn)
 }
+
+// IsBusID says whether s is a PCI address as sysfs spells it
+// ("0000:3b:00.0": domain, bus, device and function, lower case).
+func IsBusID(s string) bool { return busIDPattern().MatchString(s) }
+
+// busIDPattern compiles on first use, as every pattern of the agent's:
+// a pattern compiled at init is heap and code paged in by every agent,
+// whether or not it ever checks one.
+var busIDPattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+})
 
 // LostGPUID is the device ID of GPU index i when NVML could not report its
 // UUID (the GPU was lost before it could be read). It is stable across

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // LoadSnapshot reads and validates a topology snapshot file. Errors name the
@@ -215,10 +216,9 @@ func normalize(n *Node, raw any) {
 	}
 }
 
-var (
-	busIDPattern   = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
-	migNamePattern = regexp.MustCompile(`^([0-9]+c\.)?[0-9]+g\.[0-9]+gb(\+[a-z0-9.,]+)?$`)
-)
+var migNamePattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([0-9]+c\.)?[0-9]+g\.[0-9]+gb(\+[a-z0-9.,]+)?$`)
+})
 
 // ValidPCIeLevel reports whether l is one of the six PCIe levels.
 func ValidPCIeLevel(l PCIeLevel) bool {
@@ -257,7 +257,7 @@ func (n *Node) Validate() error {
 			return err
 		}
 		if g.PCIBusID != "" {
-			if !busIDPattern.MatchString(g.PCIBusID) {
+			if !IsBusID(g.PCIBusID) {
 				return fmt.Errorf("%s.pciBusID: %q is not a bus ID (want lower-case \"0000:07:00.0\")", p, g.PCIBusID)
 			}
 			if err := claim(buses, g.PCIBusID, p+".pciBusID"); err != nil {
@@ -286,7 +286,7 @@ func (n *Node) Validate() error {
 			if err := claim(uuids, m.UUID, mp+".uuid"); err != nil {
 				return err
 			}
-			if !migNamePattern.MatchString(m.Profile) {
+			if !migNamePattern().MatchString(m.Profile) {
 				return fmt.Errorf("%s.profile: %q is not a MIG profile name (want e.g. \"1g.10gb\")", mp, m.Profile)
 			}
 			if m.GPUInstance < 0 || m.ComputeInstance < 0 {
@@ -340,7 +340,7 @@ func (n *Node) Validate() error {
 		if err := claim(names, nic.Name, p+".name"); err != nil {
 			return err
 		}
-		if nic.PCIBusID != "" && !busIDPattern.MatchString(nic.PCIBusID) {
+		if nic.PCIBusID != "" && !IsBusID(nic.PCIBusID) {
 			return fmt.Errorf("%s.pciBusID: %q is not a bus ID (want lower-case \"0000:0c:00.0\")", p, nic.PCIBusID)
 		}
 		if nic.NUMANode < -1 {
@@ -364,7 +364,7 @@ func (n *Node) Validate() error {
 
 func validatePath(path []string, busID, p string) error {
 	for k, e := range path {
-		if !busIDPattern.MatchString(e) {
+		if !IsBusID(e) {
 			return fmt.Errorf("%s.pciPath[%d]: %q is not a bus ID", p, k, e)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
@@ -195,7 +196,16 @@ func (o option) envName() string {
 	if o.env != "" {
 		return o.env
 	}
-	return envPrefix + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(o.name))
+	return envPrefix + strings.Map(envRune, o.name)
+}
+
+// envRune is a flag name's rune in its environment variable: upper case,
+// and "_" for "-" and ".".
+func envRune(r rune) rune {
+	if r == '-' || r == '.' {
+		return '_'
+	}
+	return unicode.ToUpper(r)
 }
 
 // flagSet binds every option, plus --config, to c.
