@@ -24,10 +24,11 @@ func parsePCIPath(p string) (hostBridge string, chain []string, err error) {
 			continue
 		}
 		for _, q := range parts[i+1:] {
-			if !topology.IsBusID(strings.ToLower(q)) {
+			q = strings.ToLower(q)
+			if !topology.IsBusID(q) {
 				break
 			}
-			chain = append(chain, strings.ToLower(q))
+			chain = append(chain, q)
 		}
 		if len(chain) == 0 {
 			return "", nil, fmt.Errorf("pci path %s: no device below %s", p, part)
