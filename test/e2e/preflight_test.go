@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
@@ -65,12 +66,20 @@ func TestPreflightGate(t *testing.T) {
 
 	// 1. A healthy new node.
 	forgetPreflight(ctx, t)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	gate := watchPreflightTaint(wctx, t)
 	pod, err := a.Reinstall(ctx, shared, gated())
 	if err != nil {
 		t.Fatalf("install the agent with preflight.enabled: %v\nagent log:\n%s", err, agentLog(a))
 	}
 	_, cond := waitPreflight(ctx, t, a, corev1.ConditionTrue, "a healthy node's preflight")
-	untainted := time.Now()
+	var untainted time.Time
+	select {
+	case untainted = <-gate:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("GPUPreflight is True but the node's watch never showed the preflight taint added and then removed\nagent log:\n%s", agentLog(a))
+	}
 	started := agentStarted(ctx, t, a, pod.Name)
 	t.Logf("healthy simulated DGX H100: preflight taint removed %s after the agent started (%s: %s)",
 		untainted.Sub(started).Round(time.Millisecond), cond.Reason, cond.Message)
@@ -191,6 +200,41 @@ func waitPreflight(ctx context.Context, t *testing.T, a *agentdeploy.Agent, want
 		t.Fatalf("after %s: preflight taint %v, condition %v; want GPUPreflight %s\nagent log:\n%s", after, taint, cond, want, agentLog(a))
 	}
 	return taint, cond
+}
+
+// watchPreflightTaint returns a channel that receives the time the node's
+// watch shows the preflight taint removed after showing it added. The
+// removal is timed from the watch, not from waitPreflight: Reinstall
+// returns once the agent's pod is Ready, and the readiness probe runs
+// every 5 s, so a gate quicker than that looked 5 s long.
+func watchPreflightTaint(ctx context.Context, t *testing.T) <-chan time.Time {
+	t.Helper()
+	w, err := shared.Client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", shared.NodeName).String(),
+	})
+	if err != nil {
+		t.Fatalf("watch node %s: %v", shared.NodeName, err)
+	}
+	out := make(chan time.Time, 1)
+	go func() {
+		defer w.Stop()
+		added := false
+		for ev := range w.ResultChan() {
+			node, ok := ev.Object.(*corev1.Node)
+			if !ok {
+				continue
+			}
+			tainted := slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == preflightTaint })
+			switch {
+			case tainted:
+				added = true
+			case added:
+				out <- time.Now()
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // forgetPreflight makes the node one that never passed a preflight: no
