@@ -18,6 +18,10 @@ import (
 	"syscall"
 
 	"k8s.io/klog/v2"
+
+	// Grows the main goroutine's stack before the deep package inits, so
+	// that it is copied once instead of five times (its doc).
+	_ "github.com/gpu-node-agent/gpu-node-agent/internal/mainstack"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -22,4 +24,39 @@ func TestPreflightGateNeedsNode(t *testing.T) {
 	if code := run([]string{"--config=testdata/preflight-enabled.yaml"}, io.Discard, &stderr, func(string) string { return "" }); code != 2 || !strings.Contains(stderr.String(), want) {
 		t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), want)
 	}
+}
+
+// TestMainStackInitFirst: internal/mainstack grows the main goroutine's
+// stack only if it initialises before the packages whose init runs deep.
+// GODEBUG=inittrace=1 has this test binary, which links what main links,
+// print each package's init in the order run: every one before mainstack's
+// must be the standard library's.
+func TestMainStackInitFirst(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	const mainstack = "github.com/gpu-node-agent/gpu-node-agent/internal/mainstack"
+	var before []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "init" {
+			continue
+		}
+		if f[1] == mainstack {
+			for _, pkg := range before {
+				// The standard library's import paths have no dot in
+				// their first element.
+				if first, _, _ := strings.Cut(pkg, "/"); strings.Contains(first, ".") {
+					t.Errorf("%s initialises before %s", pkg, mainstack)
+				}
+			}
+			t.Logf("%s initialises after %d packages of the standard library: %v", mainstack, len(before), before)
+			return
+		}
+		before = append(before, f[1])
+	}
+	t.Fatalf("no init of %s in the init trace:\n%s", mainstack, out)
 }
