@@ -10,9 +10,9 @@
 // pointers in it, reads the SP delta and stack maps of every frame then on
 // it from .gopclntab. Those entries are spread over the table, and the
 // first read of each maps a 64 KiB window of the binary (the kernel's
-// fault-around): about six windows, 0.4 MB of the idle agent's resident
+// fault-around): about six windows, 0.3-0.4 MB of the idle agent's resident
 // set that stays, since the deep frames of init are gone by the time a GC
-// scans the stack. Grown here, the stack is copied once, with three frames
+// scans the stack. Grown here, the stack is copied once, with four frames
 // on it.
 //
 // This works only if the package initialises before the deep inits. Go
