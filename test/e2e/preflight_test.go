@@ -224,7 +224,7 @@ func watchPreflightTaint(ctx context.Context, t *testing.T) <-chan time.Time {
 			if !ok {
 				continue
 			}
-			tainted := slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == preflightTaint })
+			tainted := slices.ContainsFunc(node.Spec.Taints, func(taint corev1.Taint) bool { return taint.Key == preflightTaint })
 			switch {
 			case tainted:
 				added = true
