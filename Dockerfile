@@ -11,17 +11,13 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/base-debian12
 FROM ${BUILDER_IMAGE} AS build
 WORKDIR /src
 ENV CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations
-# go.mod replaces go-conntrack with a module in the tree (its README says
-# why), so that module comes with go.mod.
 COPY go.mod go.sum ./
-COPY internal/modreplace/ internal/modreplace/
 RUN go mod download
 COPY . .
 ARG VERSION=dev
 # GO_TAGS are extra go build tags; "simulator" builds in the simulated GPU
 # node the e2e cluster runs (the production image has none). grpcnotrace is
-# always on, as the Makefile's PRODUCT_TAGS: gRPC's x/net/trace would turn
-# off the linker's dead-code elimination (`make check-deadcode`). The
+# always on, as the Makefile's PRODUCT_TAGS (why: there). The
 # -gcflags are the Makefile's PRODUCT_GCFLAGS (why: there).
 ARG GO_TAGS=""
 RUN go build -trimpath -tags "grpcnotrace ${GO_TAGS}" -gcflags "k8s.io/api/...=-l" -ldflags "-s -w -X main.version=${VERSION}" -o /out/gpu-node-agent ./cmd/gpu-node-agent

@@ -14,10 +14,9 @@ BIN     := $(BIN_DIR)/gpu-node-agent
 SIM_BIN := $(BIN_DIR)/gpu-node-agent-sim
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-# PRODUCT_TAGS are build tags of every agent binary: grpcnotrace keeps gRPC
-# from linking golang.org/x/net/trace, whose /debug/requests page renders
-# html/template and so turns off the linker's dead-code elimination
-# (check-deadcode; the Dockerfile sets the same).
+# PRODUCT_TAGS are build tags of every agent binary: grpcnotrace is gRPC's
+# own tag to leave out its golang.org/x/net/trace request tracing, which
+# the agent never serves (the Dockerfile sets the same).
 PRODUCT_TAGS := grpcnotrace
 # PRODUCT_GCFLAGS are compiler flags of every agent binary: k8s.io/api's
 # generated code (protobuf and deep-copy methods of every type of core/v1,
@@ -41,7 +40,7 @@ STATICCHECK_VERSION ?= v0.8.2
 export CGO_ENABLED := 1
 export CGO_CFLAGS  ?= -Wno-deprecated-declarations
 
-.PHONY: help deps build build-sim test test-no-sim check-dockerfile check-no-sim check-no-clientset check-deadcode vet fmt-check lint demo e2e image clean
+.PHONY: help deps build build-sim test test-no-sim check-dockerfile check-no-sim vet fmt-check lint demo e2e image clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,7 +72,7 @@ fmt-check: ## fail when any Go file (all modules) needs gofmt
 # test compiles, so a fresh clone (as CI makes) reuses the build cache
 # instead of compiling every package of the module again with -race (no
 # test reads its own source path).
-test: vet fmt-check check-dockerfile check-no-sim check-no-clientset check-deadcode deps-prometheus test-alerts ## go vet, gofmt check, the Dockerfile-flags, no-simulator, no-clientset and dead-code checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
+test: vet fmt-check check-dockerfile check-no-sim deps-prometheus test-alerts ## go vet, gofmt check, the Dockerfile-flags and no-simulator checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
 	$(GO) test -race -trimpath -tags 'simulator $(PRODUCT_TAGS)' ./...
 	$(MAKE) --no-print-directory test-no-sim
 
@@ -97,43 +96,6 @@ check-no-sim: ## fail if bin/gpu-node-agent (no tag) depends on the simulator or
 	bad=$$(for p in $(NO_SIM_PKGS); do echo "$$deps" | grep -E "^$$p(/|$$)" || true; done); \
 	if [ -n "$$bad" ]; then echo "gpu-node-agent (no simulator tag) depends on:"; echo "$$bad"; exit 1; fi; \
 	echo "check-no-sim: gpu-node-agent links no simulator package"
-
-# The product talks to the API server through kubeapi's narrow client
-# (Nodes, Leases, Events): client-go's clientset, its scheme of every API
-# group (registered at init), its informer factory and its apply
-# configurations, linked, made the idle agent 10 MB bigger in RSS and its
-# binary 35 MB bigger (measure-rss-real); client-go's object tracker for
-# fakes (client-go/testing, which gentype links) another 2 MB of RSS with
-# kube-openapi, gnostic and managed fields. Tests may use them all.
-NO_CLIENTSET_PKGS := k8s.io/client-go/kubernetes k8s.io/client-go/informers k8s.io/client-go/applyconfigurations k8s.io/client-go/testing
-check-no-clientset: ## fail if bin/gpu-node-agent (no tag) depends on client-go's clientset, scheme, informers, apply configurations or fakes
-	@deps=$$($(GO) list -tags '$(PRODUCT_TAGS)' -deps ./cmd/gpu-node-agent); \
-	bad=$$(for p in $(NO_CLIENTSET_PKGS); do echo "$$deps" | grep -E "^$$p(/|$$)" || true; done); \
-	if [ -n "$$bad" ]; then echo "gpu-node-agent (no simulator tag) depends on:"; echo "$$bad"; exit 1; fi; \
-	echo "check-no-clientset: gpu-node-agent links no client-go clientset, scheme, informer factory, apply configuration or fake"
-
-# A reachable call to reflect's Method or MethodByName with a name known
-# only at run time (text/template's field evaluation is the usual one) makes
-# the Go linker keep every exported method of every type the program
-# reaches: the stripped binary was 30.5 MB with it and 24.8 MB without, the
-# idle agent's RSS about 2.8 MB higher. The linker's own dependency dump
-# (-dumpdep) marks such a function <ReflectMethod>; this fails if one is
-# reachable in the product, and prints how it is reached. The replacement
-# module for go-conntrack (internal/modreplace) is tested here too.
-DEADCODE_DUMP := $(BIN_DIR)/.dumpdep
-check-deadcode: deps ## fail if the product links a reflect method lookup that turns off the linker's dead-code elimination
-	@mkdir -p $(BIN_DIR); \
-	if ! $(GO) build -trimpath -tags '$(PRODUCT_TAGS)' -gcflags '$(PRODUCT_GCFLAGS)' -ldflags '-s -w -dumpdep' -o /dev/null ./cmd/gpu-node-agent 2>$(DEADCODE_DUMP); then \
-		grep -v -e ' -> ' $(DEADCODE_DUMP) >&2; exit 1; \
-	fi; \
-	if grep -q '<ReflectMethod>' $(DEADCODE_DUMP); then \
-		echo "check-deadcode: the product reaches a dynamic reflect method lookup (dead-code elimination off), called from:"; \
-		grep -e ' -> [^ ]* <ReflectMethod>' $(DEADCODE_DUMP) | sort -u | head -20; \
-		echo "(the linker's graph, caller -> callee, is in $(DEADCODE_DUMP))"; exit 1; \
-	fi; \
-	rm -f $(DEADCODE_DUMP); \
-	echo "check-deadcode: no dynamic reflect method lookup is reachable in gpu-node-agent"
-	$(GO) -C internal/modreplace/go-conntrack test -race -count=1 ./...
 
 lint: vet fmt-check ## vet, gofmt and staticcheck (built through the Go module proxy)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags 'simulator $(PRODUCT_TAGS)' ./...
