@@ -43,7 +43,7 @@ func draTestConfig(t *testing.T, dir string, client *fake.Clientset, kinds ...st
 	cfg.DRA = DRAConfig{Kinds: kinds, CDIDir: filepath.Join(dir, "cdi")}
 	cfg.KubeRetry = 50 * time.Millisecond
 	cfg.KubeClients = func() (kubeapi.Clients, error) {
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	return cfg
 }

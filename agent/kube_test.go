@@ -18,7 +18,6 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
-	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -48,7 +47,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		if tries++; tries == 1 {
 			return kubeapi.Clients{}, os.ErrNotExist // no API access at start
 		}
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {

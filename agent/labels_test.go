@@ -18,7 +18,6 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent/simhw"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
-	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
@@ -39,7 +38,7 @@ func TestLabelsSurviveNVMLErrors(t *testing.T) {
 	cfg.Health.DCGMMode = "off"
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	cfg.KubeClients = func() (kubeapi.Clients, error) {
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a, err := openAgent(cfg, log, io.Discard)

@@ -26,7 +26,6 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/agent/simhw"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
-	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/preflight"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -153,7 +152,7 @@ func gatedConfig(t *testing.T, node *corev1.Node) (testConfig, *fake.Clientset) 
 	cfg.Preflight = preflight.Config{Enabled: true, RetryInterval: preflight.Duration(20 * time.Millisecond)}
 	client := fake.NewClientset(node)
 	cfg.KubeClients = func() (kubeapi.Clients, error) {
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	return cfg, client
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
-	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 	"github.com/gpu-node-agent/gpu-node-agent/usage/usagetest"
@@ -121,7 +120,7 @@ func TestUsageEventsOnly(t *testing.T) {
 	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill, Grace: 200 * time.Millisecond, KillGrace: time.Second}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	cfg.KubeClients = func() (kubeapi.Clients, error) {
-		return kubeapitest.Clients(client, fakeMetadata(t, cfg.NodeName)), nil
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
 	}
 	a, err := openAgent(cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {

@@ -36,7 +36,7 @@ func TestConfigureRESTAsksForProtobuf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := c.Core.Nodes().Get(t.Context(), "gpu-1", metav1.GetOptions{})
+	n, err := c.Core.CoreV1().Nodes().Get(t.Context(), "gpu-1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("get node from a JSON-only server: %v", err)
 	}

@@ -88,7 +88,7 @@ func (d *DRAObjects) Get(ctx context.Context, namespace, name string) (*resource
 	case <-ctx.Done():
 		return nil, fmt.Errorf("no Kubernetes API client yet: %w", ctx.Err())
 	}
-	return d.clients.Core.ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+	return d.clients.Core.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
 }
 
 // Run builds the client (retrying until it can), then publishes the

@@ -23,7 +23,7 @@ func TestDRAObjects(t *testing.T) {
 	d, err := NewDRAObjects(DRAObjectsConfig{NodeName: "node-a", Retry: 10 * time.Millisecond, NewClients: func() (Clients, error) {
 		select {
 		case <-allow:
-			return Clients{Core: fakeClient(cs)}, nil
+			return Clients{Core: cs}, nil
 		default:
 			return Clients{}, errors.New("no API access yet")
 		}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 )
 
@@ -97,7 +98,7 @@ func (e *NodeEvents) Event(typ, reason, message string) {
 
 // run posts queued Events through client until ctx ends. uid is the
 // Node's UID when known ("" until the node informer has it).
-func (e *NodeEvents) run(ctx context.Context, client Client, uid func() types.UID) {
+func (e *NodeEvents) run(ctx context.Context, client kubernetes.Interface, uid func() types.UID) {
 	for {
 		for {
 			e.mu.Lock()
@@ -121,7 +122,7 @@ func (e *NodeEvents) run(ctx context.Context, client Client, uid func() types.UI
 	}
 }
 
-func (e *NodeEvents) post(ctx context.Context, client Client, uid types.UID, ev nodeEvent) {
+func (e *NodeEvents) post(ctx context.Context, client kubernetes.Interface, uid types.UID, ev nodeEvent) {
 	if uid == "" {
 		// As the kubelet refers to its Node in its own Events.
 		uid = types.UID(e.node)
@@ -143,7 +144,7 @@ func (e *NodeEvents) post(ctx context.Context, client Client, uid types.UID, ev 
 		e.log.Info("dry-run: would post node event", "node", e.node, "type", ev.typ, "reason", ev.reason, "message", obj.Message)
 		return
 	}
-	if _, err := client.Events(e.namespace).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Events(e.namespace).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		e.log.Warn("posting node event failed", "node", e.node, "reason", ev.reason, "err", err)
 		return
 	}

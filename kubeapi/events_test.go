@@ -145,7 +145,7 @@ func TestNodeEventsBounded(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); e.run(ctx, fakeClient(c), func() types.UID { return "" }) }()
+	go func() { defer close(done); e.run(ctx, c, func() types.UID { return "" }) }()
 	waitFor(t, "the queue drained", func() bool { return testutil.ToFloat64(e.posted) == maxQueuedEvents-1 })
 	cancel()
 	<-done
@@ -171,7 +171,7 @@ func TestNodeEventsDryRun(t *testing.T) {
 	c := newFake(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); e.run(ctx, fakeClient(c), func() types.UID { return "" }) }()
+	go func() { defer close(done); e.run(ctx, c, func() types.UID { return "" }) }()
 	waitFor(t, "the queue drained", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return len(e.queue) == 0 })
 	cancel()
 	<-done

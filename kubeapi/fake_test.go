@@ -23,35 +23,9 @@ import (
 	metadatafake "k8s.io/client-go/metadata/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/client-go/util/watchlist"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 )
-
-// fakeClient is c (client-go's fake clientset, in these tests) as the
-// narrow Client, which its typed clients satisfy. It is kubeapitest's
-// adapter, which kubeapi's own tests cannot import (kubeapitest imports
-// kubeapi).
-func fakeClient(c kubernetes.Interface) Client { return clientset{c} }
-
-type clientset struct{ cs kubernetes.Interface }
-
-func (c clientset) Nodes() NodeClient { return c.cs.CoreV1().Nodes() }
-func (c clientset) Leases(namespace string) LeaseClient {
-	return c.cs.CoordinationV1().Leases(namespace)
-}
-func (c clientset) Events(namespace string) EventClient { return c.cs.CoreV1().Events(namespace) }
-func (c clientset) ResourceSlices() ResourceSliceClient { return c.cs.ResourceV1().ResourceSlices() }
-func (c clientset) ResourceClaims(namespace string) ResourceClaimClient {
-	return c.cs.ResourceV1().ResourceClaims(namespace)
-}
-
-// IsWatchListSemanticsUnSupported passes on the fake's answer (true): the
-// NodeWatch's reflector then lists and watches rather than asking for a
-// watch-list, which the fake does not serve.
-func (c clientset) IsWatchListSemanticsUnSupported() bool {
-	return watchlist.DoesClientNotSupportWatchListSemantics(c.cs)
-}
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -171,7 +145,7 @@ func fakeClients(t testing.TB, c *fake.Clientset) Clients {
 	if err := metav1.AddMetaToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	return Clients{Core: fakeClient(c), Meta: metadatafake.NewSimpleMetadataClient(scheme, metas...)}
+	return Clients{Core: c, Meta: metadatafake.NewSimpleMetadataClient(scheme, metas...)}
 }
 
 // trackers maps each newFake clientset to its versionedTracker.
@@ -209,7 +183,7 @@ func updateNode(t testing.TB, c *fake.Clientset, n *corev1.Node) {
 // waits for its cache to sync.
 func startWatch(t testing.TB, c kubernetes.Interface, resync time.Duration) *NodeWatch {
 	t.Helper()
-	w, err := NewNodeWatch(fakeClient(c), nodeName, resync)
+	w, err := NewNodeWatch(c, nodeName, resync)
 	if err != nil {
 		t.Fatal(err)
 	}

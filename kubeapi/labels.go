@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -34,7 +35,7 @@ const OwnedLabelsAnnotation = "gpu-node-agent.io/owned-labels"
 // differs, removes what it owns and no longer wants, and never touches
 // any other label or annotation.
 type Labeler struct {
-	client Client
+	client kubernetes.Interface
 	watch  *NodeWatch
 	log    *slog.Logger
 	// backoff spaces the retries of one patch.
@@ -47,7 +48,7 @@ type Labeler struct {
 }
 
 // NewLabeler returns the labeler of the node watch follows.
-func NewLabeler(client Client, watch *NodeWatch, log *slog.Logger) *Labeler {
+func NewLabeler(client kubernetes.Interface, watch *NodeWatch, log *slog.Logger) *Labeler {
 	return &Labeler{
 		client: client, watch: watch, log: log, reader: newNodeReader(watch, client, log),
 		backoff:      wait.Backoff{Steps: 5, Duration: 200 * time.Millisecond, Factor: 2, Jitter: 1},
@@ -126,7 +127,7 @@ func (l *Labeler) Apply(ctx context.Context, labels, annotations map[string]stri
 	var patched *corev1.Node
 	err = retry.OnError(l.backoff, retriable, func() error {
 		var err error
-		patched, err = l.client.Nodes().Patch(ctx, l.watch.Name(), types.MergePatchType, patch, metav1.PatchOptions{})
+		patched, err = l.client.CoreV1().Nodes().Patch(ctx, l.watch.Name(), types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 	if err != nil {

@@ -31,7 +31,7 @@ func newTestLabeler(t *testing.T, client *fake.Clientset) *Labeler {
 }
 
 func newTestLabelerOn(client *fake.Clientset, w *NodeWatch) *Labeler {
-	l := NewLabeler(fakeClient(client), w, discard())
+	l := NewLabeler(client, w, discard())
 	l.backoff = wait.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 1}
 	return l
 }

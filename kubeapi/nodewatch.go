@@ -11,9 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
@@ -47,34 +46,18 @@ type NodeWatch struct {
 // until Run. resync is how often the cached Node is re-delivered to
 // subscribers (0: never).
 //
-// It is the informer client-go's informer factory builds for Nodes
-// (informers/core/v1 NewNodeInformerWithOptions), on client's Nodes and
-// without the factory, which links every API group's informers: a
-// ListWatch with the field selector on the node's name, watch-list
-// semantics unless client says it cannot (as client-go's fake clientset
-// does, through IsWatchListSemanticsUnSupported).
-func NewNodeWatch(client Client, nodeName string, resync time.Duration) (*NodeWatch, error) {
+// It is client-go's Node informer from an informer factory of its own,
+// narrowed by a field selector on the node's name (the factory's list
+// options tweak), so the agent lists and watches one Node, never the
+// fleet's.
+func NewNodeWatch(client kubernetes.Interface, nodeName string, resync time.Duration) (*NodeWatch, error) {
 	selector := fields.OneTermEqualSelector("metadata.name", nodeName).String()
-	nodes := client.Nodes()
-	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = selector
-			return nodes.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = selector
-			return nodes.Watch(ctx, o)
-		},
-	}, client)
-	informer := cache.NewSharedIndexInformerWithOptions(lw, &corev1.Node{}, cache.SharedIndexInformerOptions{
-		ResyncPeriod: resync,
-		Indexers:     cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-		// The factory's identifier when it has no informer name (ours
-		// never had one): the resource only, no informer metrics.
-		Identifier: (*cache.InformerName)(nil).WithResource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}),
-	})
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
+	nodes := factory.Core().V1().Nodes()
+	informer := nodes.Informer()
 	w := &NodeWatch{
-		name: nodeName, informer: informer, lister: corelisters.NewNodeLister(informer.GetIndexer()),
+		name: nodeName, informer: informer, lister: nodes.Lister(),
 		seen: make([]string, seenVersions), bump: make(chan struct{}),
 	}
 	_, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -201,7 +184,7 @@ func (w *NodeWatch) WaitPast(ctx context.Context, rv string, timeout time.Durati
 // conflict, in which case the next read is one GET.
 type nodeReader struct {
 	watch  *NodeWatch
-	client Client
+	client kubernetes.Interface
 	log    *slog.Logger
 	// catchUp bounds the wait for the informer to deliver a write.
 	catchUp time.Duration
@@ -209,7 +192,7 @@ type nodeReader struct {
 	stale bool
 }
 
-func newNodeReader(w *NodeWatch, client Client, log *slog.Logger) *nodeReader {
+func newNodeReader(w *NodeWatch, client kubernetes.Interface, log *slog.Logger) *nodeReader {
 	return &nodeReader{watch: w, client: client, log: log, catchUp: 2 * time.Second}
 }
 
@@ -221,7 +204,7 @@ func (r *nodeReader) read(ctx context.Context) (*corev1.Node, error) {
 		}
 		return r.watch.Node()
 	}
-	n, err := r.client.Nodes().Get(ctx, r.watch.name, metav1.GetOptions{})
+	n, err := r.client.CoreV1().Nodes().Get(ctx, r.watch.name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("get node %s: %w", r.watch.name, err)
 	}

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -39,7 +40,7 @@ func newWritesCounter() *prometheus.CounterVec {
 // write is counted; in dry-run mode it is logged instead. The tainter
 // and the preflight gate each have one; use it from one goroutine.
 type nodeWriter struct {
-	client         Client
+	client         kubernetes.Interface
 	node           string
 	eventNamespace string
 	// controller is the Events' reportingController.
@@ -52,7 +53,7 @@ type nodeWriter struct {
 	lastDryRun map[string]string
 }
 
-func newNodeWriter(client Client, node, eventNamespace, controller string, dryRun bool, writes *prometheus.CounterVec, log *slog.Logger) *nodeWriter {
+func newNodeWriter(client kubernetes.Interface, node, eventNamespace, controller string, dryRun bool, writes *prometheus.CounterVec, log *slog.Logger) *nodeWriter {
 	return &nodeWriter{client: client, node: node, eventNamespace: eventNamespace, controller: controller,
 		dryRunMode: dryRun, writes: writes, log: log, lastDryRun: map[string]string{}}
 }
@@ -163,7 +164,7 @@ func (w *nodeWriter) patchTaints(ctx context.Context, node *corev1.Node, key str
 	if err != nil {
 		return nil, fmt.Errorf("encode taint patch: %w", err)
 	}
-	patched, err := w.client.Nodes().Patch(ctx, w.node, types.MergePatchType, body, metav1.PatchOptions{})
+	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.node, types.MergePatchType, body, metav1.PatchOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("patch taints of node %s: %w", w.node, err)
 	}
@@ -186,7 +187,7 @@ func (w *nodeWriter) removeAnnotation(ctx context.Context, key, value string) (*
 	if err != nil {
 		return nil, fmt.Errorf("encode annotation %s patch: %w", key, err)
 	}
-	patched, err := w.client.Nodes().Patch(ctx, w.node, types.JSONPatchType, body, metav1.PatchOptions{})
+	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.node, types.JSONPatchType, body, metav1.PatchOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("remove annotation %s from node %s: %w", key, w.node, err)
 	}
@@ -233,7 +234,7 @@ func (w *nodeWriter) setCondition(ctx context.Context, node *corev1.Node, typ st
 	if err != nil {
 		return nil, false, fmt.Errorf("encode condition patch: %w", err)
 	}
-	patched, err := w.client.Nodes().Patch(ctx, w.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return nil, false, fmt.Errorf("patch condition %s of node %s: %w", typ, w.node, err)
 	}
@@ -260,7 +261,7 @@ func (w *nodeWriter) event(ctx context.Context, node *corev1.Node, typ, reason, 
 	if w.dryRun("event", reason+": "+msg) {
 		return
 	}
-	if _, err := w.client.Events(w.eventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := w.client.CoreV1().Events(w.eventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		w.log.Warn("posting node event failed", "node", w.node, "reason", reason, "err", err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 )
 
 // The preflight gate's defaults.
@@ -171,7 +172,7 @@ type preflightGate struct {
 
 // newPreflightGate returns the gate of the node watch follows; cfg is
 // used with its defaults; writes counts its writes.
-func newPreflightGate(client Client, watch *NodeWatch, cfg PreflightGateConfig, writes *prometheus.CounterVec, log *slog.Logger) *preflightGate {
+func newPreflightGate(client kubernetes.Interface, watch *NodeWatch, cfg PreflightGateConfig, writes *prometheus.CounterVec, log *slog.Logger) *preflightGate {
 	cfg = cfg.WithDefaults()
 	return &preflightGate{
 		cfg: cfg, watch: watch, reader: newNodeReader(watch, client, log), log: log, backoff: RetryBackoff(),

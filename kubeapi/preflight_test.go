@@ -23,7 +23,7 @@ var healthTaint = corev1.Taint{Key: healthKey, Value: "xid", Effect: corev1.Tain
 
 func newTestGate(t *testing.T, c *fake.Clientset, cfg PreflightGateConfig) *preflightGate {
 	t.Helper()
-	g := newPreflightGate(fakeClient(c), startWatch(t, c, 0), cfg, newWritesCounter(), discard())
+	g := newPreflightGate(c, startWatch(t, c, 0), cfg, newWritesCounter(), discard())
 	// However slow the machine, the informer delivers each write before
 	// the next read (it returns as soon as it does): the tests count
 	// requests, and a lagging informer would add a GET.

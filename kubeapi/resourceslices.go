@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	resourcev1client "k8s.io/client-go/kubernetes/typed/resource/v1"
+
 	"github.com/prometheus/client_golang/prometheus"
 	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -51,8 +54,8 @@ import (
 // it adopts the slices it finds, rewriting none that are already right.
 // A slice deleted or changed by someone else is written again.
 type SlicePublisher struct {
-	client Client
-	slices ResourceSliceClient
+	client kubernetes.Interface
+	slices resourcev1client.ResourceSliceInterface
 	node   string
 	driver string
 	log    *slog.Logger
@@ -100,7 +103,7 @@ type SlicePublisherConfig struct {
 
 // NewSlicePublisher builds the publisher of cfg.NodeName's slices over
 // client; nothing is requested until Run. reg may be nil.
-func NewSlicePublisher(client Client, cfg SlicePublisherConfig, log *slog.Logger, reg prometheus.Registerer) (*SlicePublisher, error) {
+func NewSlicePublisher(client kubernetes.Interface, cfg SlicePublisherConfig, log *slog.Logger, reg prometheus.Registerer) (*SlicePublisher, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("resourceslice publisher: no node name")
 	}
@@ -108,7 +111,7 @@ func NewSlicePublisher(client Client, cfg SlicePublisherConfig, log *slog.Logger
 		cfg.Driver = dra.DriverName
 	}
 	p := &SlicePublisher{
-		client: client, slices: client.ResourceSlices(), node: cfg.NodeName, driver: cfg.Driver, log: log,
+		client: client, slices: client.ResourceV1().ResourceSlices(), node: cfg.NodeName, driver: cfg.Driver, log: log,
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_dra_resourceslice_writes_total",
 			Help: "ResourceSlice writes the DRA slice publisher made to the Kubernetes API, by verb (create, update, delete).",
@@ -392,7 +395,7 @@ func (p *SlicePublisher) create(ctx context.Context, i, indexLen int, pool resou
 	if p.ownerUID == "" {
 		// Read once: the owner reference needs the Node's UID, which does
 		// not change while the agent runs (the library does the same).
-		n, err := p.client.Nodes().Get(ctx, p.node, metav1.GetOptions{})
+		n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("node %s for the ResourceSlices' owner: %w", p.node, err)
 		}

@@ -61,7 +61,7 @@ type publisherRun struct {
 func startPublisher(t *testing.T, c *fake.Clientset) (*publisherRun, func()) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	p, err := NewSlicePublisher(fakeClient(c), SlicePublisherConfig{NodeName: sliceNode}, discard(), reg)
+	p, err := NewSlicePublisher(c, SlicePublisherConfig{NodeName: sliceNode}, discard(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 )
 
@@ -262,7 +263,7 @@ type Decision struct {
 // tainter): Acquire (or Allow) before adding the taint, Renew right before
 // any later taint write, Release once the taint is removed.
 type Slots struct {
-	client Client
+	client kubernetes.Interface
 	meta   metadata.Interface
 	node   string
 	cfg    SlotConfig
@@ -297,7 +298,7 @@ type Slots struct {
 // NewSlots returns the slots of node. cfg is used with its defaults
 // applied; validate it first (SlotConfig.Validate). meta reads the fleet
 // size (metadata only); it may be nil when the safeguard is off.
-func NewSlots(client Client, meta metadata.Interface, node string, cfg SlotConfig, log *slog.Logger) *Slots {
+func NewSlots(client kubernetes.Interface, meta metadata.Interface, node string, cfg SlotConfig, log *slog.Logger) *Slots {
 	return &Slots{
 		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
 		now: time.Now, randIntN: rand.IntN, jitter: randJitter, sleep: sleepCtx,
@@ -548,7 +549,7 @@ func (s *Slots) Release(ctx context.Context) error {
 // list reads every slot Lease (one LIST), sorted by index.
 func (s *Slots) list(ctx context.Context) ([]slotState, error) {
 	sel := labels.Set{SlotLabel: s.cfg.Prefix}.String()
-	list, err := s.client.Leases(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	list, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return nil, fmt.Errorf("list taint slot leases %s in %s: %w", sel, s.cfg.Namespace, err)
 	}
@@ -638,7 +639,7 @@ func (s *Slots) occupied(ctx context.Context, l *coordinationv1.Lease) (bool, er
 	if h == "" {
 		return false, nil
 	}
-	node, err := s.client.Nodes().Get(ctx, h, metav1.GetOptions{})
+	node, err := s.client.CoreV1().Nodes().Get(ctx, h, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -668,7 +669,7 @@ func (s *Slots) expired(l *coordinationv1.Lease) bool {
 // the resourceVersion read when present. It reports false when another
 // node won the race.
 func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
-	leases := s.client.Leases(s.cfg.Namespace)
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
 	now := metav1.NewMicroTime(s.now())
 	var (
 		got *coordinationv1.Lease
@@ -720,7 +721,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 // it re-reads the Lease: still ours, it retries once with the new
 // version; taken over or gone, ErrNotHeld.
 func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error {
-	leases := s.client.Leases(s.cfg.Namespace)
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
 	for attempt := 0; ; attempt++ {
 		u := l.DeepCopy()
 		now := metav1.NewMicroTime(s.now())
@@ -759,7 +760,7 @@ func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error 
 // it; gone is success, and on a Conflict it re-reads it and deletes it
 // only if it is still ours.
 func (s *Slots) deleteOurs(ctx context.Context, l *coordinationv1.Lease) error {
-	leases := s.client.Leases(s.cfg.Namespace)
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
 	for attempt := 0; ; attempt++ {
 		pre := metav1.Preconditions{}
 		if l.UID != "" {

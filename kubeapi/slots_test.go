@@ -100,7 +100,7 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	f.slots = NewSlots(fakeClient(f.client), f.meta, slotSelf, cfg, slotTestLog())
+	f.slots = NewSlots(f.client, f.meta, slotSelf, cfg, slotTestLog())
 	f.slots.now = func() time.Time { return f.now }
 	f.slots.randIntN = func(int) int { return 0 }
 	f.slots.jitter = func(max time.Duration) time.Duration { return max / 2 }
@@ -547,7 +547,7 @@ func TestSlotsNeverBeyondK(t *testing.T) {
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for i := range faulting {
-				s := NewSlots(fakeClient(client), meta, fmt.Sprintf("fleet-%d", i), cfg, slotTestLog())
+				s := NewSlots(client, meta, fmt.Sprintf("fleet-%d", i), cfg, slotTestLog())
 				s.now = func() time.Time { return slotT0 }
 				s.sleep = func(context.Context, time.Duration) error { return nil }
 				wg.Go(func() {
@@ -909,7 +909,7 @@ func TestSlotsMeasureCount(t *testing.T) {
 				return tc.serve(o), nil
 			})
 			cfg := SlotConfig{Namespace: slotNS, TaintKey: slotTaint, MaxFraction: 0.2, NodeSelector: tc.selector}
-			s := NewSlots(fakeClient(fake.NewClientset()), meta, slotSelf, cfg, slotTestLog())
+			s := NewSlots(fake.NewClientset(), meta, slotSelf, cfg, slotTestLog())
 			n, err := s.measure(t.Context())
 			if err != nil {
 				t.Fatal(err)

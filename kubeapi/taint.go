@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 )
@@ -31,7 +32,7 @@ type Health interface {
 // never touches other taints, and asks the fleet Safeguard before adding
 // its taint. Use it from one goroutine: Run, or Reconcile calls in turn.
 type Tainter struct {
-	client    Client
+	client    kubernetes.Interface
 	watch     *NodeWatch
 	reader    *nodeReader
 	w         *nodeWriter

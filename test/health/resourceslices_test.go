@@ -538,7 +538,7 @@ func TestAdmissionPolicyResourceSlices(t *testing.T) {
 		t.Errorf("agent get claim: %v", err)
 	}
 	// The agent's own client reads claims the same way.
-	if got, err := clientsFor(t, d.agentCfg).Core.ResourceClaims("default").Get(ctx, claim.Name, metav1.GetOptions{}); err != nil || got.UID != claim.UID {
+	if got, err := clientsFor(t, d.agentCfg).Core.ResourceV1().ResourceClaims("default").Get(ctx, claim.Name, metav1.GetOptions{}); err != nil || got.UID != claim.UID {
 		t.Errorf("kubeapi get claim: %v", err)
 	}
 	rbacDenied := func(what string, err error) {
