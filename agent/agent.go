@@ -65,6 +65,9 @@ type Config struct {
 	// NodeName is this node's Kubernetes name; without it nothing talks to
 	// the API server.
 	NodeName string
+	// PodUID is the agent pod's UID; with it the DRA kubelet plugin runs in
+	// rolling-update mode (dra.PluginConfig.PodUID).
+	PodUID string
 	// Taint configures the node taint and condition (mode off: none).
 	Taint kubeapi.TaintConfig
 	// NodeLabels keeps the topology labels and annotations on the Node.
@@ -465,8 +468,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The DRA kubelet plugin's sockets, like the metrics port, fail the
 	// start before anything is served.
 	if a.dra != nil {
-		if err := a.dra.plugin.Start(); err != nil {
-			return fmt.Errorf("dra kubelet plugin: %w", err)
+		clients, err := a.clients.get()
+		if err != nil {
+			return fmt.Errorf("dra kubelet plugin: no Kubernetes API access: %w", err)
+		}
+		if err := a.dra.plugin.Start(ctx, clients.Core); err != nil {
+			return err
 		}
 		defer a.dra.plugin.Stop()
 	}
@@ -515,9 +522,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.split.active() {
 		start("device api split", func() error { a.split.run(ctx, splitRetry); return nil })
-	}
-	if a.dra != nil {
-		start("dra objects", func() error { return a.dra.objs.Run(ctx) })
 	}
 	if a.preflight != nil {
 		start("preflight", func() error { a.preflight.run(ctx); return nil })

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
@@ -64,15 +65,15 @@ func (c DRAConfig) Validate(migStrategy string) error {
 	return errors.Join(errs...)
 }
 
-// draServer is the agent's DRA driver: the node's ResourceSlices (through
-// kubeapi.DRAObjects), the kubelet plugin with its Preparer and health
-// service, and the split of device kinds between the two APIs. It is
+// draServer is the agent's DRA driver: the kubelet plugin (the library's
+// helper: registration, prepare through the Preparer, device health and
+// the node's ResourceSlices), and the split of device kinds between the
+// two APIs. It is
 // built when DRA serves a kind or should (the configuration, or a kind
 // still held through DRA since an earlier run).
 type draServer struct {
 	log    *slog.Logger
 	split  *apiSplit
-	objs   *kubeapi.DRAObjects
 	prep   *dra.Preparer
 	plugin *dra.KubeletPlugin
 	// root resolves the standard pcieRoot attribute, cached per bus ID.
@@ -136,7 +137,7 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 	}
 	s.offered = offered
 	s.mu.Unlock()
-	s.objs.SetDevices(devs)
+	s.plugin.SetDevices(devs)
 	s.plugin.SetHealth(hs)
 }
 
@@ -251,7 +252,7 @@ func (a *Agent) openSplit() (*apiSplit, error) {
 	return newAPISplit(path, prev, a.cfg.DRA.Kinds, a.log.With("component", "dra"), a.reg)
 }
 
-// openDRA builds the DRA driver: its API objects, the Preparer over the
+// openDRA builds the DRA driver: the Preparer over the
 // checkpoint (a corrupt one fails the start: serving without it could
 // prepare a claim twice or never clean one up) and the kubelet plugin;
 // then takes the first step of the split, before anything is served.
@@ -263,26 +264,24 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	if cfg.Health.StateDir == "" {
 		return nil, errors.New("dra: serving devices through DRA needs a state directory (prepared claims are checkpointed there)")
 	}
-	objs, err := kubeapi.NewDRAObjects(kubeapi.DRAObjectsConfig{NodeName: cfg.NodeName, NewClients: a.clients.get, Retry: cfg.KubeRetry}, log, a.reg)
-	if err != nil {
-		return nil, err
-	}
 	devPrefix := ""
 	if simulated(a.hw) {
 		devPrefix = hostRoot // the simulated node's device nodes live there
 	}
-	s := &draServer{log: log, split: a.split, objs: objs, root: &pcieRootCache{resolve: dra.SysfsPCIeRoot(hostRoot)}}
+	s := &draServer{log: log, split: a.split, root: &pcieRootCache{resolve: dra.SysfsPCIeRoot(hostRoot)}}
+	var err error
 	s.prep, err = dra.NewPreparer(dra.PreparerConfig{
 		NodeName: cfg.NodeName, HostRoot: hostRoot, CDIDir: cfg.DRA.CDIDir, StateDir: cfg.Health.StateDir,
 		HostDevPrefix: devPrefix,
-		Claims:        objs,
 		Inventory:     func() dra.Inventory { return s.inventory(a.rec, a.nics) },
 		Log:           log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dra: %w", err)
 	}
-	s.plugin = dra.NewKubeletPlugin(s.prep, cfg.DRA.kubeletDir(cfg.DevicePluginDir), log)
+	s.plugin = dra.NewKubeletPlugin(s.prep, dra.PluginConfig{
+		KubeletDir: cfg.DRA.kubeletDir(cfg.DevicePluginDir), NodeName: cfg.NodeName, PodUID: types.UID(cfg.PodUID), Log: log,
+	})
 	a.split.dpHolders = kubeletHolders(cfg.DevicePluginDir, hostRoot)
 	a.split.draHolders = preparedHolders(s.prep)
 	if a.node != nil {

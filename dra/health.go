@@ -1,60 +1,41 @@
 package dra
 
 import (
-	"fmt"
+	"context"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
-	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
 // The kubelet's DRA health service (KEP-4680), as kubelet v1.37.2 consumes
-// it (k8s.io/kubernetes pkg/kubelet/cm/dra):
+// it (k8s.io/kubernetes pkg/kubelet/cm/dra) through the library's
+// DRAResourceHealth servers (kubeletplugin/health.go, which serves v1 and,
+// for kubelets up to 1.36, v1alpha1 from the same WatchHealthStatus):
 //
 //   - plugin/dra_plugin_manager.go: it opens NodeWatchResources only when the
 //     ResourceHealthStatus gate is on (beta, on by default since 1.36) and
-//     GetInfo's supported versions name a health service it knows
-//     (pickHealthService: "v1.DRAResourceHealth", else
-//     "v1alpha1.DRAResourceHealth", the latter until 1.40), on the same
-//     connection as the DRA service. When a stream ends it opens another
-//     5 s later (wait.UntilWithContext); Unimplemented makes it stop for
-//     good, so a served health service never answers that.
+//     GetInfo's supported versions name a health service it knows; when a
+//     stream ends it opens another 5 s later.
 //   - manager.go HandleWatchResourcesStream: every response is reconciled
-//     with its cache of this driver's devices (healthinfo.go
-//     updateHealthInfo), taking its own receipt time as the device's last
-//     update (last_updated_time is not used). When a stream ends, the whole
-//     driver's cache is cleared: every device reads UNKNOWN until the next
-//     stream reports it.
+//     with its cache of this driver's devices, taking its own receipt time
+//     as the device's last update. When a stream ends, the whole driver's
+//     cache is cleared: every device reads UNKNOWN until the next stream
+//     reports it.
 //   - healthinfo.go: a device not reported again within its
-//     health_check_timeout_seconds (default DefaultHealthTimeout, 30 s)
-//     reads UNKNOWN, and one missing from a response is dropped once that
-//     timeout has passed. A response is therefore the complete list, as the
-//     proto says, and it is re-sent before the timeout.
+//     health_check_timeout_seconds (default 30 s) reads UNKNOWN. A report
+//     is therefore the complete list, re-sent before the timeout: the
+//     library does not re-send for the driver, on purpose, so that a wedged
+//     monitor decays to UNKNOWN.
 //   - manager.go UpdateAllocatedResourcesStatus: a pod's
-//     status.containerStatuses[].allocatedResourcesStatus gets, per
-//     claim (and request) of the container, one entry per allocated device
-//     looked up by driver, pool and device name, its resourceID the first
-//     CDI device ID the plugin returned from NodePrepareResources. The
-//     message is copied only when ResourceHealthStatusMessage is on (beta,
-//     on by default since 1.36) and is cut to 1024 bytes
-//     (truncateHealthMessage).
-//
-// k8s.io/kubelet v0.36.3, our version, has only the v1alpha1 API; v1
-// (k8s.io/kubelet v0.37) is the same messages under another package, and
-// kubelet 1.37 reads a v1alpha1 server through V1Alpha1ClientWrapper. As
-// k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin does
-// (draplugin.go Start), the service is registered on the DRA socket's gRPC
-// server and advertised in GetInfo's supported versions; that library
-// version finds it by asserting drahealth.DRAResourceHealthServer on the
-// driver, v0.37.2 always serves it (HealthService option).
-
-// HealthService is the DRAResourceHealth gRPC service the plugin serves
-// on DRASocket and advertises in GetInfo.
-var HealthService = drahealth.DRAResourceHealth_ServiceDesc.ServiceName
+//     status.containerStatuses[].allocatedResourcesStatus gets, per claim
+//     (and request) of the container, one entry per allocated device, its
+//     resourceID the first CDI device ID the plugin returned from
+//     NodePrepareResources. The message is copied only when
+//     ResourceHealthStatusMessage is on and is cut to 1024 bytes.
 
 const (
 	// HealthCheckTimeout is sent as every device's
@@ -188,84 +169,75 @@ func (p *KubeletPlugin) subscribeHealth() (chan struct{}, func()) {
 	}
 }
 
-// healthResponse is the complete list of st, in the plugin's pool.
-func healthResponse(st *healthState, pool string) *drahealth.NodeWatchResourcesResponse {
-	resp := &drahealth.NodeWatchResourcesResponse{Devices: make([]*drahealth.DeviceHealth, 0, len(st.devices))}
+// healthReport is the complete list of st, in the plugin's pool.
+func healthReport(st *healthState, pool string) kubeletplugin.DeviceHealthReport {
+	r := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, len(st.devices))}
 	for _, d := range st.devices {
-		h := &drahealth.DeviceHealth{
-			Device:                    &drahealth.DeviceIdentifier{PoolName: pool, DeviceName: d.Device},
-			Health:                    drahealth.HealthStatus_HEALTHY,
-			LastUpdatedTime:           st.at.Unix(),
-			HealthCheckTimeoutSeconds: int64(HealthCheckTimeout / time.Second),
-			Message:                   d.Message,
+		h := kubeletplugin.DeviceHealth{
+			PoolName: pool, DeviceName: d.Device, Health: kubeletplugin.HealthStatusHealthy,
+			LastUpdated: st.at, HealthCheckTimeout: HealthCheckTimeout, Message: d.Message,
 		}
 		if !d.Healthy {
-			h.Health = drahealth.HealthStatus_UNHEALTHY
+			h.Health = kubeletplugin.HealthStatusUnhealthy
 		}
-		resp.Devices = append(resp.Devices, h)
+		r.Devices = append(r.Devices, h)
 	}
-	return resp
+	return r
 }
 
-// healthServer serves NodeWatchResources for a KubeletPlugin.
-type healthServer struct {
-	p *KubeletPlugin
-	drahealth.UnsafeDRAResourceHealthServer
-}
-
-var _ drahealth.DRAResourceHealthServer = healthServer{}
-
-// NodeWatchResources sends the current state at once (nothing until the
-// first SetHealth), then the full list after each change and every
-// HealthResendInterval. It ends when the kubelet goes, the plugin stops
-// or a send fails.
-func (h healthServer) NodeWatchResources(_ *drahealth.NodeWatchResourcesRequest, stream grpc.ServerStreamingServer[drahealth.NodeWatchResourcesResponse]) error {
-	p := h.p
-	ctx := stream.Context()
+// WatchHealthStatus serves one of the kubelet's health streams (the
+// library calls it for each, v1 or v1alpha1): it sends the current state
+// at once (nothing until the first SetHealth), then the full list after
+// each change and every HealthResendInterval (the library never re-sends
+// for the driver). It returns nil when ctx ends: the kubelet went, a send
+// failed or the plugin stopped.
+func (p *KubeletPlugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	p.healthStreams.Add(1)
 	defer p.healthStreams.Add(-1)
 	// Subscribed before the first read, so a change in between is not missed.
 	wake, unsubscribe := p.subscribeHealth()
 	defer unsubscribe()
 	// The ticker exists before the first send, so a test that has seen the
-	// first response can step a fake clock past it.
+	// first report can step a fake clock past it.
 	resend := p.clock.NewTicker(HealthResendInterval)
 	defer resend.Stop()
-	pool := p.prep.cfg.NodeName
+	pool := p.cfg.NodeName
 	log := p.log.With("pool", pool)
 	log.Info("dra health stream opened")
 	defer log.Info("dra health stream closed")
 
 	var sent uint64 // generation last sent; 0: none
-	send := func(again bool) error {
+	send := func(again bool) bool {
 		st := p.currentHealth()
 		if st == nil || (!again && st.gen == sent) {
-			return nil
+			return true
 		}
-		if err := stream.Send(healthResponse(st, pool)); err != nil {
-			return fmt.Errorf("dra health stream: send %d devices: %w", len(st.devices), err)
+		select {
+		case <-ctx.Done():
+			return false
+		case reports <- healthReport(st, pool):
 		}
 		sent = st.gen
-		return nil
+		return true
 	}
-	if err := send(false); err != nil {
-		return err
+	if !send(false) {
+		return nil
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
-			if err := send(false); err != nil {
-				return err
+			if !send(false) {
+				return nil
 			}
 		case <-resend.C():
-			if err := send(true); err != nil {
-				return err
+			if !send(true) {
+				return nil
 			}
 		}
 	}
 }
 
-// healthStreamCount is the number of NodeWatchResources streams being served.
+// healthStreamCount is the number of health streams being served.
 func (p *KubeletPlugin) healthStreamCount() int64 { return p.healthStreams.Load() }

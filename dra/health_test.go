@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,8 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	resourceapi "k8s.io/api/resource/v1"
-	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	"k8s.io/client-go/kubernetes/fake"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -40,7 +40,6 @@ type healthEnv struct {
 func newHealthEnv(t *testing.T) *healthEnv {
 	t.Helper()
 	prep, err := NewPreparer(PreparerConfig{NodeName: testNode, StateDir: t.TempDir(), CDIDir: t.TempDir(),
-		Claims:    &fakeClaims{claims: map[string]*resourceapi.ResourceClaim{}},
 		Inventory: func() Inventory { return Inventory{} }})
 	if err != nil {
 		t.Fatal(err)
@@ -52,14 +51,14 @@ func newHealthEnv(t *testing.T) *healthEnv {
 	}
 	t.Cleanup(func() { os.RemoveAll(kd) })
 	e := &healthEnv{t: t, clock: clocktesting.NewFakeClock(healthEpoch), kubeletDir: kd}
-	e.plugin = NewKubeletPlugin(prep, kd, nil)
+	e.plugin = NewKubeletPlugin(prep, PluginConfig{KubeletDir: kd, NodeName: testNode})
 	e.plugin.clock = e.clock
 	return e
 }
 
 func (e *healthEnv) start() {
 	e.t.Helper()
-	if err := e.plugin.Start(); err != nil {
+	if err := e.plugin.Start(context.Background(), fake.NewClientset()); err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(e.plugin.Stop)
@@ -94,7 +93,7 @@ func (e *healthEnv) watch(paused bool, opts ...grpc.DialOption) *healthStream {
 			break
 		}
 	}
-	if chosen != "v1alpha1.DRAResourceHealth" {
+	if chosen != "v1.DRAResourceHealth" {
 		t.Fatalf("kubelet 1.37 would pick health service %q from %v", chosen, info.SupportedVersions)
 	}
 	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
@@ -428,10 +427,8 @@ func TestHealthStopEndsStreams(t *testing.T) {
 	waitFor(t, "both streams to be served", func() bool { return e.plugin.healthStreamCount() == 2 })
 
 	e.plugin.Stop()
-	// Stop waits for the handlers: none is left once it returns.
-	if n := e.plugin.healthStreamCount(); n != 0 {
-		t.Errorf("%d health streams still served after Stop", n)
-	}
+	// Stop ends every stream: WatchHealthStatus returns for each.
+	waitFor(t, "the health streams to end after Stop", func() bool { return e.plugin.healthStreamCount() == 0 })
 	// The kubelet sees the connection go (and opens a new stream 5 s later).
 	if err := a.ended(); status.Code(err) != codes.Unavailable {
 		t.Errorf("stream ended with %v, want Unavailable", err)
@@ -517,28 +514,47 @@ func TestHealthBadInput(t *testing.T) {
 	wantDevs(t, e.watch(false).next(), healthEpoch, dev{"gpu-0", healthy, ""}, dev{"gpu-1", unhealthy, "xid-48: double-bit ECC error"})
 }
 
+// TestHealthServedOnDRASocket: both health API versions the library
+// serves (v1 for kubelet 1.37, v1alpha1 for kubelets up to 1.36) are
+// advertised and answer on the socket GetInfo names.
 func TestHealthServedOnDRASocket(t *testing.T) {
 	e := newHealthEnv(t)
 	e.start()
-	if !slices.Contains(SupportedServices, HealthService) || HealthService != "v1alpha1.DRAResourceHealth" {
-		t.Errorf("SupportedServices %v, HealthService %q", SupportedServices, HealthService)
-	}
-	// The kubelet dials the endpoint GetInfo names; the health service
-	// must be on that socket, not another.
-	if got := filepath.Base(DRASocket(e.kubeletDir)); got != "dra.sock" {
-		t.Errorf("DRA socket %s", got)
-	}
-	e.plugin.SetHealth([]DeviceHealth{{Device: "gpu-0", Healthy: true}})
-	c := drahealth.NewDRAResourceHealthClient(dial(t, DRASocket(e.kubeletDir)))
-	s, err := c.NodeWatchResources(context.Background(), &drahealth.NodeWatchResourcesRequest{})
+	reg := registerapi.NewRegistrationClient(dial(t, RegistrationSocket(e.kubeletDir)))
+	info, err := reg.GetInfo(context.Background(), &registerapi.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := s.Recv()
-	if err != nil {
-		t.Fatalf("NodeWatchResources on %s: %v", DRASocket(e.kubeletDir), err)
+	for _, s := range []string{"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"} {
+		if !slices.Contains(info.SupportedVersions, s) {
+			t.Errorf("GetInfo's supported versions %v lack %s", info.SupportedVersions, s)
+		}
 	}
-	wantDevs(t, r, healthEpoch, dev{"gpu-0", healthy, ""})
+	if info.Endpoint != DRASocket(e.kubeletDir) {
+		t.Errorf("GetInfo names endpoint %s, want %s", info.Endpoint, DRASocket(e.kubeletDir))
+	}
+	e.plugin.SetHealth([]DeviceHealth{{Device: "gpu-0", Healthy: true}, {Device: "gpu-1", Healthy: false, Message: "xid-79"}})
+	conn := dial(t, DRASocket(e.kubeletDir))
+	v1, err := drahealth.NewDRAResourceHealthClient(conn).NodeWatchResources(context.Background(), &drahealth.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := v1.Recv()
+	if err != nil {
+		t.Fatalf("v1 NodeWatchResources on %s: %v", DRASocket(e.kubeletDir), err)
+	}
+	wantDevs(t, r, healthEpoch, dev{"gpu-0", healthy, ""}, dev{"gpu-1", unhealthy, "xid-79"})
+	old, err := drahealthv1alpha1.NewDRAResourceHealthClient(conn).NodeWatchResources(context.Background(), &drahealthv1alpha1.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, err := old.Recv()
+	if err != nil {
+		t.Fatalf("v1alpha1 NodeWatchResources: %v", err)
+	}
+	if len(ra.Devices) != 2 || ra.Devices[1].Device.DeviceName != "gpu-1" || ra.Devices[1].Health != drahealthv1alpha1.HealthStatus_UNHEALTHY || ra.Devices[1].Message != "xid-79" {
+		t.Errorf("v1alpha1 response %v", ra.Devices)
+	}
 }
 
 // waitFor polls cond until it holds, failing the test at guard.

@@ -5,16 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
-	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
-	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
-	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/utils/clock"
 )
@@ -22,36 +25,63 @@ import (
 // DefaultKubeletDir is the kubelet's root directory.
 const DefaultKubeletDir = "/var/lib/kubelet"
 
-// Socket paths under the kubelet directory, as the library's kubeletplugin
-// lays them out (KubeletRegistryDir, KubeletPluginsDir, "dra.sock" and
-// "<driver>-reg.sock" in k8s.io/dynamic-resource-allocation v0.36.3
-// kubeletplugin/draplugin.go): the kubelet's plugin watcher finds the
-// registration socket and connects to the DRA socket GetInfo names.
+// RegistryDir is where the kubelet's plugin watcher looks for registration
+// sockets under kubeletDir (the library's KubeletRegistryDir under the
+// default root).
+func RegistryDir(kubeletDir string) string {
+	return filepath.Join(kubeletDir, "plugins_registry")
+}
+
+// PluginDir is the plugin's data directory under kubeletDir, which holds
+// its DRA socket and, in a rolling update, the lock file that serializes
+// the calls of both instances (the library's KubeletPluginsDir/<driver>).
+func PluginDir(kubeletDir string) string {
+	return filepath.Join(kubeletDir, "plugins", DriverName)
+}
+
+// RegistrationSocket is the registration socket the plugin serves when it
+// is not in a rolling update: "<driver>-reg.sock" in RegistryDir. In a
+// rolling update each instance has its own, named by its pod's UID
+// (kubeletplugin.RollingUpdateRegistrarSocketFile).
 func RegistrationSocket(kubeletDir string) string {
-	return filepath.Join(kubeletDir, "plugins_registry", DriverName+"-reg.sock")
+	return filepath.Join(RegistryDir(kubeletDir), DriverName+"-reg.sock")
 }
 
-// DRASocket is the socket of the DRA service (see RegistrationSocket).
+// DRASocket is the socket of the DRA service when the plugin is not in a
+// rolling update ("dra-<pod UID>.sock" when it is).
 func DRASocket(kubeletDir string) string {
-	return filepath.Join(kubeletDir, "plugins", DriverName, "dra.sock")
+	return filepath.Join(PluginDir(kubeletDir), "dra.sock")
 }
 
-// SupportedServices are the DRA gRPC services the plugin serves and
-// advertises in GetInfo's supported versions: v1 (kubelet 1.34 and later
-// prefer it) and v1beta1 (which kubelet 1.34 to 1.37 still speak), the
-// default of the library's kubeletplugin (NodeV1, NodeV1beta1 options),
-// and the health service (HealthService), which kubelet 1.37 opens only
-// when it is listed here (see health.go).
-var SupportedServices = []string{drapbv1.DRAPluginService, drapbv1beta1.DRAPluginService, HealthService}
+// PluginConfig is what a KubeletPlugin needs beside its Preparer.
+type PluginConfig struct {
+	// KubeletDir is the kubelet's root directory; DefaultKubeletDir if
+	// empty.
+	KubeletDir string
+	// NodeName is this node, the pool of its ResourceSlices.
+	NodeName string
+	// PodUID is the agent pod's UID (from the downward API). When set, the
+	// plugin runs in the library's rolling-update mode: its sockets carry
+	// the UID, so during a DaemonSet rollout the kubelet talks to the old
+	// and the new pod at once and the node is never without a DRA plugin;
+	// the calls of both are serialized through a lock file.
+	PodUID types.UID
+	Log    *slog.Logger
+}
 
-// KubeletPlugin serves a Preparer to the kubelet: the registration service
-// on RegistrationSocket, and the DRA service (v1 and v1beta1) and the
-// health service (SetHealth) on DRASocket.
+// KubeletPlugin is the agent's DRA driver as k8s.io/dynamic-resource-allocation's
+// kubeletplugin helper runs it: the helper serves the registration
+// service, the DRA services (v1 and v1beta1), the DRAResourceHealth
+// services (v1 and v1alpha1), reads each claim before a prepare, and
+// publishes the node's ResourceSlices through its resourceslice
+// controller. KubeletPlugin is the kubeletplugin.DRAPlugin behind it:
+// prepare and unprepare through the Preparer, the devices' health from
+// SetHealth, background errors logged.
 type KubeletPlugin struct {
-	prep       *Preparer
-	kubeletDir string
-	log        *slog.Logger
-	clock      clock.WithTicker // tests replace it before Start
+	prep  *Preparer
+	cfg   PluginConfig
+	log   *slog.Logger
+	clock clock.WithTicker // tests replace it before Start
 
 	// healthMu guards the health state and the streams waiting for it; it
 	// is not mu, so SetHealth never waits for Start or Stop.
@@ -60,98 +90,93 @@ type KubeletPlugin struct {
 	healthSubs    map[chan struct{}]struct{}
 	healthStreams atomic.Int64
 
-	mu         sync.Mutex
-	registered bool
-	regErr     string
-	servers    []*grpc.Server
-	sockets    []string
-	wg         sync.WaitGroup
-
-	drapbv1.UnsafeDRAPluginServer
+	mu     sync.Mutex
+	helper *kubeletplugin.Helper
+	// registration is what the kubelet last said in
+	// NotifyRegistrationStatus, recorded by regInterceptor (the helper's
+	// own RegistrationStatus is not safe to read while the kubelet calls).
+	registration *registerapi.RegistrationStatus
+	// devices are the last SetDevices; published once the helper runs.
+	devices     []resourceapi.Device
+	haveDevices bool
+	published   bool
 }
 
+var _ kubeletplugin.DRAPlugin = (*KubeletPlugin)(nil)
+
 // NewKubeletPlugin returns a plugin for prep; Start serves it.
-func NewKubeletPlugin(prep *Preparer, kubeletDir string, log *slog.Logger) *KubeletPlugin {
-	if kubeletDir == "" {
-		kubeletDir = DefaultKubeletDir
+func NewKubeletPlugin(prep *Preparer, cfg PluginConfig) *KubeletPlugin {
+	if cfg.KubeletDir == "" {
+		cfg.KubeletDir = DefaultKubeletDir
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &KubeletPlugin{prep: prep, kubeletDir: kubeletDir, log: log, clock: clock.RealClock{},
+	return &KubeletPlugin{prep: prep, cfg: cfg, log: cfg.Log, clock: clock.RealClock{},
 		healthSubs: map[chan struct{}]struct{}{}}
 }
 
-// Start listens on both sockets and serves them until Stop. The DRA
-// socket comes first so the kubelet, once it sees the registration
-// socket, can connect at once (the library's order). Stale sockets of an
-// earlier run are removed first.
-func (p *KubeletPlugin) Start() error {
+// Start starts the library's helper over client, the API client it reads
+// ResourceClaims and writes ResourceSlices with: it listens on the DRA
+// socket, then on the registration socket (stale sockets of an earlier
+// run removed), and serves both until Stop or ctx ends. Devices set
+// before Start are published now.
+func (p *KubeletPlugin) Start(ctx context.Context, client kubernetes.Interface) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.servers) > 0 {
+	if p.helper != nil {
 		return errors.New("dra kubelet plugin: already started")
 	}
-	// Stop waits for the DRA handlers, so no health stream outlives it.
-	// Not the registration server: its NotifyRegistrationStatus takes mu,
-	// which Stop holds.
-	dra := grpc.NewServer(grpc.WaitForHandlers(true))
-	drapbv1.RegisterDRAPluginServer(dra, p)
-	drapbv1beta1.RegisterDRAPluginServer(dra, drapbv1beta1.V1ServerWrapper{DRAPluginServer: p})
-	drahealth.RegisterDRAResourceHealthServer(dra, healthServer{p: p})
-	if err := p.serve(dra, DRASocket(p.kubeletDir)); err != nil {
-		return err
+	if client == nil || p.cfg.NodeName == "" {
+		return errors.New("dra kubelet plugin: an API client and the node name are required")
 	}
-	reg := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(reg, registrationServer{p: p})
-	if err := p.serve(reg, RegistrationSocket(p.kubeletDir)); err != nil {
-		p.stopLocked()
-		return err
-	}
-	p.log.Info("dra kubelet plugin serving", "driver", DriverName, "socket", DRASocket(p.kubeletDir), "registration", RegistrationSocket(p.kubeletDir))
-	return nil
-}
-
-func (p *KubeletPlugin) serve(s *grpc.Server, socket string) error {
-	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
-		return fmt.Errorf("dra kubelet plugin: create socket dir: %w", err)
-	}
-	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("dra kubelet plugin: remove stale socket %s: %w", socket, err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		return fmt.Errorf("dra kubelet plugin: listen on %s: %w", socket, err)
-	}
-	p.servers = append(p.servers, s)
-	p.sockets = append(p.sockets, socket)
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		if err := s.Serve(l); err != nil {
-			p.log.Error("dra kubelet plugin: grpc server stopped", "socket", socket, "err", err)
+	// The library listens in these directories but does not make them
+	// (the kubelet makes the registry; the plugin's own is ours to make).
+	for _, dir := range []string{RegistryDir(p.cfg.KubeletDir), PluginDir(p.cfg.KubeletDir)} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("dra kubelet plugin: %w", err)
 		}
-	}()
+	}
+	// The library logs through klog's context logger: route it to ours.
+	ctx = klog.NewContext(ctx, logr.FromSlogHandler(p.log.Handler()))
+	opts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.NodeName(p.cfg.NodeName),
+		kubeletplugin.RegistrarDirectoryPath(RegistryDir(p.cfg.KubeletDir)),
+		kubeletplugin.PluginDataDirectoryPath(PluginDir(p.cfg.KubeletDir)),
+		kubeletplugin.GRPCInterceptor(p.regInterceptor),
+	}
+	if p.cfg.PodUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(p.cfg.PodUID))
+	}
+	h, err := kubeletplugin.Start(ctx, p, opts...)
+	if err != nil {
+		return fmt.Errorf("dra kubelet plugin: %w", err)
+	}
+	p.helper = h
+	if p.haveDevices {
+		if err := p.publishLocked(); err != nil {
+			h.Stop()
+			p.helper = nil
+			return err
+		}
+	}
+	p.log.Info("dra kubelet plugin serving", "driver", DriverName, "pluginDir", PluginDir(p.cfg.KubeletDir),
+		"registryDir", RegistryDir(p.cfg.KubeletDir), "rollingUpdate", p.cfg.PodUID != "")
 	return nil
 }
 
-// Stop stops both servers and removes their sockets, the registration
-// socket first so the kubelet stops calling (it unregisters the plugin
-// when the socket goes). It returns once every call in progress,
-// health streams included, has ended.
+// Stop stops the helper: its servers (removing their sockets, the
+// registration socket's removal makes the kubelet unregister the plugin),
+// its health streams and its ResourceSlice controller. The slices stay
+// on the API server: the next run takes them over.
 func (p *KubeletPlugin) Stop() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.stopLocked()
-}
-
-func (p *KubeletPlugin) stopLocked() {
-	for i := len(p.servers) - 1; i >= 0; i-- {
-		p.servers[i].Stop()
-		_ = os.Remove(p.sockets[i])
-	}
-	p.wg.Wait()
-	p.servers, p.sockets = nil, nil
+	h := p.helper
+	p.helper, p.registration = nil, nil
+	p.mu.Unlock()
+	h.Stop()
 }
 
 // Registered reports whether the kubelet said it registered the plugin,
@@ -159,81 +184,108 @@ func (p *KubeletPlugin) stopLocked() {
 func (p *KubeletPlugin) Registered() (bool, string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.registered, p.regErr
+	if p.helper == nil {
+		return false, "not started"
+	}
+	if p.registration == nil {
+		return false, "the kubelet has not called yet"
+	}
+	return p.registration.PluginRegistered, p.registration.Error
 }
 
-// NodePrepareResources prepares each claim; per-claim failures go into
-// the claim's response, as the kubelet expects, never the RPC error.
-func (p *KubeletPlugin) NodePrepareResources(ctx context.Context, req *drapbv1.NodePrepareResourcesRequest) (*drapbv1.NodePrepareResourcesResponse, error) {
-	refs := make([]ClaimRef, 0, len(req.Claims))
-	for _, c := range req.Claims {
-		refs = append(refs, ClaimRef{Namespace: c.Namespace, Name: c.Name, UID: c.Uid})
-	}
-	res := p.prep.Prepare(ctx, refs)
-	resp := &drapbv1.NodePrepareResourcesResponse{Claims: make(map[string]*drapbv1.NodePrepareResourceResponse, len(res))}
-	for uid, r := range res {
-		cr := &drapbv1.NodePrepareResourceResponse{}
-		if r.Err != nil {
-			cr.Error = r.Err.Error()
+// regInterceptor records each NotifyRegistrationStatus the kubelet sends
+// the helper's registration server, then lets the helper answer it.
+func (p *KubeletPlugin) regInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if st, ok := req.(*registerapi.RegistrationStatus); ok {
+		p.mu.Lock()
+		p.registration = st
+		p.mu.Unlock()
+		if st.PluginRegistered {
+			p.log.Info("dra kubelet plugin registered with the kubelet", "driver", DriverName)
+		} else {
+			p.log.Error("dra kubelet plugin: kubelet refused registration", "err", st.Error)
 		}
+	}
+	return handler(ctx, req)
+}
+
+// SetDevices makes devs (Build's devices, in order) the node's published
+// devices, split into the slices of its pool (Split); the latest call
+// wins. The library's controller writes only what changed. Never blocks
+// on the API server.
+func (p *KubeletPlugin) SetDevices(devs []resourceapi.Device) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.devices, p.haveDevices = devs, true
+	if p.helper == nil {
+		return
+	}
+	if err := p.publishLocked(); err != nil {
+		p.log.Error("ResourceSlices not published", "err", err)
+	}
+}
+
+func (p *KubeletPlugin) publishLocked() error {
+	var slices []resourceslice.Slice
+	for _, s := range Split(p.devices) {
+		slices = append(slices, resourceslice.Slice{Devices: s})
+	}
+	err := p.helper.PublishResources(context.Background(), resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{p.cfg.NodeName: {Slices: slices}},
+	})
+	if err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	p.published = true
+	return nil
+}
+
+// Published reports whether devices have been handed to the library's
+// ResourceSlice controller (which then writes them in the background).
+func (p *KubeletPlugin) Published() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.published
+}
+
+// PrepareResourceClaims prepares each claim the helper has read and
+// checked (allocated, same UID); per-claim failures go into the claim's
+// result, as the kubelet expects.
+func (p *KubeletPlugin) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	res := p.prep.Prepare(claims)
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(res))
+	for uid, r := range res {
+		pr := kubeletplugin.PrepareResult{Err: r.Err, Devices: make([]kubeletplugin.Device, 0, len(r.Devices))}
 		for _, d := range r.Devices {
-			cr.Devices = append(cr.Devices, &drapbv1.Device{
-				RequestNames: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CdiDeviceIds: d.CDIDeviceIDs,
+			pr.Devices = append(pr.Devices, kubeletplugin.Device{
+				Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs,
 			})
 		}
-		resp.Claims[uid] = cr
+		out[types.UID(uid)] = pr
 	}
-	return resp, nil
+	return out, nil
 }
 
-// NodeUnprepareResources unprepares each claim; an unknown claim is a
+// UnprepareResourceClaims unprepares each claim; an unknown claim is a
 // success.
-func (p *KubeletPlugin) NodeUnprepareResources(_ context.Context, req *drapbv1.NodeUnprepareResourcesRequest) (*drapbv1.NodeUnprepareResourcesResponse, error) {
-	refs := make([]ClaimRef, 0, len(req.Claims))
-	for _, c := range req.Claims {
-		refs = append(refs, ClaimRef{Namespace: c.Namespace, Name: c.Name, UID: c.Uid})
+func (p *KubeletPlugin) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	refs := make([]ClaimRef, 0, len(claims))
+	for _, c := range claims {
+		refs = append(refs, ClaimRef{Namespace: c.Namespace, Name: c.Name, UID: string(c.UID)})
 	}
 	res := p.prep.Unprepare(refs)
-	resp := &drapbv1.NodeUnprepareResourcesResponse{Claims: make(map[string]*drapbv1.NodeUnprepareResourceResponse, len(res))}
+	out := make(map[types.UID]error, len(res))
 	for uid, err := range res {
-		cr := &drapbv1.NodeUnprepareResourceResponse{}
-		if err != nil {
-			cr.Error = err.Error()
-		}
-		resp.Claims[uid] = cr
+		out[types.UID(uid)] = err
 	}
-	return resp, nil
+	return out, nil
 }
 
-// registrationServer answers the kubelet's plugin watcher, as the
-// library's registrationServer does (kubeletplugin/registrationserver.go).
-type registrationServer struct {
-	p *KubeletPlugin
-	registerapi.UnsafeRegistrationServer
-}
-
-var _ registerapi.RegistrationServer = registrationServer{}
-
-// GetInfo names the driver, its DRA socket and the services it serves.
-func (r registrationServer) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	return &registerapi.PluginInfo{
-		Type:              registerapi.DRAPlugin,
-		Name:              DriverName,
-		Endpoint:          DRASocket(r.p.kubeletDir),
-		SupportedVersions: SupportedServices,
-	}, nil
-}
-
-// NotifyRegistrationStatus records what the kubelet made of GetInfo. A
-// refusal is answered with an error, as the library does.
-func (r registrationServer) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	r.p.mu.Lock()
-	r.p.registered, r.p.regErr = st.PluginRegistered, st.Error
-	r.p.mu.Unlock()
-	if !st.PluginRegistered {
-		r.p.log.Error("dra kubelet plugin: kubelet refused registration", "err", st.Error)
-		return nil, fmt.Errorf("dra plugin registration failed: %s", st.Error)
-	}
-	r.p.log.Info("dra kubelet plugin registered with the kubelet", "driver", DriverName)
-	return &registerapi.RegistrationStatusResponse{}, nil
+// HandleError logs an error of the helper's background work (publishing
+// slices, a gRPC server, stale health reports). None is fatal to the
+// agent: the device plugin, health and metrics go on, the library retries
+// what can be retried, and the readiness check reports a plugin the
+// kubelet does not have.
+func (p *KubeletPlugin) HandleError(_ context.Context, err error, msg string) {
+	p.log.Error("dra kubelet plugin: "+msg, "err", err, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
 }

@@ -3,19 +3,20 @@ package dra
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -29,34 +30,21 @@ import (
 
 const testNode = "node-1"
 
-// fakeClaims is the API server's claims, counting Gets.
+// fakeClaims is the API server's claims: client-go's fake clientset,
+// which the library's helper reads each claim from before a prepare.
 type fakeClaims struct {
-	mu     sync.Mutex
-	claims map[string]*resourceapi.ResourceClaim
-	gets   int
+	cs *fake.Clientset
 }
 
-func (f *fakeClaims) Get(_ context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.gets++
-	c, ok := f.claims[namespace+"/"+name]
-	if !ok {
-		return nil, fmt.Errorf("resourceclaims %q not found", name)
-	}
-	return c.DeepCopy(), nil
-}
+func newFakeClaims() *fakeClaims { return &fakeClaims{cs: fake.NewClientset()} }
 
 func (f *fakeClaims) put(c *resourceapi.ResourceClaim) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.claims[c.Namespace+"/"+c.Name] = c
-}
-
-func (f *fakeClaims) getCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.gets
+	claims := f.cs.ResourceV1().ResourceClaims(c.Namespace)
+	if _, err := claims.Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		if _, err := claims.Update(context.Background(), c, metav1.UpdateOptions{}); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // result is one allocation result: request, driver, pool, device.
@@ -100,7 +88,7 @@ func newEnv(t *testing.T, profile string, opts ...sim.ProfileOption) *testEnv {
 	t.Cleanup(func() { os.RemoveAll(kd) })
 	e := &testEnv{t: t, node: node, nics: nics, root: root, kubeletDir: kd,
 		cdiDir: filepath.Join(t.TempDir(), "cdi"), state: filepath.Join(t.TempDir(), "state"),
-		claims: &fakeClaims{claims: map[string]*resourceapi.ResourceClaim{}}}
+		claims: newFakeClaims()}
 	if err := e.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -109,12 +97,12 @@ func newEnv(t *testing.T, profile string, opts ...sim.ProfileOption) *testEnv {
 
 func (e *testEnv) start() error {
 	prep, err := NewPreparer(PreparerConfig{NodeName: testNode, HostRoot: e.root, CDIDir: e.cdiDir, StateDir: e.state,
-		Claims: e.claims, Inventory: func() Inventory { return Inventory{Node: e.node, RDMA: e.nics} }})
+		Inventory: func() Inventory { return Inventory{Node: e.node, RDMA: e.nics} }})
 	if err != nil {
 		return err
 	}
-	e.plugin = NewKubeletPlugin(prep, e.kubeletDir, nil)
-	if err := e.plugin.Start(); err != nil {
+	e.plugin = NewKubeletPlugin(prep, PluginConfig{KubeletDir: e.kubeletDir, NodeName: testNode})
+	if err := e.plugin.Start(context.Background(), e.claims.cs); err != nil {
 		return err
 	}
 	e.t.Cleanup(e.plugin.Stop)
@@ -186,6 +174,16 @@ func specFiles(t *testing.T, dir string) []string {
 	return out
 }
 
+// specModTime is the modification time of claim uid's CDI spec.
+func specModTime(t *testing.T, dir, uid string) time.Time {
+	t.Helper()
+	fi, err := os.Stat(filepath.Join(dir, SpecFile(uid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.ModTime()
+}
+
 func gpuUUID(t *testing.T, n *topology.Node, index int) string {
 	t.Helper()
 	for _, g := range n.GPUs {
@@ -252,7 +250,7 @@ func TestRegistration(t *testing.T) {
 	if info.Type != registerapi.DRAPlugin || info.Name != DriverName || info.Endpoint != DRASocket(e.kubeletDir) {
 		t.Errorf("GetInfo = %v", info)
 	}
-	if !slices.Equal(info.SupportedVersions, []string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}) {
+	if !slices.Equal(info.SupportedVersions, []string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}) {
 		t.Errorf("supported versions %v", info.SupportedVersions)
 	}
 	if ok, _ := e.plugin.Registered(); ok {
@@ -331,13 +329,13 @@ func TestPrepareGPUAndNIC(t *testing.T) {
 		}
 	}
 
-	// Prepare again: the same answer from the checkpoint, no API call,
-	// still one spec file.
-	gets := e.claims.getCount()
+	// Prepare again: the same answer from the checkpoint (the spec is not
+	// written again), still one spec file.
+	before := specModTime(t, e.cdiDir, "uid-1")
 	again := prepare(t, c, claimReq("ns", "aligned", "uid-1"))["uid-1"]
 	checkDevices(t, again.Devices, want)
-	if e.claims.getCount() != gets {
-		t.Error("a prepared claim was read from the API server again")
+	if after := specModTime(t, e.cdiDir, "uid-1"); !after.Equal(before) {
+		t.Error("a prepared claim's spec was written again")
 	}
 	if files := specFiles(t, e.cdiDir); !slices.Equal(files, []string{SpecFile("uid-1")}) {
 		t.Errorf("cdi dir holds %v", files)
@@ -440,23 +438,35 @@ func TestPrepareErrorsPerClaim(t *testing.T) {
 	}
 	e.claims.put(allocated("ns", "no-node", "uid-nonode", ours("gpu", "gpu-7")))
 
+	// Claims the library's helper reads and finds wrong (replaced, not
+	// allocated, missing) fail the whole call before the driver sees it,
+	// with a gRPC error naming the claim; the kubelet retries.
+	for _, tc := range []struct {
+		claim *drapbv1.Claim
+		want  string
+	}{
+		{claimReq("ns", "replaced", "uid-old"), "replaced"},
+		{claimReq("ns", "unallocated", "uid-un"), "not allocated"},
+		{claimReq("ns", "missing", "uid-missing"), "not found"},
+	} {
+		_, err := c.NodePrepareResources(context.Background(), &drapbv1.NodePrepareResourcesRequest{
+			Claims: []*drapbv1.Claim{claimReq("ns", "good", "uid-good"), tc.claim}})
+		if err == nil || !strings.Contains(err.Error(), tc.claim.Name) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("claim %s: error %v, want one naming it and containing %q", tc.claim.Name, err, tc.want)
+		}
+	}
+	// Claims the driver cannot prepare fail one by one.
 	got := prepare(t, c,
 		claimReq("ns", "good", "uid-good"),
-		claimReq("ns", "replaced", "uid-old"),
 		claimReq("ns", "gone-device", "uid-gone"),
-		claimReq("ns", "unallocated", "uid-un"),
-		claimReq("ns", "missing", "uid-missing"),
 		claimReq("ns", "no-node", "uid-nonode"),
 	)
 	if got["uid-good"].Error != "" || len(got["uid-good"].Devices) != 1 {
 		t.Errorf("good claim: %v", got["uid-good"])
 	}
 	for uid, want := range map[string]string{
-		"uid-old":     "replaced",
-		"uid-gone":    "gpu-9 is not on this node",
-		"uid-un":      "not allocated",
-		"uid-missing": "not found",
-		"uid-nonode":  "/dev/nvidia7",
+		"uid-gone":   "gpu-9 is not on this node",
+		"uid-nonode": "/dev/nvidia7",
 	} {
 		if r := got[uid]; !strings.Contains(r.Error, want) || len(r.Devices) != 0 {
 			t.Errorf("claim %s: error %q, devices %v; want an error containing %q", uid, r.Error, r.Devices, want)
@@ -500,10 +510,10 @@ func TestRestartKeepsPreparedClaims(t *testing.T) {
 		t.Fatal(before.Error)
 	}
 
-	// The agent restarts; meanwhile the claim is deleted on the API
-	// server (the pod is gone), so only the checkpoint knows it.
+	// The agent restarts; the kubelet asks again (the same answer, from
+	// the checkpoint), then the claim is deleted on the API server (the pod
+	// is gone): only the checkpoint knows it, and unprepare works from it.
 	e.plugin.Stop()
-	e.claims.put(allocated("ns", "kept", "uid-other", ours("gpu", "gpu-6")))
 	if err := e.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -516,6 +526,9 @@ func TestRestartKeepsPreparedClaims(t *testing.T) {
 		t.Fatal(after.Error)
 	}
 	checkDevices(t, after.Devices, before.Devices)
+	if err := e.claims.cs.ResourceV1().ResourceClaims("ns").Delete(context.Background(), "kept", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if r := unprepare(t, c, claimReq("ns", "kept", "uid-k"))["uid-k"]; r.Error != "" {
 		t.Fatal(r.Error)
 	}
@@ -540,7 +553,7 @@ func TestCorruptCheckpointFailsClosed(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err := NewPreparer(PreparerConfig{NodeName: testNode, StateDir: dir, CDIDir: t.TempDir(),
-				Claims: &fakeClaims{}, Inventory: func() Inventory { return Inventory{} }})
+				Inventory: func() Inventory { return Inventory{} }})
 			if !errors.Is(err, ErrCheckpointCorrupt) || !strings.Contains(err.Error(), path) {
 				t.Errorf("NewPreparer = %v; want ErrCheckpointCorrupt naming %s", err, path)
 			}
@@ -585,16 +598,69 @@ func TestPrepareRewritesLostSpec(t *testing.T) {
 	if err := os.Remove(filepath.Join(e.cdiDir, SpecFile("uid-l"))); err != nil {
 		t.Fatal(err)
 	}
-	gets := e.claims.getCount()
 	again := prepare(t, c, claimReq("ns", "c", "uid-l"))["uid-l"]
 	if again.Error != "" {
 		t.Fatal(again.Error)
 	}
 	checkDevices(t, again.Devices, first.Devices)
-	if e.claims.getCount() != gets+1 {
-		t.Error("the claim was not read again to rebuild its spec")
-	}
 	if files := specFiles(t, e.cdiDir); !slices.Equal(files, []string{SpecFile("uid-l")}) {
 		t.Errorf("cdi dir holds %v", files)
+	}
+}
+
+// TestRollingUpdate: two instances of the plugin on one node, as a
+// DaemonSet rollout runs them (each with its pod's UID), serve at once on
+// sockets of their own; a claim prepared through the old one is known to
+// the new one, which unprepares it.
+func TestRollingUpdate(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	e.plugin.Stop()
+	start := func(uid types.UID) *KubeletPlugin {
+		t.Helper()
+		prep, err := NewPreparer(PreparerConfig{NodeName: testNode, HostRoot: e.root, CDIDir: e.cdiDir, StateDir: e.state,
+			Inventory: func() Inventory { return Inventory{Node: e.node, RDMA: e.nics} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := NewKubeletPlugin(prep, PluginConfig{KubeletDir: e.kubeletDir, NodeName: testNode, PodUID: uid})
+		if err := p.Start(context.Background(), e.claims.cs); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		return p
+	}
+	kubelet := func(uid types.UID) drapbv1.DRAPluginClient {
+		t.Helper()
+		reg := registerapi.NewRegistrationClient(dial(t, filepath.Join(RegistryDir(e.kubeletDir), kubeletplugin.RollingUpdateRegistrarSocketFile(RegistryDir(e.kubeletDir), DriverName, uid))))
+		info, err := reg.GetInfo(context.Background(), &registerapi.InfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(filepath.Base(info.Endpoint), string(uid)) {
+			t.Errorf("instance %s serves DRA on %s, not a socket of its own", uid, info.Endpoint)
+		}
+		return drapbv1.NewDRAPluginClient(dial(t, info.Endpoint))
+	}
+	start("pod-old")
+	oldC := kubelet("pod-old")
+	newP := start("pod-new")
+	newC := kubelet("pod-new")
+
+	e.claims.put(allocated("ns", "c", "uid-r", ours("gpu", "gpu-3")))
+	if r := prepare(t, oldC, claimReq("ns", "c", "uid-r"))["uid-r"]; r.Error != "" {
+		t.Fatalf("prepare through the old instance: %s", r.Error)
+	}
+	// The new instance answers from the shared checkpoint.
+	if r := prepare(t, newC, claimReq("ns", "c", "uid-r"))["uid-r"]; r.Error != "" || len(r.Devices) != 1 || r.Devices[0].DeviceName != "gpu-3" {
+		t.Fatalf("prepare again through the new instance: %v", r)
+	}
+	if r := unprepare(t, newC, claimReq("ns", "c", "uid-r"))["uid-r"]; r == nil || r.Error != "" {
+		t.Fatalf("unprepare through the new instance: %v", r)
+	}
+	if files := specFiles(t, e.cdiDir); len(files) != 0 {
+		t.Errorf("cdi dir holds %v after unprepare", files)
+	}
+	if p := newP.prep.Prepared(); len(p) != 0 {
+		t.Errorf("checkpoint still holds %v", p)
 	}
 }

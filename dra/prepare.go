@@ -1,7 +1,6 @@
 package dra
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,11 +36,6 @@ const (
 // containerd and CRI-O read by default; the library's kubeletplugin uses
 // the same default (DefaultCDIDir in kubeletplugin/metadata.go, v0.36.3).
 const DefaultCDIDir = "/var/run/cdi"
-
-// ClaimGetter reads a ResourceClaim from the API server.
-type ClaimGetter interface {
-	Get(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
-}
 
 // Inventory is the node's devices as Prepare maps allocation results onto
 // them: the topology model (device names, as Build publishes them) and the
@@ -89,15 +83,16 @@ type PreparerConfig struct {
 	CDIDir string
 	// StateDir holds the checkpoint (CheckpointFileName).
 	StateDir string
-	Claims   ClaimGetter
 	// Inventory returns the current devices; called once per Prepare.
 	Inventory func() Inventory
 	Log       *slog.Logger
 }
 
 // Preparer prepares and unprepares claims: CDI spec per claim, prepared
-// claims checkpointed. Calls are serialized, as the library's kubeletplugin
-// serializes them by default (Serialize option).
+// claims checkpointed. The library's kubeletplugin serializes the calls
+// (its Serialize option, on by default), across the two instances of a
+// rolling update too (a lock file); each call re-reads the checkpoint, so
+// a claim the other instance prepared is known here.
 type Preparer struct {
 	cfg  PreparerConfig
 	path string
@@ -110,8 +105,8 @@ type Preparer struct {
 // NewPreparer loads the checkpoint. A checkpoint that cannot be read is an
 // error wrapping ErrCheckpointCorrupt: the plugin must not serve then.
 func NewPreparer(cfg PreparerConfig) (*Preparer, error) {
-	if cfg.NodeName == "" || cfg.StateDir == "" || cfg.Claims == nil || cfg.Inventory == nil {
-		return nil, errors.New("dra preparer: node name, state dir, claim getter and inventory are required")
+	if cfg.NodeName == "" || cfg.StateDir == "" || cfg.Inventory == nil {
+		return nil, errors.New("dra preparer: node name, state dir and inventory are required")
 	}
 	if cfg.CDIDir == "" {
 		cfg.CDIDir = DefaultCDIDir
@@ -169,24 +164,25 @@ func (p *Preparer) PreparedDevices() map[string][]string {
 	return out
 }
 
-// Prepare prepares each claim; errors are per claim. A claim already
-// prepared whose spec is still on disk gets the checkpointed answer
-// without an API call.
-func (p *Preparer) Prepare(ctx context.Context, claims []ClaimRef) map[string]PrepareResult {
+// Prepare prepares each claim (read from the API server by the caller);
+// errors are per claim, by UID. A claim already prepared whose spec is
+// still on disk gets the checkpointed answer.
+func (p *Preparer) Prepare(claims []*resourceapi.ResourceClaim) map[string]PrepareResult {
 	out := make(map[string]PrepareResult, len(claims))
+	if err := p.reload(); err != nil {
+		for _, c := range claims {
+			out[string(c.UID)] = PrepareResult{Err: err}
+		}
+		return out
+	}
 	var inv *Inventory
-	for _, ref := range claims {
+	for _, claim := range claims {
+		ref := ClaimRef{Namespace: claim.Namespace, Name: claim.Name, UID: string(claim.UID)}
 		p.mu.Lock()
 		pc, done := p.cp.Claims[ref.UID]
 		p.mu.Unlock()
 		if done && p.specExists(ref.UID) {
 			out[ref.UID] = PrepareResult{Devices: slices.Clone(pc.Devices)}
-			continue
-		}
-		// Slow API call outside the lock, as the library does.
-		claim, err := p.cfg.Claims.Get(ctx, ref.Namespace, ref.Name)
-		if err != nil {
-			out[ref.UID] = PrepareResult{Err: fmt.Errorf("get claim %s/%s: %w", ref.Namespace, ref.Name, err)}
 			continue
 		}
 		if inv == nil {
@@ -202,6 +198,20 @@ func (p *Preparer) Prepare(ctx context.Context, claims []ClaimRef) map[string]Pr
 		out[ref.UID] = PrepareResult{Devices: devs, Err: err}
 	}
 	return out
+}
+
+// reload re-reads the checkpoint: in a rolling update the other instance
+// may have changed it since this one last did. One that cannot be read
+// fails the call (fail closed), and the last good one stays in memory.
+func (p *Preparer) reload() error {
+	cp, err := readCheckpoint(p.path)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.cp = cp
+	p.mu.Unlock()
+	return nil
 }
 
 func (p *Preparer) specExists(uid string) bool {
@@ -311,9 +321,15 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 // Unprepare removes each claim's CDI spec and forgets it; a claim not
 // prepared (or already unprepared) is a success. Errors are per claim.
 func (p *Preparer) Unprepare(claims []ClaimRef) map[string]error {
+	out := make(map[string]error, len(claims))
+	if err := p.reload(); err != nil {
+		for _, ref := range claims {
+			out[ref.UID] = err
+		}
+		return out
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]error, len(claims))
 	for _, ref := range claims {
 		// Removed even when the checkpoint does not hold the claim: a
 		// crash after writing the spec and before the checkpoint leaves one.

@@ -256,3 +256,23 @@ func (o *NodeObject) Run(ctx context.Context) error {
 	wg.Wait()
 	return nil
 }
+
+// waitForClients calls newClients until it succeeds or ctx ends (false),
+// logging each failure with what goes undone.
+func waitForClients(ctx context.Context, newClients func() (Clients, error), retry time.Duration, log *slog.Logger, undone string) (Clients, bool) {
+	backoff := RetryBackoff()
+	backoff.Duration = retry
+	for {
+		c, err := newClients()
+		if err == nil {
+			return c, true
+		}
+		wait := backoff.Step()
+		log.Error("no Kubernetes API access: "+undone+"; retrying", "err", err, "retry", wait)
+		select {
+		case <-ctx.Done():
+			return Clients{}, false
+		case <-time.After(wait):
+		}
+	}
+}
