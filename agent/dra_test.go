@@ -102,7 +102,7 @@ func TestAgentServesDRA(t *testing.T) {
 	if l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 1 {
 		t.Fatalf("slices: %d, %v; want 1", len(l.Items), err)
 	}
-	if n := sliceWrites(t, a, "create"); n != 1 {
+	if n := sliceWrites(client, "create"); n != 1 {
 		t.Errorf("slice creates = %v, want 1", n)
 	}
 	if rs := a.rec.current().resources; len(rs) != 0 {
@@ -134,7 +134,7 @@ func TestAgentServesDRA(t *testing.T) {
 	if _, err := client.ResourceV1().ResourceClaims("default").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	res := a.dra.prep.Prepare(ctx, []dra.ClaimRef{{Namespace: "default", Name: "pair", UID: "claim-uid-1"}})
+	res := a.dra.prep.Prepare([]*resourceapi.ResourceClaim{claim})
 	if r := res["claim-uid-1"]; r.Err != nil || len(r.Devices) != 2 {
 		t.Fatalf("prepare: %+v", r)
 	}
@@ -198,7 +198,7 @@ func TestAgentDRAKindsOnly(t *testing.T) {
 	if _, err := client.ResourceV1().ResourceClaims("default").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	res := a.dra.prep.Prepare(ctx, []dra.ClaimRef{{Namespace: "default", Name: "gpu", UID: "claim-uid-2"}})
+	res := a.dra.prep.Prepare([]*resourceapi.ResourceClaim{claim})
 	if r := res["claim-uid-2"]; r.Err == nil || !strings.Contains(r.Err.Error(), "device gpu-0 is a gpu, which this node serves through the device plugin, not DRA") {
 		t.Fatalf("prepare of a device-plugin GPU: %+v", r)
 	}
@@ -241,23 +241,13 @@ func TestAgentCorruptDRACheckpointFailsTheStart(t *testing.T) {
 	}
 }
 
-// sliceWrites is the agent's ResourceSlice write count for verb.
-func sliceWrites(t *testing.T, a *Agent, verb string) float64 {
-	t.Helper()
-	mfs, err := a.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "gpu_node_agent_dra_resourceslice_writes_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == verb {
-				return m.GetCounter().GetValue()
-			}
+// sliceWrites is how many verb requests on ResourceSlices client got.
+func sliceWrites(client *fake.Clientset, verb string) int {
+	n := 0
+	for _, act := range client.Actions() {
+		if act.GetVerb() == verb && act.GetResource().Resource == "resourceslices" {
+			n++
 		}
 	}
-	t.Fatalf("no %s writes metric", verb)
-	return 0
+	return n
 }
