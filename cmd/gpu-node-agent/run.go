@@ -64,6 +64,7 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		PodAttribution:       c.Metrics.PodAttribution,
 		Zombies:              c.Health.Zombies,
 		NodeName:             c.NodeName,
+		PodUID:               c.PodUID,
 		Taint:                c.Taint.TaintConfig,
 		NodeLabels:           c.NodeLabels,
 		Kubeconfig:           c.Kubeconfig,

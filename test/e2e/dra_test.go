@@ -36,11 +36,10 @@ import (
 var draKinds = []string{"gpu", "mig", "nic"}
 
 const (
-	gpuClass       = "gpu." + dra.DriverName
-	nicClass       = "nic." + dra.DriverName
-	pcieRootAttr   = "resource.kubernetes.io/pcieRoot"
-	nvlinkIsland   = dra.DriverName + "/" + string(dra.AttrNVLinkIsland)
-	sliceWritesMet = "gpu_node_agent_dra_resourceslice_writes_total"
+	gpuClass     = "gpu." + dra.DriverName
+	nicClass     = "nic." + dra.DriverName
+	pcieRootAttr = "resource.kubernetes.io/pcieRoot"
+	nvlinkIsland = dra.DriverName + "/" + string(dra.AttrNVLinkIsland)
 )
 
 // draRescan is the agent's rescan interval in TestDRA.
@@ -115,7 +114,7 @@ func TestDRA(t *testing.T) {
 			t.Errorf("device plugin still offers what DRA serves: %v", err)
 		}
 	}
-	quietSince, writesBefore := time.Now(), sliceWrites(ctx, t, a)
+	quietSince, versionsBefore := time.Now(), sliceVersions(ctx, t)
 
 	// (a) 1 GPU + 1 NIC on one PCIe root complex.
 	pair := runGPUNICClaim(ctx, t, node, devs)
@@ -129,10 +128,10 @@ func TestDRA(t *testing.T) {
 	if d := draRescan + 2*time.Second - time.Since(quietSince); d > 0 {
 		time.Sleep(d)
 	}
-	if w := sliceWrites(ctx, t, a); w != writesBefore {
-		t.Errorf("%s went from %v to %v in %s with no device or health change", sliceWritesMet, writesBefore, w, time.Since(quietSince).Round(time.Second))
+	if v := sliceVersions(ctx, t); v != versionsBefore {
+		t.Errorf("ResourceSlices went from %s to %s in %s with no device or health change", versionsBefore, v, time.Since(quietSince).Round(time.Second))
 	} else {
-		t.Logf("no ResourceSlice write in %s without change (%s = %v)", time.Since(quietSince).Round(time.Second), sliceWritesMet, w)
+		t.Logf("no ResourceSlice write in %s without change (%s)", time.Since(quietSince).Round(time.Second), v)
 	}
 
 	// (d) The agent restarted while twoGPUs is prepared.
@@ -466,38 +465,20 @@ func attr(d resourcev1.Device, name string) string {
 	return *v.StringValue
 }
 
-// sliceWrites is the agent's ResourceSlice write counter, summed over
-// verbs.
-func sliceWrites(ctx context.Context, t *testing.T, a *agentdeploy.Agent) float64 {
+// sliceVersions names the node's ResourceSlices of the driver with their
+// resourceVersions: any write to one (create, update, delete) changes it.
+func sliceVersions(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var total float64
-	var found bool
-	err := poll(sctx, func(ctx context.Context) (bool, error) {
-		body, ok := scrapeAgent(ctx, a)
-		if !ok {
-			return false, nil
-		}
-		total, found = 0, false
-		for _, line := range strings.Split(body, "\n") {
-			if !strings.HasPrefix(line, sliceWritesMet+"{") && !strings.HasPrefix(line, sliceWritesMet+" ") {
-				continue
-			}
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				return false, fmt.Errorf("metric line %q: %w", line, err)
-			}
-			total += v
-			found = true
-		}
-		return found, nil
-	})
+	l, err := listSlices(ctx)
 	if err != nil {
-		t.Fatalf("agent metrics have no %s: %v", sliceWritesMet, err)
+		t.Fatalf("list ResourceSlices: %v", err)
 	}
-	return total
+	out := make([]string, 0, len(l))
+	for _, s := range l {
+		out = append(out, s.Name+"@"+s.ResourceVersion)
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 // createClaim creates a ResourceClaim in the test namespace; the test's
@@ -952,6 +933,7 @@ func agentRestartWhilePrepared(ctx context.Context, t *testing.T, a *agentdeploy
 		t.Fatalf("claim %s prepared, but %s does not hold %s", p.claim, cp, uid)
 	}
 	containerID, restarts, _ := containerOf(ctx, t, p.pod.Name)
+	versions := sliceVersions(ctx, t)
 
 	old, err := a.Pod(ctx, shared)
 	if err != nil {
@@ -972,8 +954,8 @@ func agentRestartWhilePrepared(ctx context.Context, t *testing.T, a *agentdeploy
 	// Two health polls after Ready: a restart with nothing changed
 	// rewrites no slice.
 	time.Sleep(2*e2ePollInterval + time.Second)
-	if w := sliceWrites(ctx, t, a); w != 0 {
-		t.Errorf("the restarted agent wrote ResourceSlices %v times with no device or health change", w)
+	if v := sliceVersions(ctx, t); v != versions {
+		t.Errorf("the restarted agent wrote ResourceSlices with no device or health change: %s, before %s", v, versions)
 	}
 	id, r, running := containerOf(ctx, t, p.pod.Name)
 	if !running || id != containerID || r != restarts {
@@ -1090,7 +1072,7 @@ func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent
 	// is ResourceHealthStatusMessage; the cluster sets no feature gate.
 	healthy := waitGPUHealth(ctx, t, p, corev1.ResourceHealthStatusHealthy)
 	t.Logf("pod %s allocatedResourcesStatus before the fault: %s %s", p.pod.Name, healthy.ResourceID, healthy.Health)
-	writes := sliceWrites(ctx, t, a)
+	versions := sliceVersions(ctx, t)
 	want := expectedDRADevices(node)
 
 	wctx, wcancel := context.WithCancel(ctx)
@@ -1122,10 +1104,10 @@ func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent
 	if taint.Effect != resourcev1.DeviceTaintEffectNoSchedule || !strings.Contains(taint.Value, "79") {
 		t.Errorf("taint %+v on %s, want effect NoSchedule and a value naming XID 79", *taint, p.gpu)
 	}
-	if w := sliceWrites(ctx, t, a); w <= writes {
-		t.Errorf("%s %v after the taint, %v before", sliceWritesMet, w, writes)
+	if v := sliceVersions(ctx, t); v == versions {
+		t.Errorf("ResourceSlices %s unchanged after the taint", v)
 	} else {
-		t.Logf("slice writes for the taint: %v", w-writes)
+		t.Logf("ResourceSlices for the taint: %s, before %s", v, versions)
 	}
 
 	h := waitGPUHealth(ctx, t, p, corev1.ResourceHealthStatusUnhealthy)

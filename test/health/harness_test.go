@@ -270,7 +270,7 @@ func simFault(t testing.TB, n *sim.Node, method, body string) {
 
 // startNodeWatch runs the informer of node name on client until the test
 // ends, as the agent does once for its tainter and labeler.
-func startNodeWatch(t testing.TB, client kubeapi.Client, name string, resync time.Duration) *kubeapi.NodeWatch {
+func startNodeWatch(t testing.TB, client kubernetes.Interface, name string, resync time.Duration) *kubeapi.NodeWatch {
 	t.Helper()
 	w, err := kubeapi.NewNodeWatch(client, name, resync)
 	if err != nil {

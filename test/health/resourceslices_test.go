@@ -3,13 +3,13 @@ package health
 import (
 	"context"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -198,32 +198,68 @@ func (c *apiCounter) sliceWrites() (creates, updates, deletes int) {
 	return c.sliceRequests(http.MethodPost), c.sliceRequests(http.MethodPut), c.sliceRequests(http.MethodDelete)
 }
 
-// runPublisher runs a SlicePublisher of node A on clients until the
-// returned stop is called (or the test ends).
-func runPublisher(t *testing.T, clients kubeapi.Clients, reg prometheus.Registerer) (*kubeapi.SlicePublisher, func()) {
+// runPublisher runs the agent's DRA kubelet plugin of node A on clients
+// (its sockets in a kubelet directory of its own, no kubelet) until the
+// returned stop is called (or the test ends); its SetDevices publishes
+// through k8s.io/dynamic-resource-allocation's ResourceSlice controller.
+func runPublisher(t *testing.T, clients kubeapi.Clients) (*dra.KubeletPlugin, func()) {
 	t.Helper()
-	p, err := kubeapi.NewSlicePublisher(clients.Core, kubeapi.SlicePublisherConfig{NodeName: draNodeA}, discard(), reg)
+	prep, err := dra.NewPreparer(dra.PreparerConfig{NodeName: draNodeA, StateDir: t.TempDir(), CDIDir: t.TempDir(),
+		Inventory: func() dra.Inventory { return dra.Inventory{} }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.Run(ctx) })
+	// Unix socket paths are limited to 108 bytes; t.TempDir can be long.
+	kd, err := os.MkdirTemp("", "kubelet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(kd) })
+	p := dra.NewKubeletPlugin(prep, dra.PluginConfig{KubeletDir: kd, NodeName: draNodeA, Log: discard()})
+	if err := p.Start(context.Background(), clients.Core); err != nil {
+		t.Fatal(err)
+	}
 	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
+	stop := func() { once.Do(p.Stop) }
 	t.Cleanup(stop)
 	return p, stop
 }
 
-// publish Sets devs and waits until the API server holds them.
-func publish(t *testing.T, p *kubeapi.SlicePublisher, devs []resourcev1.Device) {
+// publish sets devs and waits until the API server stores them (in
+// dra.Split's slices, taints compared without the server's TimeAdded).
+func (d *draCluster) publish(t *testing.T, p *dra.KubeletPlugin, devs []resourcev1.Device) {
 	t.Helper()
-	p.Set(devs)
-	waitFor(t, time.Minute, "the publisher's Set to reach the API server", p.Published)
+	p.SetDevices(devs)
+	parts := dra.Split(devs)
+	waitFor(t, time.Minute, "the devices to reach the API server", func() bool {
+		stored := d.nodeSlices(t, draNodeA, dra.DriverName)
+		if len(stored) != len(parts) {
+			return false
+		}
+		for i, s := range stored {
+			if !apiequality.Semantic.DeepEqual(withoutTimeAdded(s.Spec.Devices), parts[i]) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
-// TestSlicePublisherRealAPIServer runs kubeapi.SlicePublisher as the
-// agent on node A (the chart's RBAC and admission policy, a pod-bound
+// withoutTimeAdded is a copy of devs with the taints' TimeAdded cleared.
+func withoutTimeAdded(devs []resourcev1.Device) []resourcev1.Device {
+	out := make([]resourcev1.Device, len(devs))
+	for i := range devs {
+		devs[i].DeepCopyInto(&out[i])
+		for k := range out[i].Taints {
+			out[i].Taints[k].TimeAdded = nil
+		}
+	}
+	return out
+}
+
+// TestSlicePublisherRealAPIServer runs the agent's DRA kubelet plugin
+// (the library's helper and ResourceSlice controller) as the agent on
+// node A (the chart's RBAC and admission policy, a pod-bound
 // token) against a real kube-apiserver, publishing dra.Build's devices of
 // a simulated DGX A100 with every GPU in seven MIG devices (56 MIG
 // devices and 10 NICs: two slices). Every ResourceSlice request is
@@ -267,11 +303,7 @@ func TestSlicePublisherRealAPIServer(t *testing.T) {
 	}
 
 	counter := newAPICounter()
-	reg := prometheus.NewPedanticRegistry()
-	p, stop := runPublisher(t, countedClients(t, d.agentCfg, counter), reg)
-	writesMetric := func() map[string]float64 {
-		return metricByLabel(t, reg, "gpu_node_agent_dra_resourceslice_writes_total", "verb")
-	}
+	p, stop := runPublisher(t, countedClients(t, d.agentCfg, counter))
 	expectWrites := func(step string, creates, updates, deletes int) {
 		t.Helper()
 		c, u, del := counter.sliceWrites()
@@ -331,18 +363,15 @@ func TestSlicePublisherRealAPIServer(t *testing.T) {
 	}
 
 	// First publish: two creates, generation 1.
-	publish(t, p, healthy)
+	d.publish(t, p, healthy)
 	expectWrites("first publish", 2, 0, 0)
-	if m := writesMetric(); m["create"] != 2 || m["update"] != 0 || m["delete"] != 0 {
-		t.Errorf("writes metric %v, want 2 creates only", m)
-	}
 	first := readBack("first publish", healthy, 1)
 
 	// Equal Sets, each waited for, write nothing.
 	counter.reset()
 	const equalSets = 20
 	for range equalSets {
-		publish(t, p, build(nil))
+		d.publish(t, p, build(nil))
 	}
 	expectWrites("20 equal Sets", 0, 0, 0)
 
@@ -361,7 +390,7 @@ func TestSlicePublisherRealAPIServer(t *testing.T) {
 	}
 	tainted := build(map[string]dra.Fault{victimID: {Cause: "xid-79"}})
 	counter.reset()
-	publish(t, p, tainted)
+	d.publish(t, p, tainted)
 	expectWrites("taint added", 0, 1, 0)
 	if n := counter.requestCount(http.MethodPut, slicesPath+"/"+first[1].Name); n != 1 {
 		t.Errorf("taint added: %d updates of slice %s, which holds %s; want 1", n, first[1].Name, victim.Name)
@@ -384,13 +413,13 @@ func TestSlicePublisherRealAPIServer(t *testing.T) {
 	// TimeAdded the built one lacks.
 	counter.reset()
 	for range 5 {
-		publish(t, p, build(map[string]dra.Fault{victimID: {Cause: "xid-79"}}))
+		d.publish(t, p, build(map[string]dra.Fault{victimID: {Cause: "xid-79"}}))
 	}
 	expectWrites("same fault again", 0, 0, 0)
 
 	// Recovery: one update of the same slice.
 	counter.reset()
-	publish(t, p, healthy)
+	d.publish(t, p, healthy)
 	expectWrites("taint removed", 0, 1, 0)
 	if n := counter.requestCount(http.MethodPut, slicesPath+"/"+first[1].Name); n != 1 {
 		t.Errorf("taint removed: %d updates of slice %s; want 1", n, first[1].Name)
@@ -401,8 +430,8 @@ func TestSlicePublisherRealAPIServer(t *testing.T) {
 	// adopts them and writes nothing.
 	stop()
 	counter2 := newAPICounter()
-	p2, _ := runPublisher(t, countedClients(t, d.agentCfg, counter2), prometheus.NewPedanticRegistry())
-	publish(t, p2, build(nil))
+	p2, _ := runPublisher(t, countedClients(t, d.agentCfg, counter2))
+	d.publish(t, p2, build(nil))
 	counter = counter2
 	expectWrites("restart over identical slices", 0, 0, 0)
 	after := readBack("restart", healthy, 1)

@@ -75,7 +75,7 @@ func shapeOf(reqs []string) requestShape {
 // node's taint, which the test writes in place of the tainter.
 type slotAgent struct {
 	node   string
-	agent  kubeapi.Client
+	agent  kubernetes.Interface
 	meta   metadata.Interface
 	client kubernetes.Interface
 	reqs   *slotRequests
