@@ -1,7 +1,7 @@
 # Metrics: the Prometheus endpoint's tests (they run Debian's prometheus and
 # promtool), its scrape benchmarks and an RSS/CPU soak of the built agent.
 
-.PHONY: deps-prometheus test-metrics bench-metrics soak-metrics
+.PHONY: deps-prometheus test-metrics bench-metrics soak-metrics soak-dra
 
 deps-prometheus: ## install Debian's prometheus (prometheus + promtool) when missing
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
@@ -54,3 +54,10 @@ soak-metrics: build-sim ## run the agent SOAK_SECONDS (default 600) and print ma
 		printf "soak-metrics: %d s, collection every 1 s, %d scrapes, %d DCGM_ series per scrape\n", n, sc, series; \
 		printf "  max RSS   %.1f MiB (last %.1f MiB)\n", max/1024, rss/1024; \
 		printf "  avg CPU   %.2f%% of one core\n", 100 * (t/hz) / (s1 - s0) }'
+
+# soak-dra is the same load with the DRA driver serving every device kind:
+# etcd and kube-apiserver on loopback (no kubelet), the node's
+# ResourceSlices published, the kubelet plugin's sockets up
+# (test/cmd/drasoak).
+soak-dra: build-sim kube-bins e2e-deps ## run the agent with DRA serving against a real apiserver for SOAK_SECONDS; print max RSS and average CPU%
+	cd test && $(E2E_ENV) $(GO) run ./cmd/drasoak -bin $(CURDIR)/$(SIM_BIN) -duration $(SOAK_SECONDS)s -scrape $(SOAK_SCRAPE)s

@@ -257,7 +257,7 @@ func withoutTimeAdded(devs []resourcev1.Device) []resourcev1.Device {
 	return out
 }
 
-// TestSlicePublisherRealAPIServer runs the agent's DRA kubelet plugin
+// TestResourceSlicesRealAPIServer runs the agent's DRA kubelet plugin
 // (the library's helper and ResourceSlice controller) as the agent on
 // node A (the chart's RBAC and admission policy, a pod-bound
 // token) against a real kube-apiserver, publishing dra.Build's devices of
@@ -268,7 +268,7 @@ func withoutTimeAdded(devs []resourcev1.Device) []resourcev1.Device {
 // updates exactly the slice holding the device; a new publisher (an agent
 // restart) over the stored slices writes nothing; and what the API server
 // stores reads back semantically equal to what dra.Build produced.
-func TestSlicePublisherRealAPIServer(t *testing.T) {
+func TestResourceSlicesRealAPIServer(t *testing.T) {
 	t.Parallel()
 	d := startDRACluster(t)
 
