@@ -8,8 +8,8 @@
 // once each), the operator's clear-faults and preflight-rerun annotations,
 // the topology labels and annotations (Labeler), the fleet
 // safeguard behind the Safeguard seam, and jittered retries. It talks
-// through a narrow typed client of its own (Client: Nodes, Leases, Events),
-// not client-go's clientset, whose every API group costs the agent memory.
+// through client-go's clientset (Clients), which the DRA driver's library
+// shares, and a metadata client for the safeguard's count of Nodes.
 //
 // At steady state it makes no requests at all besides the informer's one
 // watch: periodic resyncs re-check the cached object, and every write is
