@@ -1111,6 +1111,7 @@ func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent
 	}
 
 	h := waitGPUHealth(ctx, t, p, corev1.ResourceHealthStatusUnhealthy)
+	inStatus := time.Since(injected)
 	msg := ""
 	if h.Message != nil {
 		msg = *h.Message
@@ -1118,7 +1119,7 @@ func faultOnAllocatedGPU(ctx context.Context, t *testing.T, a *agentdeploy.Agent
 	if !strings.Contains(msg, "79") {
 		t.Errorf("allocatedResourcesStatus of %s: message %q does not name XID 79", p.gpu, msg)
 	}
-	t.Logf("pod %s allocatedResourcesStatus: %s %s %q", p.pod.Name, h.ResourceID, h.Health, msg)
+	t.Logf("XID 79 on GPU %d → pod %s allocatedResourcesStatus %s %s %q after %s (polled every 250 ms)", p.index, p.pod.Name, h.ResourceID, h.Health, msg, inStatus.Round(time.Millisecond))
 	if _, _, running := containerOf(ctx, t, p.pod.Name); !running {
 		t.Errorf("pod %s stopped running after a NoSchedule device taint", p.pod.Name)
 	}
