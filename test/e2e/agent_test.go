@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -46,12 +47,18 @@ func TestAgentDaemonSet(t *testing.T) {
 	if pod.Spec.NodeName != shared.NodeName {
 		t.Errorf("agent pod on node %q, want %q", pod.Spec.NodeName, shared.NodeName)
 	}
-	ds, err := shared.Client.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.DaemonSet, metav1.GetOptions{})
+	// The DaemonSet controller counts the Ready pod in its own time.
+	var ds appsv1.DaemonSet
+	err = poll(ctx, func(ctx context.Context) (bool, error) {
+		got, err := shared.Client.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.DaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ds = *got
+		return ds.Status.NumberReady == 1 && ds.Status.DesiredNumberScheduled == 1, nil
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if ds.Status.NumberReady != 1 || ds.Status.DesiredNumberScheduled != 1 {
-		t.Errorf("daemonset ready %d of %d desired, want 1 of 1", ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+		t.Errorf("daemonset ready %d of %d desired, want 1 of 1: %v", ds.Status.NumberReady, ds.Status.DesiredNumberScheduled, err)
 	}
 	d := waitDemoResources(t, time.Minute)
 	capacity, alloc, err := shared.NodeResources(ctx, "nvidia.com/")
