@@ -25,7 +25,7 @@ PRODUCT_TAGS := grpcnotrace
 # The agent runs it only when it reads or writes an API object: decoding a
 # 50-image Node costs no time this machine can resolve, encoding one about
 # 2 microseconds more (`make measure-api-codec`), and the binary is 0.5 MB
-# and the idle agent's RSS 0.35 MB smaller (README, Measurements). The
+# and the idle agent's RSS 0.35 MB smaller (docs/performance.md). The
 # Dockerfile sets the same (check-dockerfile).
 PRODUCT_GCFLAGS := k8s.io/api/...=-l
 IMAGE   ?= gpu-node-agent:$(VERSION)
