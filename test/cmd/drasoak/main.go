@@ -140,6 +140,7 @@ metrics:
 	}
 	start := time.Now()
 	var maxRSS, rss int64
+	var atMax memory
 	scrapes, series := 0, 0
 	nextScrape := start.Add(scrape)
 	for time.Since(start) < duration {
@@ -148,10 +149,13 @@ metrics:
 			return fmt.Errorf("agent exited after %s: %v; log:\n%s", time.Since(start).Round(time.Second), err, agentLog())
 		case <-time.After(time.Second):
 		}
-		if rss, err = vmRSS(pid); err != nil {
+		m, err := readMemory(pid)
+		if err != nil {
 			return err
 		}
-		maxRSS = max(maxRSS, rss)
+		if rss = m.rss; rss > maxRSS {
+			maxRSS, atMax = rss, m
+		}
 		if time.Now().After(nextScrape) {
 			nextScrape = nextScrape.Add(scrape)
 			if n, err := scrapeSeries(url); err == nil {
@@ -171,7 +175,8 @@ metrics:
 	}
 	fmt.Printf("drasoak: %s, GPU metrics every 1 s, %d scrapes, %d DCGM_ series per scrape, %d devices in %d ResourceSlices at the end\n",
 		duration, scrapes, series, devices2, slices2)
-	fmt.Printf("  max RSS   %.1f MiB (last %.1f MiB)\n", float64(maxRSS)/1024, float64(rss)/1024)
+	fmt.Printf("  max RSS   %.1f MiB (last %.1f MiB); at the peak RssAnon %.1f MiB, RssFile %.1f MiB\n",
+		float64(maxRSS)/1024, float64(rss)/1024, float64(atMax.anon)/1024, float64(atMax.file)/1024)
 	// USER_HZ is 100 on Linux.
 	fmt.Printf("  avg CPU   %.2f%% of one core\n", 100*float64(t1-t0)/100/elapsed.Seconds())
 	return nil
@@ -211,18 +216,37 @@ func scrapeSeries(url string) (int, error) {
 	return n, nil
 }
 
-// vmRSS is the process's VmRSS in KiB.
-func vmRSS(pid int) (int64, error) {
+// memory is a process's resident memory in KiB (/proc/<pid>/status).
+type memory struct{ rss, anon, file int64 }
+
+func readMemory(pid int) (memory, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return memory{}, err
 	}
+	var m memory
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			return strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || len(strings.Fields(v)) == 0 {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "VmRSS":
+			m.rss = n
+		case "RssAnon":
+			m.anon = n
+		case "RssFile":
+			m.file = n
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	if m.rss == 0 {
+		return m, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return m, nil
 }
 
 // cpuTicks is the process's user and system time in clock ticks.
