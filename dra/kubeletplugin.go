@@ -62,9 +62,9 @@ type PluginConfig struct {
 	NodeName string
 	// PodUID is the agent pod's UID (from the downward API). When set, the
 	// plugin runs in the library's rolling-update mode: its sockets carry
-	// the UID, so during a DaemonSet rollout the kubelet talks to the old
-	// and the new pod at once and the node is never without a DRA plugin;
-	// the calls of both are serialized through a lock file.
+	// the UID, so two pods on one node (a DaemonSet rollout that surges)
+	// both serve the kubelet, neither removes the other's sockets, and
+	// their calls are serialized through a lock file.
 	PodUID types.UID
 	Log    *slog.Logger
 }
