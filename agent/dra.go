@@ -68,9 +68,8 @@ func (c DRAConfig) Validate(migStrategy string) error {
 // draServer is the agent's DRA driver: the kubelet plugin (the library's
 // helper: registration, prepare through the Preparer, device health and
 // the node's ResourceSlices), and the split of device kinds between the
-// two APIs. It is
-// built when DRA serves a kind or should (the configuration, or a kind
-// still held through DRA since an earlier run).
+// two APIs. It is built when DRA serves a kind or should (the
+// configuration, or a kind still held through DRA since an earlier run).
 type draServer struct {
 	log    *slog.Logger
 	split  *apiSplit
@@ -252,10 +251,11 @@ func (a *Agent) openSplit() (*apiSplit, error) {
 	return newAPISplit(path, prev, a.cfg.DRA.Kinds, a.log.With("component", "dra"), a.reg)
 }
 
-// openDRA builds the DRA driver: the Preparer over the
-// checkpoint (a corrupt one fails the start: serving without it could
-// prepare a claim twice or never clean one up) and the kubelet plugin;
-// then takes the first step of the split, before anything is served.
+// openDRA builds the DRA driver: the Preparer over the checkpoint (a
+// corrupt one fails the start: serving without it could prepare a claim
+// twice or never clean one up) and the kubelet plugin, which Run starts
+// with the API client; then takes the first step of the split, before
+// anything is served.
 func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	cfg, log := a.cfg, a.log.With("component", "dra")
 	if cfg.NodeName == "" {
