@@ -31,6 +31,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
 )
 
 const (
@@ -70,10 +71,10 @@ func run(bin string, duration, scrape time.Duration) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	// A copy, as an image installs it: the file the Go linker has just
-	// written maps with more resident pages.
+	// A copy, as cp or an image unpack makes one: how the file was written
+	// decides how many of its pages a fault maps.
 	agent := filepath.Join(dir, "agent")
-	if err := copyFile(bin, agent); err != nil {
+	if err := agentproc.CopyBinary(bin, agent); err != nil {
 		return err
 	}
 	port, err := freePort()
@@ -272,12 +273,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func copyFile(from, to string) error {
-	b, err := os.ReadFile(from)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(to, b, 0o755)
 }

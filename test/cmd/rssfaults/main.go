@@ -31,6 +31,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
 )
 
 func main() {
@@ -62,7 +64,7 @@ func run(bin string, d time.Duration, top int, module string, args []string, out
 	// A copy, as measure-rss-real runs one: the file the linker has just
 	// written sits in the page cache in larger folios.
 	agent := filepath.Join(dir, "agent")
-	if err := copyFile(bin, agent); err != nil {
+	if err := agentproc.CopyBinary(bin, agent); err != nil {
 		return err
 	}
 	data := filepath.Join(dir, "perf.data")
@@ -124,26 +126,6 @@ func fileSections(bin string) ([]section, error) {
 		return nil, fmt.Errorf("%s: no allocated sections", bin)
 	}
 	return out, nil
-}
-
-// copyFile copies as cp does (copy_file_range, through io.Copy): how the
-// file is written decides the size of its page-cache folios, and so how
-// many pages one fault maps (one whole write makes larger ones).
-func copyFile(from, to string) error {
-	src, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		dst.Close()
-		return err
-	}
-	return dst.Close()
 }
 
 // status is the memory lines of /proc/PID/status of perf's workload (its

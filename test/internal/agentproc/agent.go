@@ -313,3 +313,24 @@ func (c SimControl) ProcessPIDs(ctx context.Context) ([]uint32, error) {
 	}
 	return pids, nil
 }
+
+// CopyBinary copies an agent binary as cp does (copy_file_range, through io.Copy): how the
+// file is written decides the size of its page-cache folios, and so how
+// many pages one fault maps (one whole write makes larger ones), so a
+// copy made here is resident as one an image unpacks or cp makes.
+func CopyBinary(from, to string) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
+}
