@@ -12,6 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
@@ -209,8 +212,19 @@ func waitPreflight(ctx context.Context, t *testing.T, a *agentdeploy.Agent, want
 // every 5 s, so a gate quicker than that looked 5 s long.
 func watchPreflightTaint(ctx context.Context, t *testing.T) <-chan time.Time {
 	t.Helper()
-	w, err := shared.Client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", shared.NodeName).String(),
+	nodes := shared.Client.CoreV1().Nodes()
+	sel := fields.OneTermEqualSelector("metadata.name", shared.NodeName).String()
+	n, err := nodes.Get(ctx, shared.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get node %s: %v", shared.NodeName, err)
+	}
+	// A RetryWatcher re-opens the watch from the last event it delivered
+	// if the server ends it, so no change of the node is missed.
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, n.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return nodes.Watch(ctx, o)
+		},
 	})
 	if err != nil {
 		t.Fatalf("watch node %s: %v", shared.NodeName, err)
