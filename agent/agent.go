@@ -66,7 +66,9 @@ type Config struct {
 	// the API server.
 	NodeName string
 	// PodUID is the agent pod's UID; with it the DRA kubelet plugin runs in
-	// rolling-update mode (dra.PluginConfig.PodUID).
+	// rolling-update mode (dra.PluginConfig.PodUID) and the device-plugin
+	// sockets carry it (plugin.Options.Instance), so that an old and a new
+	// pod can serve one node at once.
 	PodUID string
 	// Taint configures the node taint and condition (mode off: none).
 	Taint kubeapi.TaintConfig
@@ -170,6 +172,9 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		Dir:        cfg.DevicePluginDir,
 		Logger:     log.With("component", "plugin"),
 		Registerer: a.reg,
+		// The old and the new pod of a rolling update serve side by side,
+		// each on its own sockets.
+		Instance: plugin.InstanceFromPodUID(cfg.PodUID),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("device-plugin manager: %w", err)

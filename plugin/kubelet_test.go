@@ -222,7 +222,7 @@ func (e *testEnv) stop() {
 // client dials the socket of resource.
 func (e *testEnv) client(t testing.TB, resource string) pluginapi.DevicePluginClient {
 	t.Helper()
-	c := dialPlugin(filepath.Join(e.dir, socketName(resource)))
+	c := dialPlugin(filepath.Join(e.dir, socketName(resource, "")))
 	t.Cleanup(func() { c.Close() })
 	return pluginapi.NewDevicePluginClient(c)
 }

@@ -30,6 +30,13 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer gets the plugin metrics; nil means no metrics.
 	Registerer prometheus.Registerer
+	// Instance, when set, is part of every socket name
+	// ("gpu-node-agent-<resource>-<instance>.sock"): up to 16 lower-case
+	// letters and digits that tell this agent's sockets from another's in
+	// the same directory. During a DaemonSet rollout with surge the old
+	// and the new pod of a node both serve, and neither may take over or
+	// remove the other's socket. InstanceFromPodUID makes one.
+	Instance string
 }
 
 // Manager runs one device-plugin server per Resource and keeps them
@@ -38,6 +45,7 @@ type Options struct {
 type Manager struct {
 	dir           string
 	kubeletSocket string
+	instance      string
 	log           *slog.Logger
 	metrics       *metrics
 
@@ -84,6 +92,9 @@ func NewManager(opts Options) (*Manager, error) {
 	if filepath.Dir(ks) != dir {
 		return nil, fmt.Errorf("kubelet socket %s is not in device-plugin dir %s", ks, dir)
 	}
+	if err := checkInstance(opts.Instance); err != nil {
+		return nil, err
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -95,6 +106,7 @@ func NewManager(opts Options) (*Manager, error) {
 	return &Manager{
 		dir:           dir,
 		kubeletSocket: ks,
+		instance:      opts.Instance,
 		log:           log,
 		metrics:       m,
 		servers:       map[string]*server{},
@@ -124,6 +136,15 @@ func (m *Manager) Run(ctx context.Context) error {
 	// must still be able to watch it.
 	if err := os.MkdirAll(m.dir, 0o750); err != nil {
 		return fmt.Errorf("create device-plugin dir %s: %w", m.dir, err)
+	}
+	// With instance-tagged names a killed agent's sockets are not reused
+	// by its successor; the kubelet removes them only when it restarts.
+	removed, err := removeStaleSockets(m.dir)
+	if err != nil {
+		m.log.Warn("removing stale device-plugin sockets", "err", err)
+	}
+	if len(removed) > 0 {
+		m.log.Info("removed stale device-plugin sockets nothing listens on", "sockets", removed)
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -274,7 +295,7 @@ func (m *Manager) syncLocked(resources []Resource) (removed []*server) {
 			}
 			continue
 		}
-		s := newServer(name, m.dir, r, m.log, m.metrics, &m.kubeletGen, m.grace)
+		s := newServer(name, filepath.Join(m.dir, socketName(name, m.instance)), r, m.log, m.metrics, &m.kubeletGen, m.grace)
 		s.absence = m.absence
 		if err := s.start(m.kubeletSocket, m.watching); err != nil {
 			// Logged once per streak; the next Sync tries again.

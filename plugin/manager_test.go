@@ -24,17 +24,38 @@ import (
 )
 
 func TestSocketName(t *testing.T) {
-	for _, tc := range []struct{ resource, want string }{
-		{"nvidia.com/gpu", "gpu-node-agent-nvidia.com-gpu.sock"},
-		{"nvidia.com/mig-1g.10gb", "gpu-node-agent-nvidia.com-mig-1g.10gb.sock"},
-		{"rdma/hca_shared", "gpu-node-agent-rdma-hca_shared.sock"},
-		{"../../etc/x", "gpu-node-agent-..-..-etc-x.sock"},
+	for _, tc := range []struct{ resource, instance, want string }{
+		{"nvidia.com/gpu", "", "gpu-node-agent-nvidia.com-gpu.sock"},
+		{"nvidia.com/mig-1g.10gb", "", "gpu-node-agent-nvidia.com-mig-1g.10gb.sock"},
+		{"rdma/hca_shared", "", "gpu-node-agent-rdma-hca_shared.sock"},
+		{"../../etc/x", "", "gpu-node-agent-..-..-etc-x.sock"},
+		{"nvidia.com/gpu", "0f3a9c1e", "gpu-node-agent-nvidia.com-gpu-0f3a9c1e.sock"},
 	} {
-		t.Run(tc.resource, func(t *testing.T) {
-			if got := socketName(tc.resource); got != tc.want {
-				t.Errorf("socketName(%q) = %q, want %q", tc.resource, got, tc.want)
+		t.Run(tc.resource+"/"+tc.instance, func(t *testing.T) {
+			if got := socketName(tc.resource, tc.instance); got != tc.want {
+				t.Errorf("socketName(%q, %q) = %q, want %q", tc.resource, tc.instance, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestInstance(t *testing.T) {
+	for uid, want := range map[string]string{
+		"":                                     "",
+		"0F3A9C1E-77d2-4b8e-9a3e-5c1d2b3a4f60": "0f3a9c1e",
+		"ab-cd":                                "abcd",
+	} {
+		if got := InstanceFromPodUID(uid); got != want {
+			t.Errorf("InstanceFromPodUID(%q) = %q, want %q", uid, got, want)
+		}
+		if err := checkInstance(InstanceFromPodUID(uid)); err != nil {
+			t.Errorf("checkInstance(InstanceFromPodUID(%q)): %v", uid, err)
+		}
+	}
+	for _, bad := range []string{"A1", "a/b", "a-b", "0123456789abcdefg"} {
+		if _, err := NewManager(Options{Dir: t.TempDir(), Instance: bad}); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("NewManager with instance %q: err %v, want one naming it", bad, err)
+		}
 	}
 }
 
@@ -105,8 +126,8 @@ func TestRegistration(t *testing.T) {
 			if r.Version != pluginapi.Version {
 				t.Errorf("version = %q, want %q", r.Version, pluginapi.Version)
 			}
-			if r.Endpoint != socketName(name) {
-				t.Errorf("endpoint = %q, want %q", r.Endpoint, socketName(name))
+			if r.Endpoint != socketName(name, "") {
+				t.Errorf("endpoint = %q, want %q", r.Endpoint, socketName(name, ""))
 			}
 			if !sameOptions(r.Options, opts) {
 				t.Errorf("options = %v, want %v", r.Options, opts)
@@ -297,7 +318,7 @@ func TestResourceRemoval(t *testing.T) {
 	if _, err := streams[mig.name].Recv(); err != io.EOF {
 		t.Errorf("removed resource's stream: Recv error %v, want io.EOF", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.dir, socketName(mig.name))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(e.dir, socketName(mig.name, ""))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("removed resource's socket still there: %v", err)
 	}
 	if _, ok := e.m.Registered()[mig.name]; ok {
@@ -412,12 +433,12 @@ func TestStartFailureIsolated(t *testing.T) {
 	// A regular file where a socket should go must not be removed, and must
 	// not stop the other resources.
 	blocked := "example.com/blocked"
-	if err := os.WriteFile(filepath.Join(e.dir, socketName(blocked)), []byte("x"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(e.dir, socketName(blocked, "")), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// A stale socket from a previous run is replaced.
 	stale := "example.com/stale"
-	startFakeKubeletAt(t, filepath.Join(e.dir, socketName(stale)))
+	startFakeKubeletAt(t, filepath.Join(e.dir, socketName(stale, "")))
 
 	e.m.Sync([]Resource{&fakeResource{name: blocked, devs: gpus(1)}, &fakeResource{name: stale, devs: gpus(1)}})
 	if r := e.kubelet.waitRegistrations(t, 1)[0]; r.ResourceName != stale {
@@ -426,7 +447,7 @@ func TestStartFailureIsolated(t *testing.T) {
 	if _, ok := e.m.Registered()[blocked]; ok {
 		t.Errorf("%s served over a regular file", blocked)
 	}
-	if b, err := os.ReadFile(filepath.Join(e.dir, socketName(blocked))); err != nil || string(b) != "x" {
+	if b, err := os.ReadFile(filepath.Join(e.dir, socketName(blocked, ""))); err != nil || string(b) != "x" {
 		t.Errorf("regular file at socket path changed: %q, %v", b, err)
 	}
 }
@@ -561,7 +582,7 @@ func TestConcurrentSync(t *testing.T) {
 			socks = append(socks, ent.Name())
 		}
 	}
-	if want := []string{socketName(names[0]), socketName(names[3])}; !slices.Equal(socks, want) {
+	if want := []string{socketName(names[0], ""), socketName(names[3], "")}; !slices.Equal(socks, want) {
 		t.Errorf("sockets %v, want %v", socks, want)
 	}
 }
@@ -642,7 +663,7 @@ func TestStoppingServerDoesNotBlockManager(t *testing.T) {
 		t.Fatal("Sync returned before the call in flight ended")
 	default:
 	}
-	if _, err := os.Stat(filepath.Join(e.dir, socketName(slow.name))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(e.dir, socketName(slow.name, ""))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("removed resource's socket exists while it stops: %v", err)
 	}
 
@@ -662,7 +683,7 @@ func TestStoppedServerErrorsNameResource(t *testing.T) {
 		t.Fatal(err)
 	}
 	var gen atomic.Uint64
-	s := newServer(name, shortTempDir(t), &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
+	s := newServer(name, filepath.Join(shortTempDir(t), socketName(name, "")), &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
 	if err := s.serve(); err != nil {
 		t.Fatal(err)
 	}

@@ -243,7 +243,7 @@ func TestRegisterTellsAbsentKubeletFromFailingOne(t *testing.T) {
 			}
 			const name = "nvidia.com/gpu"
 			var gen atomic.Uint64
-			s := newServer(name, dir, &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
+			s := newServer(name, filepath.Join(dir, socketName(name, "")), &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
 			if err := s.serve(); err != nil {
 				t.Fatal(err)
 			}

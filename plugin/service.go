@@ -35,6 +35,7 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 		case <-s.done:
 			return nil
 		case <-stream.Context().Done():
+			s.streamLost()
 			return status.FromContextError(stream.Context().Err()).Err()
 		}
 	}

@@ -6,7 +6,10 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // socketPrefix keeps our sockets apart from other plugins' in the shared
@@ -17,9 +20,11 @@ const socketPrefix = "gpu-node-agent-"
 const maxSocketPath = 107
 
 // socketName is the file name of a resource's socket: "nvidia.com/gpu" ->
-// "gpu-node-agent-nvidia.com-gpu.sock". Anything but [A-Za-z0-9._-] becomes
-// '-', so a resource name can never escape the directory.
-func socketName(resource string) string {
+// "gpu-node-agent-nvidia.com-gpu.sock", or with an instance tag
+// "gpu-node-agent-nvidia.com-gpu-<instance>.sock". Anything but
+// [A-Za-z0-9._-] becomes '-', so a resource name can never escape the
+// directory.
+func socketName(resource, instance string) string {
 	safe := strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
@@ -27,7 +32,80 @@ func socketName(resource string) string {
 		}
 		return '-'
 	}, resource)
+	if instance != "" {
+		safe += "-" + instance
+	}
 	return socketPrefix + safe + ".sock"
+}
+
+// maxInstance bounds an instance tag: the socket path must fit sun_path.
+const maxInstance = 16
+
+// checkInstance accepts an instance tag of 1 to maxInstance lower-case
+// letters and digits, or none.
+func checkInstance(instance string) error {
+	if len(instance) > maxInstance {
+		return fmt.Errorf("instance %q is longer than %d characters", instance, maxInstance)
+	}
+	for _, r := range instance {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') {
+			return fmt.Errorf("instance %q: only lower-case letters and digits are allowed", instance)
+		}
+	}
+	return nil
+}
+
+// InstanceFromPodUID is the instance tag for a pod: the first eight hex
+// digits of its UID (random in a UUID v4), enough to tell the two pods of
+// one node apart during a rolling update while keeping socket paths short.
+// An empty UID gives no tag.
+func InstanceFromPodUID(uid string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(uid) {
+		if b.Len() == 8 {
+			break
+		}
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// removeStaleSockets removes the sockets in dir that carry our prefix and
+// refuse connections: their server is gone (an agent
+// that was killed before it could remove them, or a pod of an earlier
+// rollout). A socket that accepts a connection belongs to a live agent
+// (the other pod of a rolling update) and stays. It returns the names
+// removed.
+func removeStaleSockets(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read device-plugin dir: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, socketPrefix) || !strings.HasSuffix(name, ".sock") || e.Type()&fs.ModeSocket == 0 {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove stale socket %s: %w", name, err))
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // listenUnix listens on path, first removing a stale socket a previous run

@@ -176,7 +176,7 @@ var options = []option{
 	{name: "nvml-call-timeout", usage: "bound on every NVML call on one GPU; a GPU whose calls hang longer is unhealthy (nvml-timeout)", bind: duration(func(c *Config) *Duration { return &c.NVMLCallTimeout })},
 	{name: "metrics-address", usage: "address of the /metrics endpoint (empty disables)", bind: str(func(c *Config) *string { return &c.MetricsAddress })},
 	{name: "node-name", env: "NODE_NAME", usage: "this node's Kubernetes name (env NODE_NAME)", bind: str(func(c *Config) *string { return &c.NodeName })},
-	{name: "pod-uid", env: "POD_UID", usage: "the agent pod's UID (env POD_UID): the DRA kubelet plugin serves rolling updates, old and new pod at once", bind: str(func(c *Config) *string { return &c.PodUID })},
+	{name: "pod-uid", env: "POD_UID", usage: "the agent pod's UID (env POD_UID): the device-plugin sockets carry it and the DRA kubelet plugin serves rolling updates, so an old and a new pod serve the node at once", bind: str(func(c *Config) *string { return &c.PodUID })},
 	{name: "kubeconfig", usage: "kubeconfig for the API server (empty: in-cluster)", bind: str(func(c *Config) *string { return &c.Kubeconfig })},
 	{name: "kube-api-qps", usage: "sustained rate of requests to the API server (client-side limit)", bind: float(func(c *Config) *float64 { return &c.KubeAPIQPS })},
 	{name: "kube-api-burst", usage: "requests to the API server allowed at once above kube-api-qps", bind: integer(func(c *Config) *int { return &c.KubeAPIBurst })},

@@ -41,6 +41,11 @@ import (
 // kubeletVersion is the k8s.io/kubernetes this module pins (../go.mod).
 const kubeletVersion = "v1.37.2"
 
+// keepsEndpointPerSocket: this device manager keeps one endpoint per plugin
+// socket of a resource, so two agents on a node (a rollout that surges)
+// serve side by side and the old one leaving takes nothing away.
+const keepsEndpointPerSocket = true
+
 // newRegistrationServer is the standin.ServerFunc of this version.
 func newRegistrationServer(socketPath string, h standin.Handler) (standin.Server, error) {
 	logger := klog.Background()

@@ -28,6 +28,11 @@ import (
 // kubeletVersion is the k8s.io/kubernetes this module pins (go.mod).
 const kubeletVersion = "v1.34.4"
 
+// keepsEndpointPerSocket: this device manager keeps one plugin per
+// resource; when one of two agents on a node stops, it disconnects the
+// other's client (see ../rollout_test.go).
+const keepsEndpointPerSocket = false
+
 // newRegistrationServer is the standin.ServerFunc of this version.
 func newRegistrationServer(socketPath string, h standin.Handler) (standin.Server, error) {
 	return dm.NewServer(socketPath, handler{h}, handler{h})

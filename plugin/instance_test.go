@@ -1,0 +1,136 @@
+package plugin
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// TestTwoInstancesOneDirectory is the node during a rolling update with
+// surge: two agents serve the same resource from one directory, each on
+// its own socket, and the one that stops removes only its own.
+func TestTwoInstancesOneDirectory(t *testing.T) {
+	e := newTestEnv(t, Options{Instance: "0ld"})
+	const name = "nvidia.com/gpu"
+	e.m.Sync([]Resource{&fakeResource{name: name, devs: gpus(2)}})
+	if r := e.kubelet.waitRegistrations(t, 1)[0]; r.Endpoint != socketName(name, "0ld") {
+		t.Fatalf("old agent registered endpoint %q, want %q", r.Endpoint, socketName(name, "0ld"))
+	}
+
+	second, err := NewManager(Options{Dir: e.dir, Instance: "new", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- second.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	second.Sync([]Resource{&fakeResource{name: name, devs: gpus(2)}})
+	if r := e.kubelet.waitRegistrations(t, 1)[0]; r.Endpoint != socketName(name, "new") {
+		t.Fatalf("new agent registered endpoint %q, want %q", r.Endpoint, socketName(name, "new"))
+	}
+
+	// The old agent's start-up cleanup and its shutdown leave the new
+	// agent's socket alone.
+	e.stop()
+	if _, err := os.Stat(filepath.Join(e.dir, socketName(name, "0ld"))); !os.IsNotExist(err) {
+		t.Errorf("old agent's socket after it stopped: %v, want it removed", err)
+	}
+	c := dialPlugin(filepath.Join(e.dir, socketName(name, "new")))
+	defer c.Close()
+	if _, err := pluginapi.NewDevicePluginClient(c).GetDevicePluginOptions(context.Background(), &pluginapi.Empty{}); err != nil {
+		t.Errorf("new agent's socket after the old agent stopped: %v", err)
+	}
+}
+
+// TestStaleSocketsRemoved: at start the manager removes sockets of ours
+// that nothing listens on (an agent killed before its cleanup), and keeps
+// a live one of ours, other plugins' sockets and anything not a socket.
+func TestStaleSocketsRemoved(t *testing.T) {
+	dir := shortTempDir(t)
+	deadSocket := func(name string) {
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close()
+	}
+	deadSocket("gpu-node-agent-nvidia.com-gpu-dead0001.sock")
+	deadSocket("other-vendor.sock")
+	live, err := net.Listen("unix", filepath.Join(dir, "gpu-node-agent-nvidia.com-gpu-live0001.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	if err := os.WriteFile(filepath.Join(dir, "gpu-node-agent-file.sock"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	m, err := NewManager(Options{Dir: dir, Instance: "abc", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "the dead socket of ours removed", func() bool {
+		_, err := os.Lstat(filepath.Join(dir, "gpu-node-agent-nvidia.com-gpu-dead0001.sock"))
+		return os.IsNotExist(err)
+	})
+	for _, keep := range []string{"other-vendor.sock", "gpu-node-agent-nvidia.com-gpu-live0001.sock", "gpu-node-agent-file.sock"} {
+		if _, err := os.Lstat(filepath.Join(dir, keep)); err != nil {
+			t.Errorf("%s: %v, want it kept", keep, err)
+		}
+	}
+}
+
+// TestKubeletDropsStream is a kubelet before 1.37 when the old agent of a
+// rolling update stops: it closes the connection of the resource's newest
+// plugin (ours) while it keeps running, and only a new registration makes
+// it use our devices again. The plugin registers once more, and not again
+// while its new stream stays open.
+func TestKubeletDropsStream(t *testing.T) {
+	e := newTestEnv(t, Options{Instance: "abc"})
+	const name = "nvidia.com/gpu"
+	e.m.Sync([]Resource{&fakeResource{name: name, devs: gpus(2)}})
+	e.kubelet.waitRegistrations(t, 1)
+	eventually(t, "Registered()", func() bool { return e.m.Registered()[name] })
+
+	sock := filepath.Join(e.dir, socketName(name, "abc"))
+	c := dialPlugin(sock)
+	s, err := pluginapi.NewDevicePluginClient(c).ListAndWatch(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	dropped := time.Now()
+	c.Close()
+	e.kubelet.waitRegistrations(t, 1)
+	t.Logf("registered again %s after the kubelet closed the stream", time.Since(dropped).Round(time.Millisecond))
+
+	// The kubelet opens its stream again, as it does after a registration:
+	// nothing more is registered.
+	c2 := dialPlugin(sock)
+	defer c2.Close()
+	s2, err := pluginapi.NewDevicePluginClient(c2).ListAndWatch(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-e.kubelet.regCh:
+		t.Errorf("registered %s again while its stream is open", r.ResourceName)
+	case <-time.After(5 * lostStreamWait):
+	}
+}

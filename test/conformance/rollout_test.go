@@ -1,0 +1,162 @@
+package conformance
+
+import (
+	"maps"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/devicemanager"
+)
+
+// TestRollingUpdateWithSurge is a node during a DaemonSet rollout that
+// surges: the new agent pod starts beside the old one (each with its own
+// pod UID, so its own sockets), then the old one stops. Against the
+// kubelet's device manager the node must end with every device
+// allocatable and a pod admitted and given devices by the new agent.
+//
+// How the kubelet gets there differs by version. Since 1.37 the device
+// manager keeps one endpoint per socket: the old agent's disconnect
+// promotes the new one and the devices never leave. Before, it keeps one
+// plugin per resource, and the old agent's disconnect closes the client
+// it holds, the new agent's, and marks the resource's devices unhealthy;
+// the new agent sees its stream end and registers again. The test
+// samples the allocatable count throughout and logs the gap.
+func TestRollingUpdateWithSurge(t *testing.T) {
+	t.Logf("kubelet code: k8s.io/kubernetes %s", kubeletVersion)
+	dir := pluginDir(t)
+	var (
+		mu     sync.Mutex
+		active []*v1.Pod
+	)
+	activePods := func() []*v1.Pod {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]*v1.Pod(nil), active...)
+	}
+	kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "none", "container", activePods)
+	old, _ := startAgent(t, dir, "dgx-h100", "none", "--pod-uid", "0a1d0000-0000-4000-8000-000000000001")
+	waitAllocatableGPUs(t, kl, old, 8)
+	want := counts(kl.Allocatable())
+	t.Logf("old agent serves %s", fmtCounts(want))
+
+	// The new pod's agent: both serve until the old one stops.
+	next, _ := startAgent(t, dir, "dgx-h100", "none", "--pod-uid", "0e700000-0000-4000-8000-000000000002")
+	waitOutput(t, next, "registered with kubelet", len(want))
+	if got := counts(kl.Allocatable()); !maps.Equal(got, want) {
+		t.Fatalf("with both agents serving the device manager has %s, want %s", fmtCounts(got), fmtCounts(want))
+	}
+
+	// Sample what the device manager offers while the old agent stops.
+	stop := make(chan struct{})
+	type sample struct {
+		at  time.Time
+		got map[string]int
+	}
+	samples := make(chan []sample, 1)
+	go func() {
+		var out []sample
+		last := want
+		for {
+			got := counts(kl.Allocatable())
+			if !maps.Equal(got, last) {
+				out = append(out, sample{time.Now(), got})
+				last = got
+			}
+			select {
+			case <-stop:
+				samples <- out
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	stopped := time.Now()
+	if err := old.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitAllocatableGPUs(t, kl, next, 8)
+	// Stay a while: a late disconnect or a second registration would show.
+	time.Sleep(time.Second)
+	close(stop)
+	changes := <-samples
+	var gap time.Duration
+	var lowest map[string]int
+	for i, s := range changes {
+		if !maps.Equal(s.got, want) {
+			if lowest == nil || s.got["nvidia.com/gpu"] < lowest["nvidia.com/gpu"] {
+				lowest = s.got
+			}
+			end := time.Now()
+			if i+1 < len(changes) {
+				end = changes[i+1].at
+			}
+			gap += end.Sub(s.at)
+		}
+	}
+	if got := counts(kl.Allocatable()); !maps.Equal(got, want) {
+		t.Fatalf("after the old agent stopped the device manager has %s, want %s (changes: %v)", fmtCounts(got), fmtCounts(want), changes)
+	}
+	if lowest == nil {
+		t.Logf("old agent stopped: allocatable never changed (sampled every 1 ms for %s)", time.Since(stopped).Round(time.Millisecond))
+	} else {
+		t.Logf("old agent stopped: allocatable fell to %s for %s, then came back", fmtCounts(lowest), gap.Round(time.Millisecond))
+	}
+	if keepsEndpointPerSocket && lowest != nil {
+		t.Errorf("kubelet %s keeps an endpoint per socket, yet allocatable fell to %s", kubeletVersion, fmtCounts(lowest))
+	}
+	if !keepsEndpointPerSocket && !strings.Contains(next.Output(), "registering again") {
+		t.Errorf("kubelet %s drops the new agent's client when the old one stops, and the new agent did not register again", kubeletVersion)
+	}
+
+	// The new agent allocates.
+	pod := devicePod("after-rollout", map[string]int{"nvidia.com/gpu": 2})
+	if r := kl.Admit(pod); !r.Admit {
+		t.Fatalf("pod refused after the rollout: %s: %s", r.Reason, r.Message)
+	}
+	mu.Lock()
+	active = append(active, pod)
+	mu.Unlock()
+	if devs := kl.Devices(string(pod.UID), "main")["nvidia.com/gpu"]; len(devs) != 2 {
+		t.Fatalf("pod admitted after the rollout got %v, want 2 GPUs", devs)
+	}
+	if env, err := kl.Envs(pod, "main"); err != nil || env["NVIDIA_VISIBLE_DEVICES"] == "" {
+		t.Errorf("pod after the rollout: NVIDIA_VISIBLE_DEVICES %q (%v), want the new agent's answer", env["NVIDIA_VISIBLE_DEVICES"], err)
+	}
+}
+
+// waitAllocatableGPUs waits until the device manager offers n
+// nvidia.com/gpu.
+func waitAllocatableGPUs(t *testing.T, kl topologyKubelet, agent *agentproc.Agent, n int) {
+	t.Helper()
+	deadline := time.After(waitTimeout)
+	for len(kl.Allocatable()["nvidia.com/gpu"]) != n {
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-agent.Exited():
+			t.Fatalf("agent exited (%v) before the device manager offered %d GPUs", agent.Err(), n)
+		case <-deadline:
+			t.Fatalf("device manager offers %s, want %d nvidia.com/gpu", fmtCounts(counts(kl.Allocatable())), n)
+		}
+	}
+}
+
+// waitOutput waits until the agent printed line at least n times.
+func waitOutput(t *testing.T, agent *agentproc.Agent, line string, n int) {
+	t.Helper()
+	deadline := time.After(waitTimeout)
+	for strings.Count(agent.Output(), line) < n {
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-agent.Exited():
+			t.Fatalf("agent exited (%v) before printing %q %d times", agent.Err(), line, n)
+		case <-deadline:
+			t.Fatalf("agent printed %q %d times, want %d", line, strings.Count(agent.Output(), line), n)
+		}
+	}
+}
