@@ -20,12 +20,16 @@ measure-rss: build-sim ## agent RSS $(RSS_WAIT)s after start on simulated $(RSS_
 # load), idle RSS_WAIT seconds after start; RSS_BIN compares another build.
 # It runs a copy: the file the Go linker writes maps with ~20 MB more
 # resident file pages (RssFile) than the same bytes written by cp, which is
-# how an image or a package installs it.
+# how an image or a package installs it. RSS_ARGS are the arguments, where
+# $$dir is the copy's fresh directory; another program measured the same
+# way takes its own, e.g. NVIDIA's device plugin:
+#   make measure-rss-real RSS_BIN=nvidia-device-plugin \
+#     RSS_ARGS='--fail-on-init-error=false --kubelet-socket $$dir/kubelet.sock'
 RSS_BIN ?= $(BIN)
+RSS_ARGS ?= --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 --node-name "" --state-dir "$$dir/state" --log-level error
 measure-rss-real: build ## product agent RSS $(RSS_WAIT)s after start in real mode (no GPU here), no kubelet
 	@dir=$$(mktemp -d); cp $(RSS_BIN) "$$dir/agent"; \
-	"$$dir/agent" --device-plugin-dir "$$dir" --metrics-address 127.0.0.1:0 --node-name "" \
-		--state-dir "$$dir/state" --log-level error >/dev/null 2>&1 & pid=$$!; \
+	"$$dir/agent" $(RSS_ARGS) >/dev/null 2>&1 & pid=$$!; \
 	sleep $(RSS_WAIT); \
 	echo "real mode after $(RSS_WAIT)s: $$(grep -E '^(VmRSS|VmHWM|RssAnon|RssFile)' /proc/$$pid/status | tr -s ' \t' ' ' | paste -sd' ')"; \
 	kill $$pid; wait $$pid || true; rm -rf "$$dir"
