@@ -41,6 +41,12 @@ type DRAConfig struct {
 	// NoExecute, so the device-taint eviction controller evicts the pods
 	// using the devices; other faults are always NoSchedule.
 	NoExecute bool `json:"noExecute,omitempty"`
+	// DeviceMetadata gives every container of a claim a file describing
+	// its devices (KEP-5304, alpha in Kubernetes 1.35+): the library
+	// writes the attributes the ResourceSlice publishes for each prepared
+	// device to a JSON file and a CDI spec that mounts it read-only at
+	// /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json.
+	DeviceMetadata bool `json:"deviceMetadata,omitempty"`
 }
 
 // Validate checks the section, naming the field: known kinds, absolute
@@ -281,6 +287,7 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	}
 	s.plugin = dra.NewKubeletPlugin(s.prep, dra.PluginConfig{
 		KubeletDir: cfg.DRA.kubeletDir(cfg.DevicePluginDir), NodeName: cfg.NodeName, PodUID: types.UID(cfg.PodUID), Log: log,
+		DeviceMetadata: cfg.DRA.DeviceMetadata, CDIDir: cfg.DRA.CDIDir,
 	})
 	a.split.dpHolders = kubeletHolders(cfg.DevicePluginDir, hostRoot)
 	a.split.draHolders = preparedHolders(s.prep)

@@ -13,8 +13,10 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -66,6 +68,13 @@ type PluginConfig struct {
 	// both serve the kubelet, neither removes the other's sockets, and
 	// their calls are serialized through a lock file.
 	PodUID types.UID
+	// DeviceMetadata turns on the library's device metadata (KEP-5304):
+	// for each prepared request a JSON file with the attributes its
+	// devices have in the ResourceSlice, under the plugin's directory,
+	// and a CDI spec in CDIDir that mounts it into the containers.
+	DeviceMetadata bool
+	// CDIDir is where those CDI specs go; DefaultCDIDir if empty.
+	CDIDir string
 	Log    *slog.Logger
 }
 
@@ -149,6 +158,16 @@ func (p *KubeletPlugin) Start(ctx context.Context, client kubernetes.Interface) 
 	}
 	if p.cfg.PodUID != "" {
 		opts = append(opts, kubeletplugin.RollingUpdate(p.cfg.PodUID))
+	}
+	if p.cfg.DeviceMetadata {
+		cdiDir := p.cfg.CDIDir
+		if cdiDir == "" {
+			cdiDir = DefaultCDIDir
+		}
+		// v1beta1 is the newest metadata version of this library; the
+		// library refuses a list without the newest.
+		opts = append(opts, kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}),
+			kubeletplugin.CDIDirectory(cdiDir))
 	}
 	h, err := kubeletplugin.Start(ctx, p, opts...)
 	if err != nil {
@@ -253,17 +272,42 @@ func (p *KubeletPlugin) Published() bool {
 // result, as the kubelet expects.
 func (p *KubeletPlugin) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	res := p.prep.Prepare(claims)
+	attrs := p.metadataAttributes()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(res))
 	for uid, r := range res {
 		pr := kubeletplugin.PrepareResult{Err: r.Err, Devices: make([]kubeletplugin.Device, 0, len(r.Devices))}
 		for _, d := range r.Devices {
-			pr.Devices = append(pr.Devices, kubeletplugin.Device{
+			dev := kubeletplugin.Device{
 				Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs,
-			})
+			}
+			if a, ok := attrs[d.Device]; ok && d.Pool == p.cfg.NodeName {
+				dev.Metadata = &kubeletplugin.DeviceMetadata{Attributes: a}
+			}
+			pr.Devices = append(pr.Devices, dev)
 		}
 		out[types.UID(uid)] = pr
 	}
 	return out, nil
+}
+
+// metadataAttributes are the attributes of each published device by name,
+// as the device metadata files give them (nil when they are off): the
+// same attributes the ResourceSlice has, as the library advises.
+func (p *KubeletPlugin) metadataAttributes() map[string]map[string]resourceapi.DeviceAttribute {
+	if !p.cfg.DeviceMetadata {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]map[string]resourceapi.DeviceAttribute, len(p.devices))
+	for _, d := range p.devices {
+		a := make(map[string]resourceapi.DeviceAttribute, len(d.Attributes))
+		for k, v := range d.Attributes {
+			a[string(k)] = v
+		}
+		out[d.Name] = a
+	}
+	return out
 }
 
 // UnprepareResourceClaims unprepares each claim; an unknown claim is a

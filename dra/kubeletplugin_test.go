@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -662,5 +663,105 @@ func TestRollingUpdate(t *testing.T) {
 	}
 	if p := newP.prep.Prepared(); len(p) != 0 {
 		t.Errorf("checkpoint still holds %v", p)
+	}
+}
+
+// TestDeviceMetadata: with device metadata on, a prepared request also
+// gets the library's CDI device that mounts a JSON file describing its
+// devices with the attributes the ResourceSlice publishes; unprepare
+// removes both.
+func TestDeviceMetadata(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	e.plugin.Stop()
+	prep, err := NewPreparer(PreparerConfig{NodeName: testNode, HostRoot: e.root, CDIDir: e.cdiDir, StateDir: e.state,
+		Inventory: func() Inventory { return Inventory{Node: e.node, RDMA: e.nics} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewKubeletPlugin(prep, PluginConfig{KubeletDir: e.kubeletDir, NodeName: testNode, DeviceMetadata: true, CDIDir: e.cdiDir})
+	built, err := Build(e.node, Options{PCIeRoot: SysfsPCIeRoot(e.root)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetDevices(built.Devices)
+	if err := p.Start(context.Background(), e.claims.cs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	c := e.kubelet()
+
+	e.claims.put(allocated("ns", "meta", "uid-m", ours("gpu", "gpu-0")))
+	r := prepare(t, c, claimReq("ns", "meta", "uid-m"))["uid-m"]
+	if r.Error != "" || len(r.Devices) != 1 {
+		t.Fatalf("prepare: %v", r)
+	}
+	metaID := DriverName + "/metadata=uid-m_gpu"
+	if !slices.Contains(r.Devices[0].CdiDeviceIds, metaID) {
+		t.Fatalf("CDI devices %v lack the metadata device %s", r.Devices[0].CdiDeviceIds, metaID)
+	}
+	// The CDI spec mounts the file read-only where the KEP puts it.
+	spec, err := os.ReadFile(filepath.Join(e.cdiDir, DriverName+"_metadata_uid-m_gpu.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cdiSpec struct {
+		Devices []struct {
+			ContainerEdits struct {
+				Mounts []struct{ HostPath, ContainerPath string }
+			}
+		}
+	}
+	if err := json.Unmarshal(spec, &cdiSpec); err != nil || len(cdiSpec.Devices) != 1 || len(cdiSpec.Devices[0].ContainerEdits.Mounts) != 1 {
+		t.Fatalf("metadata CDI spec %s (%v)", spec, err)
+	}
+	m := cdiSpec.Devices[0].ContainerEdits.Mounts[0]
+	if want := "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/meta/gpu/" + DriverName + "-metadata.json"; m.ContainerPath != want {
+		t.Errorf("metadata mounted at %s, want %s", m.ContainerPath, want)
+	}
+	data, err := os.ReadFile(m.HostPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		APIVersion string `json:"apiVersion"`
+		Requests   []struct {
+			Name    string `json:"name"`
+			Devices []struct {
+				Driver, Pool, Name string
+				Attributes         map[string]resourceapi.DeviceAttribute
+			} `json:"devices"`
+		} `json:"requests"`
+	}
+	if err := json.NewDecoder(strings.NewReader(string(data))).Decode(&meta); err != nil {
+		t.Fatalf("metadata file %s: %v", data, err)
+	}
+	if len(meta.Requests) != 1 || meta.Requests[0].Name != "gpu" || len(meta.Requests[0].Devices) != 1 {
+		t.Fatalf("metadata %s: want request gpu with one device", data)
+	}
+	d := meta.Requests[0].Devices[0]
+	if d.Driver != DriverName || d.Pool != testNode || d.Name != "gpu-0" {
+		t.Errorf("metadata device %s/%s/%s, want %s/%s/gpu-0", d.Driver, d.Pool, d.Name, DriverName, testNode)
+	}
+	// The same attributes as the published device.
+	var gpu0 resourceapi.Device
+	for _, dev := range built.Devices {
+		if dev.Name == "gpu-0" {
+			gpu0 = dev
+		}
+	}
+	if len(d.Attributes) != len(gpu0.Attributes) {
+		t.Errorf("metadata has %d attributes, the slice %d", len(d.Attributes), len(gpu0.Attributes))
+	}
+	if got := d.Attributes[string(AttrUUID)].StringValue; got == nil || *got != gpuUUID(t, e.node, 0) {
+		t.Errorf("metadata uuid %v, want gpu 0's", got)
+	}
+
+	if r := unprepare(t, c, claimReq("ns", "meta", "uid-m"))["uid-m"]; r == nil || r.Error != "" {
+		t.Fatalf("unprepare: %v", r)
+	}
+	for _, p := range []string{m.HostPath, filepath.Join(e.cdiDir, DriverName+"_metadata_uid-m_gpu.json")} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after unprepare: %v, want it removed", p, err)
+		}
 	}
 }

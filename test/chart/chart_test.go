@@ -365,10 +365,21 @@ func TestDaemonSet(t *testing.T) {
 				if !slices.Contains(c.Args, "--host-root=/host") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--simulate") }) {
 					t.Errorf("args %v", c.Args)
 				}
-				// A rollout at fleet size: a percentage, never one pod at a time.
-				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil ||
-					ru.MaxUnavailable.Type != intstr.String || !strings.HasSuffix(ru.MaxUnavailable.StrVal, "%") {
-					t.Errorf("updateStrategy %+v, want rollingUpdate.maxUnavailable as a percentage", ds.Spec.UpdateStrategy)
+				// A rollout at fleet size (a percentage, never one pod at a
+				// time) that surges: the old pod goes once the new one is
+				// Ready, so the kubelet always has a plugin.
+				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge == nil ||
+					ru.MaxSurge.Type != intstr.String || !strings.HasSuffix(ru.MaxSurge.StrVal, "%") ||
+					ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+					t.Errorf("updateStrategy %+v, want rollingUpdate.maxSurge as a percentage and maxUnavailable 0", ds.Spec.UpdateStrategy)
+				}
+				var podUID bool
+				for _, e := range c.Env {
+					podUID = podUID || (e.Name == "POD_UID" && e.ValueFrom != nil &&
+						e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.uid")
+				}
+				if !podUID {
+					t.Errorf("env %+v: want POD_UID from metadata.uid (the two pods of a surge need their own sockets)", c.Env)
 				}
 				var podNamespace bool
 				for _, e := range c.Env {
@@ -423,6 +434,12 @@ func TestDaemonSet(t *testing.T) {
 				if spec.Affinity != nil {
 					t.Errorf("simulate keeps the GPU node affinity: %+v", spec.Affinity)
 				}
+				// Two simulated pods cannot share a node (host ports, one
+				// simulator tree): the surge becomes maxUnavailable.
+				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge != nil ||
+					ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "10%" {
+					t.Errorf("simulate updateStrategy %+v, want maxUnavailable 10%% and no surge", ds.Spec.UpdateStrategy)
+				}
 				if sc := c.SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 					t.Errorf("simulate security context %+v, want unprivileged with a read-only root", sc)
 				} else if caps := sc.Capabilities; caps == nil || !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(caps.Add, []corev1.Capability{"MKNOD"}) {
@@ -471,8 +488,8 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("resources %+v: requests and a memory limit are required", c.Resources)
 			}
 			us := ds.Spec.UpdateStrategy
-			if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable.String() != "10%" {
-				t.Errorf("update strategy %+v", us)
+			if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil {
+				t.Errorf("update strategy %+v, want RollingUpdate", us)
 			}
 			if ds.Spec.Template.Annotations["checksum/config"] == "" {
 				t.Error("no config checksum annotation: config changes would not roll the pods")
@@ -1143,7 +1160,7 @@ func draConfig(t *testing.T, vals map[string]any) map[string]any {
 }
 
 // TestDRAConfig: dra.enabled writes the agent's dra section (the agreed
-// keys: devices, noExecute, kubeletDir, cdiDir) from the dra values, with
+// keys: devices, noExecute, deviceMetadata when on, kubeletDir, cdiDir) from the dra values, with
 // the defaults gpu, mig, nic and NoSchedule, and the same kubelet and CDI
 // dirs the DaemonSet mounts; without it there is no dra section (DRA off,
 // the agent's default).
@@ -1161,9 +1178,9 @@ func TestDRAConfig(t *testing.T) {
 	}{
 		{"defaults", map[string]any{"dra": map[string]any{"enabled": true}},
 			map[string]any{"devices": []any{"gpu", "mig", "nic"}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
-		{"GPUs only, NoExecute, other dirs", map[string]any{"kubeletDir": "/data/kubelet",
-			"dra": map[string]any{"enabled": true, "devices": []any{"gpu"}, "noExecute": true, "cdiDir": "/etc/cdi"}},
-			map[string]any{"devices": []any{"gpu"}, "noExecute": true, "kubeletDir": "/data/kubelet", "cdiDir": "/etc/cdi"}},
+		{"GPUs only, NoExecute, device metadata, other dirs", map[string]any{"kubeletDir": "/data/kubelet",
+			"dra": map[string]any{"enabled": true, "devices": []any{"gpu"}, "noExecute": true, "deviceMetadata": true, "cdiDir": "/etc/cdi"}},
+			map[string]any{"devices": []any{"gpu"}, "noExecute": true, "deviceMetadata": true, "kubeletDir": "/data/kubelet", "cdiDir": "/etc/cdi"}},
 		{"simulate", map[string]any{"simulate": "dgx-h100", "dra": map[string]any{"enabled": true, "devices": []any{"mig", "nic"}}},
 			map[string]any{"devices": []any{"mig", "nic"}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
 		// The first step of turning DRA off: no kind, mounts and RBAC kept
@@ -1213,7 +1230,7 @@ func TestDRAConfigKeysAreTheAgents(t *testing.T) {
 	for _, m := range regexp.MustCompile(`json:"([A-Za-z0-9-]+)[,"]`).FindAllStringSubmatch(src.String(), -1) {
 		tags[m[1]] = true
 	}
-	d := draConfig(t, map[string]any{"dra": map[string]any{"enabled": true}})
+	d := draConfig(t, map[string]any{"dra": map[string]any{"enabled": true, "deviceMetadata": true}})
 	for _, k := range append([]string{"dra"}, slices.Sorted(maps.Keys(d))...) {
 		if !tags[k] {
 			t.Errorf("config key %q (dra section) is not a JSON field of the agent's config; the agent would refuse the file", k)

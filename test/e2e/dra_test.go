@@ -88,6 +88,8 @@ func TestDRA(t *testing.T) {
 	// Rescans every 10 s (30 s by default), so the quiet window below
 	// spans one in a third of the time.
 	opts.Values = withConfig(defaults.Values, "rescan-interval", draRescan.String())
+	// Device metadata in the containers (KEP-5304).
+	opts.Values["dra"] = map[string]any{"deviceMetadata": true}
 	rctx, rcancel := context.WithTimeout(ctx, 4*time.Minute)
 	agentPod, err := a.Reinstall(rctx, shared, opts)
 	rcancel()
@@ -790,6 +792,7 @@ func runGPUNICClaim(ctx context.Context, t *testing.T, node *topology.Node, devs
 		t.Errorf("CDI spec env %v does not name %s and %s", specEnv, g.UUID, nic.Name)
 	}
 	checkContainerDevices(t, name, nodes)
+	checkDeviceMetadata(t, name, map[string]string{"gpu": gName, "nic": nName}, map[string]string{gName: g.UUID})
 	t.Logf("claim %s: %s (%s) + %s on %s (model level %s); env NVIDIA_VISIBLE_DEVICES=%s NCCL_IB_HCA=%s; devices:\n%s",
 		name, gName, g.UUID, nName, rootComplex(g.PCIPath), level, env["NVIDIA_VISIBLE_DEVICES"], env["NCCL_IB_HCA"], formatDevs(podDevices(t, name)))
 	return gpuPod{claim: name, pod: pod, gpu: gName, index: g.Index, uuid: g.UUID, nic: nName}
@@ -1263,4 +1266,55 @@ func draDiagnostics(ctx context.Context, a *agentdeploy.Agent) string {
 		}
 	}
 	return b.String()
+}
+
+// checkDeviceMetadata checks the device metadata files the container of
+// pod name (whose claim has the same name) was given: one per request at
+// the path the KEP gives, naming the request's device with the
+// attributes of its ResourceSlice (uuids: a device's uuid attribute).
+func checkDeviceMetadata(t *testing.T, name string, devices, uuids map[string]string) {
+	t.Helper()
+	files := map[string]string{}
+	for _, line := range strings.Split(podLog(t, name), "\n") {
+		if strings.HasPrefix(line, "METADATA-ERROR ") {
+			t.Errorf("pod %s: %s", name, line)
+		}
+		if f := strings.SplitN(line, " ", 3); len(f) == 3 && f[0] == "METADATA" {
+			files[f[1]] = f[2]
+		}
+	}
+	for req, dev := range devices {
+		path := "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/" + name + "/" + req + "/" + dra.DriverName + "-metadata.json"
+		content, ok := files[path]
+		if !ok {
+			t.Errorf("pod %s has no device metadata file %s; it has %v", name, path, slices.Sorted(maps.Keys(files)))
+			continue
+		}
+		var meta struct {
+			Requests []struct {
+				Name    string `json:"name"`
+				Devices []struct {
+					Driver     string                                `json:"driver"`
+					Name       string                                `json:"name"`
+					Attributes map[string]resourcev1.DeviceAttribute `json:"attributes"`
+				} `json:"devices"`
+			} `json:"requests"`
+		}
+		if err := json.Unmarshal([]byte(content), &meta); err != nil {
+			t.Errorf("pod %s: %s: %v: %s", name, path, err, content)
+			continue
+		}
+		if len(meta.Requests) != 1 || meta.Requests[0].Name != req || len(meta.Requests[0].Devices) != 1 ||
+			meta.Requests[0].Devices[0].Name != dev || meta.Requests[0].Devices[0].Driver != dra.DriverName {
+			t.Errorf("pod %s: %s says %s, want request %s with device %s", name, path, content, req, dev)
+			continue
+		}
+		attrs := meta.Requests[0].Devices[0].Attributes
+		if want, ok := uuids[dev]; ok {
+			if got := attrs["uuid"].StringValue; got == nil || *got != want {
+				t.Errorf("pod %s: %s: uuid %v, want %s", name, path, got, want)
+			}
+		}
+		t.Logf("pod %s: %s names %s with %d attributes", name, path, dev, len(attrs))
+	}
 }
