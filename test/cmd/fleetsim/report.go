@@ -33,8 +33,9 @@ func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 			" own TLS transport (a Proxy func keeps client-go from sharing one) with a counting RoundTripper, NodeWatch (resync %s) + Tainter"+
 			" (maxFraction %g, no nodeSelector as the chart's default: the fleet is every Node, here level 1's; slot Leases in %s, Events in %s) + a fake Health. Limit K = max(1, floor(%g x %d)) = %d.\n\n",
 			o.resync, o.maxFraction, l1.leaseNS, l1.eventNS, o.maxFraction, l1.nodes, l1.limit)
-		w("Start-up (all informers synced, every Node's condition written): %s; requests: %s.\n\n",
-			fmtDur(l1.startupTime), l1.startup.describe(func(string) bool { return true }))
+		w("Start-up (all informers synced, every Node's condition written): %s; requests: %s;"+
+			" answers other than success (429: the API server's in-flight limit, retried by client-go after Retry-After, each try counted above): %s.\n\n",
+			fmtDur(l1.startupTime), l1.startup.describe(func(string) bool { return true }), l1.startup.describeAnswers())
 		w("Requests refused over the whole run (agents' transports; a refusal is a bug): %d", l1.total.deniedTotal())
 		if l1.total.deniedTotal() > 0 {
 			w(" (%s); first refusals: %q", l1.total.describeDenied(), l1.total.samples)
