@@ -50,19 +50,25 @@ func TestTwoInstancesOneDirectory(t *testing.T) {
 
 // TestStaleSocketsRemoved: at start the manager removes sockets of ours
 // that nothing listens on (an agent killed before its cleanup), and keeps
-// a live one of ours, other plugins' sockets and anything not a socket.
+// a live one of ours, a dead one too new to be stale (its server may be
+// about to listen), other plugins' sockets and anything not a socket.
 func TestStaleSocketsRemoved(t *testing.T) {
 	dir := shortTempDir(t)
-	deadSocket := func(name string) {
+	deadSocket := func(name string, age time.Duration) {
 		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		l.SetUnlinkOnClose(false)
 		l.Close()
+		then := time.Now().Add(-age)
+		if err := os.Chtimes(filepath.Join(dir, name), then, then); err != nil {
+			t.Fatal(err)
+		}
 	}
-	deadSocket("gpu-node-agent-nvidia.com-gpu-dead0001.sock")
-	deadSocket("other-vendor.sock")
+	deadSocket("gpu-node-agent-nvidia.com-gpu-dead0001.sock", 2*staleAge)
+	deadSocket("gpu-node-agent-nvidia.com-gpu-new00001.sock", 0)
+	deadSocket("other-vendor.sock", 2*staleAge)
 	live, err := net.Listen("unix", filepath.Join(dir, "gpu-node-agent-nvidia.com-gpu-live0001.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +90,7 @@ func TestStaleSocketsRemoved(t *testing.T) {
 		_, err := os.Lstat(filepath.Join(dir, "gpu-node-agent-nvidia.com-gpu-dead0001.sock"))
 		return os.IsNotExist(err)
 	})
-	for _, keep := range []string{"other-vendor.sock", "gpu-node-agent-nvidia.com-gpu-live0001.sock", "gpu-node-agent-file.sock"} {
+	for _, keep := range []string{"other-vendor.sock", "gpu-node-agent-nvidia.com-gpu-live0001.sock", "gpu-node-agent-nvidia.com-gpu-new00001.sock", "gpu-node-agent-file.sock"} {
 		if _, err := os.Lstat(filepath.Join(dir, keep)); err != nil {
 			t.Errorf("%s: %v, want it kept", keep, err)
 		}

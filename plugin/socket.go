@@ -72,12 +72,17 @@ func InstanceFromPodUID(uid string) string {
 	return b.String()
 }
 
-// removeStaleSockets removes the sockets in dir that carry our prefix and
-// refuse connections: their server is gone (an agent
-// that was killed before it could remove them, or a pod of an earlier
-// rollout). A socket that accepts a connection belongs to a live agent
-// (the other pod of a rolling update) and stays. It returns the names
-// removed.
+// staleAge is how old a socket that refuses connections must be to be
+// removed as stale: a socket is bound a moment before its server listens,
+// and in that moment it refuses connections too.
+const staleAge = 30 * time.Second
+
+// removeStaleSockets removes the sockets in dir that carry our prefix,
+// were made more than staleAge ago and refuse connections: their server
+// is gone (an agent that was killed before it could remove them, or a pod
+// of an earlier rollout). A socket that accepts a connection belongs to a
+// live agent (the other pod of a rolling update) and stays. It returns the
+// names removed.
 func removeStaleSockets(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -91,6 +96,9 @@ func removeStaleSockets(dir string) ([]string, error) {
 			continue
 		}
 		path := filepath.Join(dir, name)
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < staleAge {
+			continue
+		}
 		c, err := net.DialTimeout("unix", path, time.Second)
 		if err == nil {
 			c.Close()
