@@ -219,7 +219,7 @@ func flagSet(c *Config, out io.Writer) *flag.FlagSet {
 		o.bind(fs, c, o.name, o.usage+" (env "+o.envName()+")")
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent demo [flags]\n       gpu-node-agent preflight [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n\nFlags:\n")
+		fmt.Fprintf(out, "Usage: gpu-node-agent [flags]\n       gpu-node-agent demo [flags]\n       gpu-node-agent preflight [flags]\n       gpu-node-agent version\n       gpu-node-agent topology dump|preferred [flags]\n       gpu-node-agent nvml census [flags]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	return fs

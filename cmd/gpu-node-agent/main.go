@@ -44,8 +44,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 			return runDemo(args[1:], stdout, stderr, getenv)
 		case "preflight":
 			return runPreflight(args[1:], stdout, stderr, getenv)
+		case "nvml":
+			return runNVML(args[1:], stdout, stderr)
 		default:
-			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: demo, preflight, version, topology dump, topology preferred)\n", args[0])
+			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: demo, preflight, version, topology dump, topology preferred, nvml census)\n", args[0])
 			return 2
 		}
 	}
