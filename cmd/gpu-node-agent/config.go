@@ -162,7 +162,7 @@ func duration(f func(*Config) *Duration) func(*flag.FlagSet, *Config, string, st
 
 // options lists every setting once; flags, env and help come from it.
 var options = []option{
-	{name: "simulate", usage: "run on a simulated node: PROFILE[,mig=GPU:PROF+PROF...] or a topology snapshot FILE.json", bind: str(func(c *Config) *string { return &c.Simulate })},
+	{name: "simulate", usage: "run on a simulated node: PROFILE[,mig=GPU:PROF+PROF...], a topology snapshot FILE.json, or capture:DIR, the node of a hardware check capture", bind: str(func(c *Config) *string { return &c.Simulate })},
 	{name: "sim-control-address", usage: "loopback address of the simulator's control endpoint (simulate only; empty disables)", bind: str(func(c *Config) *string { return &c.SimControlAddress })},
 	{name: "sim-faults", usage: "faults the simulated node has from the start, before NVML's first init: KIND[:GPU][=VALUE],..., e.g. nvml-failure, gpu-lost:3, pcie-degraded:3=4x8, throttle:2=hw-slowdown, old-driver=535.54.03, command-fail=3, command-slow=600 (simulate only; the control API clears them)", bind: str(func(c *Config) *string { return &c.SimFaults })},
 	{name: "nvidia-config", usage: "config file of NVIDIA's device plugin (version: v1): its flags.migStrategy, flags.plugin.passDeviceSpecs and deviceListStrategy and sharing.timeSlicing are used; settings the agent cannot honour are refused by name", bind: str(func(c *Config) *string { return &c.NVIDIAConfig })},

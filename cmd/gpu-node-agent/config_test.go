@@ -215,6 +215,8 @@ func TestParseSimulate(t *testing.T) {
 	}{
 		{in: "dgx-h100", want: simSpec{profile: "dgx-h100"}},
 		{in: "nodes/a.json", want: simSpec{file: "nodes/a.json"}},
+		{in: "capture:test/hardware/captures/h200", want: simSpec{file: "test/hardware/captures/h200/agent/topology.json"}},
+		{in: "capture:", wantErr: "want capture:DIR"},
 		{in: "dgx-h100,mig=0:1g.10gb+1g.10gb+me+3g.40gb,mig=3:7g.80gb", want: simSpec{profile: "dgx-h100", mig: []simMIG{
 			{gpu: 0, profiles: []string{"1g.10gb", "1g.10gb+me", "3g.40gb"}},
 			{gpu: 3, profiles: []string{"7g.80gb"}},

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,17 +28,29 @@ type simSpec struct {
 	mig []simMIG
 }
 
+// CaptureTopology is where a hardware check capture keeps the node's
+// topology snapshot (`topology dump`), relative to the capture.
+const CaptureTopology = "agent/topology.json"
+
 type simMIG struct {
 	gpu      int
 	profiles []string
 }
 
-// parseSimulate reads "PROFILE[,mig=GPU:PROF+PROF...]" or "FILE.json". MIG
-// profile names are joined with "+"; a media-extension suffix such as
-// "1g.10gb+me" is recognised and kept whole.
+// parseSimulate reads "PROFILE[,mig=GPU:PROF+PROF...]", "FILE.json" or
+// "capture:DIR" (a hardware check kit's capture: the node its
+// agent/topology.json describes, test/hardware). MIG profile names are
+// joined with "+"; a media-extension suffix such as "1g.10gb+me" is
+// recognised and kept whole.
 func parseSimulate(s string) (simSpec, error) {
 	if strings.HasSuffix(s, ".json") {
 		return simSpec{file: s}, nil
+	}
+	if dir, ok := strings.CutPrefix(s, "capture:"); ok {
+		if dir == "" {
+			return simSpec{}, fmt.Errorf("%q: want capture:DIR, a hardware check capture", s)
+		}
+		return simSpec{file: filepath.Join(dir, CaptureTopology)}, nil
 	}
 	parts := strings.Split(s, ",")
 	spec := simSpec{profile: parts[0]}
