@@ -18,8 +18,13 @@ HW_SIM_PROFILE  ?= dgx-h100
 HW_SIM_SECONDS  ?= 20
 # HWKIT_MAX_BYTES is what the device machine carries (64 MiB).
 HWKIT_MAX_BYTES := 67108864
+# CAPTURE is the capture `make hw-compare` reads; EXPLAINED, if set, a file
+# of known disagreements (hwcompare --explained).
+CAPTURE         ?=
+EXPLAINED       ?=
+HWCOMPARE_FLAGS  = $(if $(EXPLAINED),--explained $(abspath $(EXPLAINED)))
 
-.PHONY: hw-kit hw-check hw-check-sim
+.PHONY: hw-kit hw-tools hw-check hw-check-sim hw-compare
 
 hw-kit: ## build the hardware check kit into .build/hwkit and print how to run it on a GPU machine
 	$(MAKE) --no-print-directory build build-sim BIN_DIR=$(HWKIT_BIN_DIR)
@@ -52,8 +57,21 @@ hw-check: hw-kit ## run the kit here in real mode (no GPU: it records what is un
 	bash $(HWKIT_DIR)/hw-check.sh --kit $(HWKIT_DIR) --out $(CAPTURE_OUT)
 	@echo "hw-check: $(CAPTURE_OUT): $$(tail -n2 $(CAPTURE_OUT)/kit.txt | tr '\n' ' ')"
 
-hw-check-sim: hw-kit ## run the kit on a simulated DGX H100 (the sim binary stands in for the driver) and check the capture's shape
+# The tools that stay here: simsmi (nvidia-smi on a simulated node) and
+# hwcompare, into HWKIT_BIN_DIR, not the carried kit.
+hw-tools: ## build simsmi and hwcompare into .build/hwkit-bin (they do not travel with the kit)
+	mkdir -p $(HWKIT_BIN_DIR)
+	cd test && $(GO) build -trimpath -o $(abspath $(HWKIT_BIN_DIR))/simsmi ./hardware/cmd/simsmi
+	cd test && $(GO) build -trimpath -o $(abspath $(HWKIT_BIN_DIR))/hwcompare ./hardware/cmd/hwcompare
+
+hw-check-sim: hw-kit hw-tools ## run the kit on a simulated DGX H100 (the sim binary stands in for the driver, simsmi for nvidia-smi), check the capture's shape, replay it and the committed captures, and hold the agent's view against nvidia-smi's
 	rm -rf $(HW_SIM_CAPTURE)
 	bash $(HWKIT_DIR)/hw-check.sh --kit $(HWKIT_DIR) --out $(HW_SIM_CAPTURE) \
-		--simulate $(HW_SIM_PROFILE) --sim-bin $(HWKIT_BIN_DIR)/gpu-node-agent-sim --agent-seconds $(HW_SIM_SECONDS)
-	cd test && GNA_HW_CAPTURE=$(abspath $(HW_SIM_CAPTURE)) $(GO) test -race -trimpath -count=1 -run 'TestCapture' ./hardware
+		--simulate $(HW_SIM_PROFILE) --sim-bin $(HWKIT_BIN_DIR)/gpu-node-agent-sim --sim-smi $(HWKIT_BIN_DIR)/simsmi \
+		--agent-seconds $(HW_SIM_SECONDS)
+	cd test && GNA_HW_CAPTURE=$(abspath $(HW_SIM_CAPTURE)) $(GO) test -race -trimpath -count=1 ./hardware/...
+	$(HWKIT_BIN_DIR)/hwcompare $(HWCOMPARE_FLAGS) $(HW_SIM_CAPTURE)
+
+hw-compare: hw-tools ## hold a capture's agent view against its nvidia-smi references: CAPTURE=DIR [EXPLAINED=FILE]
+	@test -n "$(CAPTURE)" || { echo "usage: make hw-compare CAPTURE=DIR [EXPLAINED=FILE]" >&2; exit 2; }
+	$(HWKIT_BIN_DIR)/hwcompare $(HWCOMPARE_FLAGS) $(CAPTURE)

@@ -7,6 +7,7 @@ go 1.26.7
 godebug default=go1.24
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.3-1
 	github.com/google/cadvisor/lib v0.60.5
 	github.com/google/go-containerregistry v0.20.6
 	google.golang.org/grpc v1.85.0
@@ -23,7 +24,6 @@ require (
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/NVIDIA/go-dcgm v1.4611.0 // indirect
-	github.com/NVIDIA/go-nvml v0.13.3-1 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/bits-and-blooms/bitset v1.25.0 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect

@@ -9,7 +9,10 @@
 # budget (5 minutes by default).
 #
 # Usage: hw-check.sh --kit DIR --out DIR [--simulate PROFILE] [--sim-bin FILE]
-#                    [--agent-seconds N] [--budget N]
+#                    [--sim-smi FILE] [--agent-seconds N] [--budget N]
+#
+# --sim-smi (with --simulate) names simsmi, which stands in for nvidia-smi
+# on the simulated node: a wrapper that runs it goes first on PATH.
 #
 # Nothing here changes the machine: no MIG mode, reset, clocks, persistence
 # mode or CUDA application; the agent runs with a temporary plugin and
@@ -23,17 +26,18 @@ export LC_ALL=C
 PATH=$PATH:/usr/sbin:/sbin
 
 usage() {
-	echo "usage: $0 --kit DIR --out DIR [--simulate PROFILE] [--sim-bin FILE] [--agent-seconds N] [--budget N]" >&2
+	echo "usage: $0 --kit DIR --out DIR [--simulate PROFILE] [--sim-bin FILE] [--sim-smi FILE] [--agent-seconds N] [--budget N]" >&2
 	exit 2
 }
 
-KIT="" OUT="" SIMULATE="" SIM_BIN="" AGENT_SECONDS=60 BUDGET=300
+KIT="" OUT="" SIMULATE="" SIM_BIN="" SIM_SMI="" AGENT_SECONDS=60 BUDGET=300
 while (($#)); do
 	case $1 in
 	--kit) KIT=${2:-} && shift ;;
 	--out) OUT=${2:-} && shift ;;
 	--simulate) SIMULATE=${2:-} && shift ;;
 	--sim-bin) SIM_BIN=${2:-} && shift ;;
+	--sim-smi) SIM_SMI=${2:-} && shift ;;
 	--agent-seconds) AGENT_SECONDS=${2:-} && shift ;;
 	--budget) BUDGET=${2:-} && shift ;;
 	-h | --help) usage ;;
@@ -43,6 +47,7 @@ while (($#)); do
 done
 [[ -n $KIT && -n $OUT ]] || usage
 [[ $AGENT_SECONDS =~ ^[0-9]+$ && $BUDGET =~ ^[0-9]+$ ]] || { echo "$0: --agent-seconds and --budget take whole seconds" >&2 && usage; }
+[[ -z $SIM_SMI || -n $SIMULATE ]] || { echo "$0: --sim-smi needs --simulate" >&2 && usage; }
 if [[ -e $OUT && -n $(ls -A "$OUT" 2>/dev/null) ]]; then
 	echo "$0: --out $OUT exists and is not empty" >&2
 	exit 2
@@ -201,6 +206,22 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/hwkit.XXXXXX" 2>/dev/null) || WORK=$(mktemp -d
 	echo "$0: cannot create a work directory" >&2
 	exit 2
 }
+
+# On a simulated node, nvidia-smi is simsmi answering from the same
+# simulated node (--sim-smi): a wrapper first on PATH, for every step.
+if [[ -n $SIM_SMI ]]; then
+	if [[ -x $SIM_SMI && ! -d $SIM_SMI ]]; then
+		SIM_SMI=$(cd "$(dirname "$SIM_SMI")" && pwd)/$(basename "$SIM_SMI")
+		mkdir -p "$WORK/smi-bin"
+		# shellcheck disable=SC2016 # "$@" is the wrapper's
+		printf '#!/usr/bin/env bash\nexec %q --simulate %q "$@"\n' "$SIM_SMI" "$SIMULATE" >"$WORK/smi-bin/nvidia-smi"
+		chmod 0755 "$WORK/smi-bin/nvidia-smi"
+		PATH=$WORK/smi-bin:$PATH
+		echo "nvidia-smi: simsmi $SIM_SMI --simulate $SIMULATE" >>"$KITTXT"
+	else
+		unavail "nvidia-smi" "--sim-smi $SIM_SMI is not an executable file: no references from a simulated nvidia-smi"
+	fi
+fi
 
 HWK=$KIT/hwkubelet
 HAVE_HWK=0
@@ -584,6 +605,10 @@ if ((HAVE_AGENT && HAVE_HWK)); then
 else
 	unavail "run" "needs a runnable agent and hwkubelet"
 fi
+# The DRA kubelet plugin (k8s.io/dynamic-resource-allocation's helper)
+# reads each claim from the API server before a prepare; the GPU machine
+# has none.
+unavail "run/dra-prepare" "the DRA kubelet plugin reads each claim from an API server and there is none here; hw-compare holds the DRA devices (dra.Build of agent/topology.json) against the census instead"
 
 # ---------------------------------------------------------------------
 total=$(elapsed_ms)

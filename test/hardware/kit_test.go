@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/hardware/nvsmi"
 )
 
 // CaptureEnv names a capture directory to check instead of running the
@@ -41,6 +43,7 @@ func capture(t *testing.T) string {
 	}
 	kit := filepath.Join(root, ".build", "hwkit")
 	simBin := filepath.Join(root, ".build", "hwkit-bin", "gpu-node-agent-sim")
+	simSMI := filepath.Join(root, ".build", "hwkit-bin", "simsmi")
 	for _, p := range []string{filepath.Join(kit, "hw-check.sh"), simBin} {
 		if _, err := os.Stat(p); err != nil {
 			t.Skipf("no built kit (%s): run `make hw-kit`, or set %s to a capture", p, CaptureEnv)
@@ -50,8 +53,12 @@ func capture(t *testing.T) string {
 		t.Skip("-short: running the kit takes about a minute")
 	}
 	out := filepath.Join(t.TempDir(), "capture")
-	cmd := exec.Command("bash", filepath.Join(kit, "hw-check.sh"), "--kit", kit, "--out", out,
-		"--simulate", simProfile, "--sim-bin", simBin, "--agent-seconds", "20")
+	args := []string{filepath.Join(kit, "hw-check.sh"), "--kit", kit, "--out", out,
+		"--simulate", simProfile, "--sim-bin", simBin, "--agent-seconds", "20"}
+	if _, err := os.Stat(simSMI); err == nil {
+		args = append(args, "--sim-smi", simSMI)
+	}
+	cmd := exec.Command("bash", args...)
 	b, err := cmd.CombinedOutput()
 	t.Logf("hw-check.sh: %s", b)
 	if err != nil {
@@ -114,6 +121,8 @@ func readKubelet(t *testing.T, path string) kubeletReport {
 // kitInfo is what kit.txt says about the run.
 type kitInfo struct {
 	simulate string
+	// simSMI: simsmi stood in for nvidia-smi (--sim-smi).
+	simSMI   bool
 	totalSec float64
 	budget   int
 }
@@ -134,6 +143,9 @@ func readKit(t *testing.T, dir string) kitInfo {
 		line := sc.Text()
 		if p, ok := strings.CutPrefix(line, "mode: simulate "); ok {
 			k.simulate = p
+		}
+		if strings.HasPrefix(line, "nvidia-smi: simsmi ") {
+			k.simSMI = true
 		}
 		if m := totalRE.FindStringSubmatch(line); m != nil {
 			k.totalSec, _ = strconv.ParseFloat(m[1], 64)
@@ -216,6 +228,37 @@ func TestCapture(t *testing.T) {
 					t.Errorf("%s is neither captured nor in unavailable.txt", f)
 				}
 			}
+		}
+	})
+
+	// On a simulated node with simsmi (make hw-check-sim), nvidia-smi's
+	// XML and GPU list are captured and the rest is recorded as not
+	// simulated; without it nvidia-smi is missing, as on any machine
+	// without a driver, and "files" checks that it says so.
+	t.Run("nvidia-smi", func(t *testing.T) {
+		if !kit.simSMI {
+			t.Skip("nvidia-smi was not simulated (no --sim-smi)")
+		}
+		for _, f := range []string{"references/nvidia-smi-q.xml", "references/nvidia-smi-L.txt"} {
+			if why, ok := missing[f]; ok {
+				t.Errorf("%s: unavailable on a simulated node with simsmi: %s", f, why)
+			}
+		}
+		for _, f := range []string{"references/nvidia-smi-q.txt", "references/nvidia-smi-topo-m.txt", "references/nvidia-smi-nvlink-s.txt"} {
+			if why := missing[f]; !strings.Contains(why, "not simulated") {
+				t.Errorf("%s: unavailable.txt says %q, want simsmi's \"not simulated\"", f, why)
+			}
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "references", "nvidia-smi-q.xml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := nvsmi.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kit.simulate == simProfile && len(l.GPUs) != simGPUs {
+			t.Errorf("nvidia-smi-q.xml lists %d GPUs, want %d", len(l.GPUs), simGPUs)
 		}
 	})
 
