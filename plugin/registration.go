@@ -31,12 +31,6 @@ func newBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
 }
 
-// lostStreamWait is how long after the kubelet ended a stream the server
-// registers again (streamLost): the kubelet that drops a plugin marks its
-// devices unhealthy right after closing the connection, and a
-// registration must come after that.
-const lostStreamWait = 200 * time.Millisecond
-
 // errNoKubelet marks a registration that failed because nothing listens on
 // the kubelet's registration socket: the file is absent (no kubelet yet, as
 // in the demo) or refuses the connection (a kubelet that is starting, or one
@@ -120,8 +114,7 @@ func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watchin
 		absence = newKubeletAbsence(s.log, kubeletSocket)
 	}
 	backoff := newBackoff()
-	var retry, lostWait <-chan time.Time
-	var lost lostStream
+	var retry <-chan time.Time
 	// failures counts every failed attempt of the streak, rejects those a
 	// kubelet answered.
 	failures, rejects := 0, 0
@@ -145,7 +138,6 @@ func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watchin
 				// Logged before Registered() says so, so that whoever
 				// waits for that also finds the line.
 				s.log.Info("registered with kubelet", "socket", filepath.Base(s.socket), "failedAttempts", failures)
-				s.registrations.Add(1)
 				s.setRegistered(true)
 				failures, rejects, backoff = 0, 0, newBackoff()
 			default:
@@ -176,20 +168,6 @@ func (s *server) registerLoop(ctx context.Context, kubeletSocket string, watchin
 			pending, backoff = true, newBackoff()
 		case <-retry:
 			pending = true
-		case lost = <-s.lost:
-			lostWait = time.After(lostStreamWait)
-		case <-lostWait:
-			lostWait = nil
-			if retry == nil && s.stillLost(lost) {
-				s.log.Info("the kubelet ended our ListAndWatch stream while it kept running; registering again")
-				pending = true
-				// This registration answers a pending kick too: a second
-				// one for the same socket is refused by a 1.37 kubelet.
-				select {
-				case <-s.kick:
-				default:
-				}
-			}
 		}
 	}
 }

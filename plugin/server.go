@@ -40,15 +40,10 @@ type server struct {
 	// registration that straddles one was with a kubelet that is gone.
 	kubeletGen *atomic.Uint64
 	// absence is the manager's, shared by its servers; nil outside one.
-	absence *kubeletAbsence
-	kick    chan struct{} // asks the registration loop to register now
-	// lost carries the kubelet generation and registration count at the
-	// moment the kubelet ended a ListAndWatch stream (see streamLost).
-	lost chan lostStream
-	// registrations counts successful registrations.
-	registrations atomic.Uint64
-	cancel        context.CancelFunc
-	loopDone      chan struct{}
+	absence  *kubeletAbsence
+	kick     chan struct{} // asks the registration loop to register now
+	cancel   context.CancelFunc
+	loopDone chan struct{}
 }
 
 // watcher is one open ListAndWatch stream. Its channel holds at most the
@@ -70,7 +65,6 @@ func newServer(name, socket string, res Resource, log *slog.Logger, m *metrics, 
 		watchers:   map[*watcher]struct{}{},
 		done:       make(chan struct{}),
 		kick:       make(chan struct{}, 1),
-		lost:       make(chan lostStream, 1),
 		loopDone:   make(chan struct{}),
 	}
 }
@@ -265,42 +259,6 @@ func (s *server) removeWatcher(w *watcher) {
 		// After stop the series is deleted; setting it would resurrect it.
 		s.metrics.setStreams(s.name, len(s.watchers))
 	}
-}
-
-// lostStream is when a stream was lost: the kubelet generation and the
-// registration count then.
-type lostStream struct{ gen, registrations uint64 }
-
-// streamLost tells the registration loop that the kubelet ended a
-// ListAndWatch stream of this (still serving) server. A kubelet before
-// 1.37 keeps one plugin per resource: when the old agent of a rolling
-// update stops, it disconnects the client it holds for the resource,
-// which by then is the new agent's, and marks the resource's devices
-// unhealthy. Only a new registration brings them back; the loop makes one
-// after a short wait unless the kubelet restarted or a registration or a
-// new stream came meanwhile.
-func (s *server) streamLost() {
-	l := lostStream{gen: s.kubeletGen.Load(), registrations: s.registrations.Load()}
-	for {
-		select {
-		case s.lost <- l:
-			return
-		default:
-		}
-		select {
-		case <-s.lost: // replace the older one
-		default:
-		}
-	}
-}
-
-// stillLost says whether a stream lost at l still wants a registration:
-// the kubelet is the same, nothing registered since, no stream is open,
-// and the server still serves.
-func (s *server) stillLost(l lostStream) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.stopped && len(s.watchers) == 0 && s.kubeletGen.Load() == l.gen && s.registrations.Load() == l.registrations
 }
 
 // requestRegistration makes the registration loop register now, e.g. after

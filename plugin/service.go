@@ -35,7 +35,6 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 		case <-s.done:
 			return nil
 		case <-stream.Context().Done():
-			s.streamLost()
 			return status.FromContextError(stream.Context().Err()).Err()
 		}
 	}

@@ -365,13 +365,12 @@ func TestDaemonSet(t *testing.T) {
 				if !slices.Contains(c.Args, "--host-root=/host") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--simulate") }) {
 					t.Errorf("args %v", c.Args)
 				}
-				// A rollout at fleet size (a percentage, never one pod at a
-				// time) that surges: the old pod goes once the new one is
-				// Ready, so the kubelet always has a plugin.
-				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge == nil ||
-					ru.MaxSurge.Type != intstr.String || !strings.HasSuffix(ru.MaxSurge.StrVal, "%") ||
-					ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
-					t.Errorf("updateStrategy %+v, want rollingUpdate.maxSurge as a percentage and maxUnavailable 0", ds.Spec.UpdateStrategy)
+				// A rollout at fleet size: a percentage, never one pod at a
+				// time; no surge by default (kubelets before 1.37 drop the
+				// new pod's device plugin when the old one stops).
+				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil || ru.MaxSurge != nil ||
+					ru.MaxUnavailable.Type != intstr.String || !strings.HasSuffix(ru.MaxUnavailable.StrVal, "%") {
+					t.Errorf("updateStrategy %+v, want rollingUpdate.maxUnavailable as a percentage and no surge", ds.Spec.UpdateStrategy)
 				}
 				var podUID bool
 				for _, e := range c.Env {
@@ -434,8 +433,6 @@ func TestDaemonSet(t *testing.T) {
 				if spec.Affinity != nil {
 					t.Errorf("simulate keeps the GPU node affinity: %+v", spec.Affinity)
 				}
-				// Two simulated pods cannot share a node (host ports, one
-				// simulator tree): the surge becomes maxUnavailable.
 				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge != nil ||
 					ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "10%" {
 					t.Errorf("simulate updateStrategy %+v, want maxUnavailable 10%% and no surge", ds.Spec.UpdateStrategy)
@@ -1317,5 +1314,24 @@ func TestSharingValues(t *testing.T) {
 	_, err := Render(loadChart(t), map[string]any{"nvidiaConfig": map[string]any{"configMap": "time-slicing-config-all"}})
 	if err == nil || !strings.Contains(err.Error(), "nvidiaConfig.key: name the entry of ConfigMap nvidiaConfig.configMap") {
 		t.Errorf("ConfigMap without a key: %v", err)
+	}
+}
+
+// TestSurgeUpdateStrategy: a surge set in the values renders as given on
+// real GPUs (for kubelets 1.37+), and becomes maxUnavailable of the same
+// size on simulated nodes, whose pods cannot share a node (host ports,
+// one simulator tree).
+func TestSurgeUpdateStrategy(t *testing.T) {
+	surge := map[string]any{"updateStrategy": map[string]any{"type": "RollingUpdate",
+		"rollingUpdate": map[string]any{"maxSurge": "10%", "maxUnavailable": 0}}}
+	ds := decode[appsv1.DaemonSet](t, render(t, surge), "daemonset.yaml")
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge == nil || ru.MaxSurge.String() != "10%" ||
+		ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("real GPUs with a surge: updateStrategy %+v, want maxSurge 10%% and maxUnavailable 0", ds.Spec.UpdateStrategy)
+	}
+	surge["simulate"] = "dgx-h100"
+	ds = decode[appsv1.DaemonSet](t, render(t, surge), "daemonset.yaml")
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge != nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "10%" {
+		t.Errorf("simulate with a surge: updateStrategy %+v, want maxUnavailable 10%% and no surge", ds.Spec.UpdateStrategy)
 	}
 }
