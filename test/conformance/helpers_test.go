@@ -17,12 +17,15 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
@@ -195,4 +198,29 @@ func getState(t *testing.T, c agentproc.SimControl) simState {
 		t.Fatalf("decode simulator state: %v", err)
 	}
 	return s
+}
+
+// admitted is the pods a test had the kubelet admit, which its device
+// manager reads as the active pods.
+type admitted struct {
+	mu   sync.Mutex
+	pods []*v1.Pod
+}
+
+// active lists the admitted pods: startTopologyKubelet's activePods.
+func (a *admitted) active() []*v1.Pod {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.pods)
+}
+
+// admit asks kl to admit pod and records it when admitted.
+func (a *admitted) admit(kl topologyKubelet, pod *v1.Pod) admitResult {
+	r := kl.Admit(pod)
+	if r.Admit {
+		a.mu.Lock()
+		a.pods = append(a.pods, pod)
+		a.mu.Unlock()
+	}
+	return r
 }

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -141,16 +140,8 @@ func TestNUMAAlignment(t *testing.T) {
 	for _, scope := range []string{"container", "pod"} {
 		t.Run("single-numa-node/"+scope, func(t *testing.T) {
 			dir := pluginDir(t)
-			var (
-				mu     sync.Mutex
-				active []*v1.Pod
-			)
-			activePods := func() []*v1.Pod {
-				mu.Lock()
-				defer mu.Unlock()
-				return slices.Clone(active)
-			}
-			kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "single-numa-node", scope, activePods)
+			pods := &admitted{}
+			kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "single-numa-node", scope, pods.active)
 			agent, control := startAgent(t, dir, "dgx-h100", "none", "--config", "testdata/rdma-ib.yaml")
 			all := waitAllocatable(t, kl, agent, map[string]int{gpu: 8, ib: 8})
 
@@ -180,16 +171,7 @@ func TestNUMAAlignment(t *testing.T) {
 				}
 			}
 
-			admit := func(pod *v1.Pod) admitResult {
-				t.Helper()
-				r := kl.Admit(pod)
-				if r.Admit {
-					mu.Lock()
-					active = append(active, pod)
-					mu.Unlock()
-				}
-				return r
-			}
+			admit := func(pod *v1.Pod) admitResult { return pods.admit(kl, pod) }
 			// allocated checks what the device manager gave the container
 			// against the request and returns its NUMA nodes and GPUs.
 			allocated := func(pod *v1.Pod, want map[string]int) (nodes []int, gpus []string) {

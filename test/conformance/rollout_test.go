@@ -4,11 +4,8 @@ import (
 	"maps"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	v1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/devicemanager"
@@ -30,16 +27,8 @@ import (
 func TestRollingUpdateWithSurge(t *testing.T) {
 	t.Logf("kubelet code: k8s.io/kubernetes %s", kubeletVersion)
 	dir := pluginDir(t)
-	var (
-		mu     sync.Mutex
-		active []*v1.Pod
-	)
-	activePods := func() []*v1.Pod {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]*v1.Pod(nil), active...)
-	}
-	kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "none", "container", activePods)
+	pods := &admitted{}
+	kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "none", "container", pods.active)
 	old, _ := startAgent(t, dir, "dgx-h100", "none", "--pod-uid", "0a1d0000-0000-4000-8000-000000000001")
 	waitAllocatableGPUs(t, kl, old, 8)
 	want := counts(kl.Allocatable())
@@ -127,12 +116,9 @@ func TestRollingUpdateWithSurge(t *testing.T) {
 
 	// The new agent allocates.
 	pod := devicePod("after-rollout", map[string]int{"nvidia.com/gpu": 2})
-	if r := kl.Admit(pod); !r.Admit {
+	if r := pods.admit(kl, pod); !r.Admit {
 		t.Fatalf("pod refused after the rollout: %s: %s", r.Reason, r.Message)
 	}
-	mu.Lock()
-	active = append(active, pod)
-	mu.Unlock()
 	if devs := kl.Devices(string(pod.UID), "main")["nvidia.com/gpu"]; len(devs) != 2 {
 		t.Fatalf("pod admitted after the rollout got %v, want 2 GPUs", devs)
 	}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -123,29 +122,11 @@ func TestTimeSlicingRegistration(t *testing.T) {
 func startSharingKubelet(t *testing.T, config string) (topologyKubelet, string, func(*v1.Pod) admitResult) {
 	t.Helper()
 	dir := pluginDir(t)
-	var (
-		mu     sync.Mutex
-		active []*v1.Pod
-	)
-	activePods := func() []*v1.Pod {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(active)
-	}
-	kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "none", "container", activePods)
+	pods := &admitted{}
+	kl := startTopologyKubelet(t, filepath.Join(dir, devicemanager.KubeletSocket), dgxH100Machine(t), "none", "container", pods.active)
 	agent, _ := startAgent(t, dir, "dgx-h100", "none", "--config", config)
 	waitAllocatable(t, kl, agent, map[string]int{"nvidia.com/gpu": 16})
-	admit := func(pod *v1.Pod) admitResult {
-		t.Helper()
-		r := kl.Admit(pod)
-		if r.Admit {
-			mu.Lock()
-			active = append(active, pod)
-			mu.Unlock()
-		}
-		return r
-	}
-	return kl, dir, admit
+	return kl, dir, func(pod *v1.Pod) admitResult { return pods.admit(kl, pod) }
 }
 
 // pluginClient dials the agent's plugin for resource on its socket in dir
