@@ -95,17 +95,3 @@ func TestCommandStopsWithItsContext(t *testing.T) {
 		t.Errorf("%s %q, want fail", r.Status, r.Detail)
 	}
 }
-
-func TestTailBuffer(t *testing.T) {
-	b := &tailBuffer{max: 8}
-	for _, s := range []string{"héllo\n", "wörld\n"} {
-		if _, err := b.Write([]byte(s)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// 14 bytes in, the last 8 kept: "llo\nwörld\n" cut to "\nwörld\n" is 8 bytes
-	// with ö's two; the result starts on a whole character.
-	if got := b.String(); got != "...wörld" {
-		t.Errorf("tail %q", got)
-	}
-}
