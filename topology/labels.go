@@ -376,29 +376,14 @@ func addMIGResourceLabels(l map[string]string, resource, name string, p *migProf
 
 // addWiringLabels adds the agent's own labels: NVLink, NVSwitch, NUMA.
 func addWiringLabels(l map[string]string, n *Node) {
-	nvlink, uniform := false, len(n.GPUs) >= 3
-	count := -1
-	pairs := 0
+	nvlink := false
 	for _, k := range n.Links {
 		if k.NVLinks > 0 {
 			nvlink = true
 		}
-		if k.A == k.B {
-			continue
-		}
-		pairs++
-		if count == -1 {
-			count = k.NVLinks
-		}
-		if k.NVLinks != count || k.NVLinks == 0 {
-			uniform = false
-		}
-	}
-	if pairs != len(n.GPUs)*(len(n.GPUs)-1)/2 {
-		uniform = false // some pair is not linked at all
 	}
 	l[LabelNVLink] = strconv.FormatBool(nvlink)
-	l[LabelNVSwitch] = strconv.FormatBool(uniform)
+	l[LabelNVSwitch] = strconv.FormatBool(NVSwitched(n))
 
 	perNUMA := map[int]int{}
 	for _, g := range n.GPUs {
@@ -484,4 +469,28 @@ func LabelsComplete(n *Node) string {
 		return "not read: " + strings.Join(n.Unread, "; ")
 	}
 	return ""
+}
+
+// NVSwitched says the node looks like an NVSwitch system: at least three
+// GPUs and every pair joined by the same non-zero number of NVLinks (the
+// model holds link counts, not switches; a direct full mesh with equal
+// counts reads the same).
+func NVSwitched(n *Node) bool {
+	if len(n.GPUs) < 3 {
+		return false
+	}
+	count, pairs := -1, 0
+	for _, k := range n.Links {
+		if k.A == k.B {
+			continue
+		}
+		pairs++
+		if count == -1 {
+			count = k.NVLinks
+		}
+		if k.NVLinks == 0 || k.NVLinks != count {
+			return false
+		}
+	}
+	return pairs == len(n.GPUs)*(len(n.GPUs)-1)/2
 }
