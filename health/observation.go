@@ -1,5 +1,7 @@
 package health
 
+import "time"
+
 // NodeID is the DeviceID of observations about the node as a whole (NVML
 // itself failing); a fault on it makes every GPU and MIG device unhealthy.
 const NodeID = "node"
@@ -61,6 +63,9 @@ type Observation struct {
 	// constant, action.go), for a check whose key does not tell (the
 	// driver's recovery action); empty: derived from Check, Key and XID.
 	Action string
+	// At is when what the observation reports was read (a polled check:
+	// its sample's time); zero is when it is observed.
+	At time.Time
 }
 
 func (o Observation) causeKey() string {

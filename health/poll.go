@@ -74,6 +74,10 @@ func (m *Monitor) applySnapshot(snap *nvmlowner.Snapshot) {
 			m.SetBaseline(s.UUID, k, v)
 		}
 		for _, o := range res.Obs {
+			// What the checks report is what NVML said when the GPU was
+			// sampled, which may be well before now (a cycle held back
+			// while NVML was released for a GPU reset).
+			o.At = s.Time
 			m.Observe(o)
 		}
 		m.prev[s.UUID] = s

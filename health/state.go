@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"strings"
@@ -23,6 +24,10 @@ type cause struct {
 	clearedAt time.Time
 	// action is what the cause asks of an operator (an Action* constant).
 	action string
+	// seen is when a check last reported the cause (not persisted): a
+	// remedy tells a fault seen again after a GPU reset from one the
+	// checks have not looked at since.
+	seen time.Time
 }
 
 func (c *cause) blocking() bool { return c.active || c.held }
@@ -74,7 +79,11 @@ func (s *deviceState) apply(o Observation, now time.Time, cfg Config) (wentUnhea
 		} else {
 			c.active = true
 		}
+		before.seen = c.seen // not persisted: no reason to save
 		changed = changed || *c != before
+		if at := cmp.Or(o.At, now); at.After(c.seen) {
+			c.seen = at
+		}
 		if s.healthy {
 			s.healthy = false
 			s.since = now
