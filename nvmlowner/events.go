@@ -117,6 +117,9 @@ type EventWatcher struct {
 	// one is tried at once, idle or not (wanted consumes the change
 	// signal that sleep would otherwise wake on).
 	tried uint64
+	// released is the owner's release generation set was built under
+	// (Owner.Release shuts NVML down: a set from before is gone).
+	released uint64
 }
 
 // NewEventWatcher returns a watcher over o. Call SetGPUs and Run.
@@ -263,7 +266,25 @@ func (w *EventWatcher) Run(ctx context.Context) error {
 		if !w.sync(ctx, want, gen) {
 			continue
 		}
+		// Wait outside the lanes, but counted: a release for a GPU
+		// reset waits for it to return, and this waits for the release.
+		if w.o.Enter(ctx) != nil {
+			continue
+		}
+		if w.o.Generation() != w.released {
+			w.o.Exit()
+			// NVML was released for a GPU reset and initialised again:
+			// the set belonged to the session before (not freed: NVML's
+			// shutdown took it). Build a new one, as after a failed
+			// Wait; XIDs during the reset were not recorded.
+			w.log.Info("nvml was released for a gpu reset; building the event set again")
+			w.setSet(nil)
+			w.handles = map[string]Device{}
+			w.rebuild(ctx, want, gen)
+			continue
+		}
 		e, ret := w.set.Wait(waitMs)
+		w.o.Exit()
 		switch ret {
 		case nvml.SUCCESS:
 			w.working()
@@ -338,6 +359,7 @@ func (w *EventWatcher) waitFailed(ctx context.Context, err error) {
 // should be freed"), and a new one is tried after the retry period.
 func (w *EventWatcher) rebuild(ctx context.Context, want map[string]bool, gen uint64) {
 	w.tried = gen
+	w.released = w.o.Generation()
 	old := w.set
 	set, handles, err := w.build(ctx, want)
 	if err != nil {

@@ -47,6 +47,9 @@ type Owner struct {
 	// handles caches each GPU's handle by UUID; dropped when a lookup
 	// fails or the GPU leaves the set (SetGPUs).
 	handles map[string]Device
+
+	// gate holds calls back while NVML is released (Release).
+	gate gate
 }
 
 // New returns an Owner over lib (nvml.New() in production, a simulated
@@ -86,7 +89,10 @@ func (o *Owner) Shutdown(ctx context.Context) error {
 // each bounded by the call timeout. A non-SUCCESS return comes back as an
 // error wrapping the nvml.Return (errors.Is works with nvml.ERROR_*).
 func (o *Owner) Lib(ctx context.Context, what string, fn func(lib Library) nvml.Return) error {
-	return o.libLane.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return { return fn(o.lib) })
+	if err := o.gate.enter(ctx); err != nil {
+		return &CallError{What: what, Err: err}
+	}
+	return o.libLane.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return { return fn(o.lib) }, o.gate.exit)
 }
 
 // Do runs fn with GPU uuid's handle on that GPU's lane, bounded by the call
@@ -97,6 +103,9 @@ func (o *Owner) Lib(ctx context.Context, what string, fn func(lib Library) nvml.
 // one goroutine. The handle is looked up by UUID (cached until a lookup
 // fails or SetGPUs drops the GPU). what names the call for errors.
 func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev Device) nvml.Return) error {
+	if err := o.gate.enter(ctx); err != nil {
+		return &CallError{What: what, Err: err}
+	}
 	l := o.lane(uuid)
 	return l.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return {
 		dev, ret := o.handle(uuid)
@@ -110,7 +119,7 @@ func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev Device) n
 			o.dropHandle(uuid)
 		}
 		return ret
-	})
+	}, o.gate.exit)
 }
 
 // DoIndex runs fn with the handle of GPU index i, on a lane of that index:
@@ -120,6 +129,9 @@ func (o *Owner) Do(ctx context.Context, uuid, what string, fn func(dev Device) n
 // are Do's; the lane of an index is not the lane of the GPU's UUID, so a
 // hung GPU can hold one goroutine on each.
 func (o *Owner) DoIndex(ctx context.Context, i int, what string, fn func(dev Device) nvml.Return) error {
+	if err := o.gate.enter(ctx); err != nil {
+		return &CallError{What: what, Err: err}
+	}
 	l := o.lane(indexLane(i))
 	return l.run(ctx, o.cfg.CallTimeout, what, func() nvml.Return {
 		dev, ret := o.lib.DeviceGetHandleByIndex(i)
@@ -127,7 +139,7 @@ func (o *Owner) DoIndex(ctx context.Context, i int, what string, fn func(dev Dev
 			return ret
 		}
 		return fn(dev)
-	})
+	}, o.gate.exit)
 }
 
 // indexLane is the lanes key of GPU index i: never a UUID (those start
@@ -257,25 +269,28 @@ func (l *lane) hung(timeout time.Duration) bool {
 
 // run waits up to timeout for the lane, then up to the rest of timeout for
 // fn. fn keeps running after a timeout; the lane stays taken until it
-// returns.
-func (l *lane) run(ctx context.Context, timeout time.Duration, what string, fn func() nvml.Return) error {
+// returns. done is called once fn has returned, or at once when fn never
+// started.
+func (l *lane) run(ctx context.Context, timeout time.Duration, what string, fn func() nvml.Return, done func()) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	select {
 	case l.slot <- struct{}{}:
 	case <-deadline.C:
+		done()
 		l.mu.Lock()
 		running := l.what
 		l.mu.Unlock()
 		return &CallError{What: what, Running: running,
 			Err: fmt.Errorf("%w (an earlier call on this device, %s, is still running)", ErrTimeout, running)}
 	case <-ctx.Done():
+		done()
 		return &CallError{What: what, Err: ctx.Err()}
 	}
 	l.mu.Lock()
 	l.started, l.what = time.Now(), what
 	l.mu.Unlock()
-	done := make(chan nvml.Return, 1)
+	result := make(chan nvml.Return, 1)
 	go func() {
 		var ret nvml.Return = nvml.ERROR_UNKNOWN
 		defer func() {
@@ -284,18 +299,19 @@ func (l *lane) run(ctx context.Context, timeout time.Duration, what string, fn f
 			l.overdue = false
 			l.mu.Unlock()
 			<-l.slot
+			done()
 			if r := recover(); r != nil {
 				// A binding bug or an unset mock function costs this
 				// call, not the process.
-				done <- nvml.ERROR_UNKNOWN
+				result <- nvml.ERROR_UNKNOWN
 				return
 			}
-			done <- ret
+			result <- ret
 		}()
 		ret = fn()
 	}()
 	select {
-	case ret := <-done:
+	case ret := <-result:
 		if ret != nvml.SUCCESS {
 			return &CallError{What: what, Err: ret}
 		}
