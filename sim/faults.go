@@ -26,6 +26,8 @@ const (
 	FaultNVLinkDown      = "nvlink-down"           // link Fault.Link inactive
 	FaultPortDown        = "port-down"             // RDMA port Fault.NIC down (sim/nics.go)
 	FaultGPUReset        = "gpu-reset"             // what a GPU reset (nvidia-smi -r) leaves; an action, not clearable (reset.go)
+	FaultResetFail       = "reset-fail"            // the GPU's resets (ResetGPU) fail, exit status 255, until cleared (reset.go)
+	FaultResetHang       = "reset-hang"            // the GPU's resets (ResetGPU) never end, until cleared (reset.go)
 	FaultHang            = "hang"                  // every NVML call on the GPU blocks until cleared (calls.go)
 	FaultGPUMissing      = "gpu-missing"           // on the PCI bus but not listed by NVML (missing.go)
 	FaultFabricNotReady  = "fabric-not-ready"      // NVLink fabric registration in progress (fabric.go)
@@ -42,7 +44,7 @@ const (
 // faultKinds lists the kinds, for the error naming them.
 var faultKinds = []string{
 	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
-	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultHang, FaultGPUMissing, FaultFabricNotReady,
+	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultResetFail, FaultResetHang, FaultHang, FaultGPUMissing, FaultFabricNotReady,
 	FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver,
 	FaultCommandFail, FaultCommandSlow,
 }
@@ -75,6 +77,8 @@ type gpuFaults struct {
 	// recovery is FI_DEV_GET_GPU_RECOVERY_ACTION.
 	recovery       nvml.DeviceGpuRecoveryAction
 	fabricNotReady bool
+	// resetFail and resetHang are the outcome of the GPU's resets.
+	resetFail, resetHang bool
 }
 
 // pageAddress is the hardware address the simulator gives the k-th page
@@ -481,6 +485,10 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		if err := n.resetIdleGPU(gpu); err != nil {
 			return err
 		}
+	case FaultResetFail:
+		setGPU(func(g *gpuFaults) { g.resetFail = on })
+	case FaultResetHang:
+		setGPU(func(g *gpuFaults) { g.resetHang = on })
 	case FaultHang:
 		n.gates[gpu].setHang(on)
 	case FaultGPUMissing:

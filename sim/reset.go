@@ -67,3 +67,41 @@ func (n *Node) resetIdleGPU(i int) error {
 	n.resetGPU(i)
 	return nil
 }
+
+// ResetOutcome is how a reset of GPU i ends, as its faults say: "fail"
+// (reset-fail: nvidia-smi exits 255, its "other error"), "hang"
+// (reset-hang: the reset never returns) or "" (it works, if the GPU is
+// idle).
+func (n *Node) ResetOutcome(i int) string {
+	fs := n.faults
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	switch g := fs.gpus[i]; {
+	case g.resetHang:
+		return "hang"
+	case g.resetFail:
+		return "fail"
+	}
+	return ""
+}
+
+// ResetGPU resets GPU i as a reset that works does (the gpu-reset fault):
+// refused while a simulated process holds a context on it.
+func (n *Node) ResetGPU(i int) error {
+	if err := n.checkGPU(i); err != nil {
+		return err
+	}
+	return n.resetIdleGPU(i)
+}
+
+// GPUIndex is the simulator index of the GPU with UUID uuid, -1 if none.
+func (n *Node) GPUIndex(uuid string) int {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for i, g := range n.spec.GPUs {
+		if g.UUID == uuid {
+			return i
+		}
+	}
+	return -1
+}
