@@ -24,6 +24,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/preflight"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
@@ -92,6 +93,10 @@ type Config struct {
 	// RecheckInterval the GPUs no pod holds are re-checked.
 	Preflight preflight.Config
 
+	// Remediation configures the self-healing steps (GPU reset, drain,
+	// reboot request); all off by default. It needs NodeName.
+	Remediation remediate.Config
+
 	// PrintInventory prints what is served at start and on every change.
 	PrintInventory bool
 }
@@ -101,7 +106,7 @@ type Config struct {
 // Events or the preflight gate.
 func (c Config) needsAPI() bool {
 	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels ||
-		c.Health.Enabled(health.CheckGPUProcesses) || c.Preflight.Enabled)
+		c.Health.Enabled(health.CheckGPUProcesses) || c.Preflight.Enabled || c.Remediation.Enabled())
 }
 
 // sampleInterval is the NVML sampling period: the shorter of the health
@@ -143,6 +148,8 @@ type Agent struct {
 	// preflight is nil unless the preflight gates the node or re-checks
 	// idle GPUs.
 	preflight *preflighter
+	// remediator is nil unless a remediation step is enabled.
+	remediator *remediate.Remediator
 	// labelsHeld is why the last discovery was not labelled ("" when it
 	// was); reconciler goroutine only.
 	labelsHeld string
@@ -206,6 +213,9 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 		return nil, err
 	}
 	if a.preflight, err = a.newPreflighter(); err != nil {
+		return nil, err
+	}
+	if a.remediator, err = a.newRemediator(); err != nil {
 		return nil, err
 	}
 	rlog := log.With("component", "rdma")
@@ -280,7 +290,7 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	}
 	if a.dra != nil {
 		noExecute := cfg.DRA.NoExecute
-		a.rec.publish = func(st state) { a.dra.publish(st, a.mon.Snapshot(), noExecute) }
+		a.rec.publish = func(st state) { a.dra.publish(st, a.mon.Snapshot(), noExecute, a.drainDevices(st.node)) }
 	}
 	if cfg.PrintInventory {
 		a.rec.report = (&inventory{out: stdout, what: describe(hw), fit: a.mon.NodeFit}).report
@@ -329,6 +339,8 @@ func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
 		NewClients:  a.clients.get,
 		Retry:       cfg.KubeRetry,
 		Preflight:   a.preflightGateConfig(),
+		Remediation: cfg.Remediation.Enabled(),
+		PodUID:      cfg.PodUID,
 	}
 }
 
@@ -530,6 +542,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.preflight != nil {
 		start("preflight", func() error { a.preflight.run(ctx); return nil })
+	}
+	if a.remediator != nil {
+		start("remediation", func() error { a.remediator.Run(ctx); return nil })
 	}
 	if srv != nil {
 		start("metrics", func() error { return srv.Serve(ctx) })

@@ -95,7 +95,7 @@ type draServer struct {
 // publisher, and their health to the kubelet's health service. It runs on
 // the reconciler's goroutine after every pass and health change; equal
 // content writes nothing to the API server.
-func (s *draServer) publish(st state, snap map[string]health.Status, noExecute bool) {
+func (s *draServer) publish(st state, snap map[string]health.Status, noExecute bool, drain map[string]bool) {
 	if st.node == nil {
 		// Nothing discovered yet: publishing now would delete the slices
 		// an earlier run left, which still describe the node.
@@ -104,7 +104,12 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 	faults := map[string]dra.Fault{}
 	for id, hs := range snap {
 		if !hs.Healthy {
-			faults[id] = faultOf(hs, noExecute)
+			f := faultOf(hs, noExecute)
+			if drain[id] {
+				// Remediation drains this device's pods for a reset.
+				f.Effect = resourceapi.DeviceTaintEffectNoExecute
+			}
+			faults[id] = f
 		}
 	}
 	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults})

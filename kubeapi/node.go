@@ -36,6 +36,11 @@ type NodeObjectConfig struct {
 	// its own taint and condition, whatever Taint.Mode says; nil runs no
 	// gate.
 	Preflight *PreflightGateConfig
+	// Remediation, when set, makes Remediation() ready once the informer
+	// runs: the remediation shares the taint's fleet-safeguard slot.
+	Remediation bool
+	// PodUID is the agent's own pod, which remediation never evicts.
+	PodUID string
 }
 
 // NodeObject keeps this node's Node object in step with the agent: the
@@ -70,6 +75,9 @@ type NodeObject struct {
 	watch     *NodeWatch
 	watchSet  chan struct{}
 	watchOnce sync.Once
+
+	// remediation is the remediation's API (nil unless configured).
+	remediation *RemediationAPI
 }
 
 // NewNodeObject returns the node object for cfg; the tainter follows
@@ -93,10 +101,20 @@ func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registere
 			log.Error("kube API write counter not registered", "err", err)
 		}
 	}
-	return &NodeObject{cfg: cfg, health: health, reg: reg, log: log, events: events, writes: writes,
+	o := &NodeObject{cfg: cfg, health: health, reg: reg, log: log, events: events, writes: writes,
 		kick: make(chan struct{}, 1), preflightKick: make(chan struct{}, 1), rerun: make(chan struct{}, 1),
 		watchSet: make(chan struct{})}
+	if cfg.Remediation {
+		o.remediation = &RemediationAPI{ownPod: types.UID(cfg.PodUID), events: events, log: log.With("component", "remediation"),
+			changes: make(chan struct{}, 1)}
+	}
+	return o
 }
+
+// Remediation is the remediation's view of the API server (nil unless
+// NodeObjectConfig.Remediation); it is ready once Run has started the
+// node informer.
+func (o *NodeObject) Remediation() *RemediationAPI { return o.remediation }
 
 // Event queues an Event about the node (type corev1.EventTypeNormal or
 // EventTypeWarning); it never blocks. It is posted into
@@ -211,7 +229,7 @@ func (o *NodeObject) Run(ctx context.Context) error {
 	}
 	taint := o.cfg.Taint.WithDefaults()
 	var wg sync.WaitGroup
-	if taint.Mode == TaintOff && !o.cfg.Labels && o.cfg.Preflight == nil {
+	if taint.Mode == TaintOff && !o.cfg.Labels && o.cfg.Preflight == nil && o.remediation == nil {
 		// Events only: no informer on the Node.
 		o.setWatch(nil)
 		o.events.run(ctx, clients.Core, func() types.UID { return "" })
@@ -233,12 +251,19 @@ func (o *NodeObject) Run(ctx context.Context) error {
 			return ""
 		})
 	})
+	// The taint and remediation share this node's one slot of the fleet
+	// safeguard (sharedSlot).
+	slot := newSharedSlot(NewSlots(clients.Core, clients.Meta, o.cfg.NodeName, taint.SafeguardConfig(), o.log.With("component", "safeguard")))
 	if taint.Mode != TaintOff {
 		if t, err := newTainter(clients, watch, taint, o.log.With("component", "taint"), o.reg, o.writes); err != nil {
 			o.log.Error("node tainter not started", "err", err)
 		} else {
+			t.SetSafeguard(slot.safeguard())
 			wg.Go(func() { _ = t.Run(ctx, o.health) })
 		}
+	}
+	if o.remediation != nil {
+		o.remediation.start(ctx, clients.Core, watch, slot, o.writes, taint.EventNamespace)
 	}
 	if o.cfg.Preflight != nil {
 		if err := o.cfg.Preflight.Validate(taint); err != nil {

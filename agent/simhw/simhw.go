@@ -9,8 +9,11 @@ import (
 	"log/slog"
 	"os"
 	"syscall"
+	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/runcmd"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -132,4 +135,34 @@ func (h *Hardware) Close() {
 	if h.tmp != "" {
 		os.RemoveAll(h.tmp)
 	}
+}
+
+// GPUResetter resets the simulated node's GPUs (the agent's GPUResetter):
+// a reset that works changes the simulator's state as nvidia-smi -r
+// changes the driver's; a failing or hanging one (the reset-fail and
+// reset-hang faults) runs a shell that fails or never ends through the
+// real exec path, so its timeout and kill are the real ones.
+func (h *Hardware) GPUResetter() remediate.Resetter { return simResetter{h.node} }
+
+type simResetter struct{ node *sim.Node }
+
+func (s simResetter) Reset(ctx context.Context, g topology.GPU, timeout time.Duration) (bool, error) {
+	i := s.node.GPUIndex(g.UUID)
+	if i < 0 {
+		return false, fmt.Errorf("gpu %s: not on the simulated node", g.UUID)
+	}
+	var script string
+	switch s.node.ResetOutcome(i) {
+	case "hang":
+		script = "sleep 3600"
+	case "fail":
+		script = fmt.Sprintf("echo 'Unable to reset GPU %s: Unknown Error (simulated: sim fault %s)' >&2; exit 255", g.PCIBusID, sim.FaultResetFail)
+	default:
+		if err := s.node.ResetGPU(i); err != nil {
+			return false, fmt.Errorf("nvidia-smi -r -i %s: %w", g.PCIBusID, err)
+		}
+		return false, nil
+	}
+	r := runcmd.Run(ctx, "nvidia-smi -r -i "+g.PCIBusID, []string{"/bin/sh", "-c", script}, nil, timeout, remediate.DefaultResetOutputBytes)
+	return r.TimedOut, r.Err
 }

@@ -94,6 +94,9 @@ type Config struct {
 	// Preflight is the active checks a node must pass before it takes
 	// work (the preflight subcommand runs them once).
 	Preflight PreflightSection `json:"preflight"`
+	// Remediation is the self-healing steps (GPU reset, drain, reboot
+	// request), each off unless enabled.
+	Remediation RemediationSection `json:"remediation"`
 }
 
 // MetricsSection configures the GPU metrics collector and the endpoint

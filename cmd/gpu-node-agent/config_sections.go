@@ -18,6 +18,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/preflight"
+	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 )
 
@@ -71,20 +72,37 @@ type PreflightSection struct{ preflight.Config }
 // UnmarshalJSON reads the section strictly: an unknown key at any depth,
 // or a value of the wrong form, is an error naming its path.
 func (s *PreflightSection) UnmarshalJSON(b []byte) error {
+	return decodeStrict("preflight", b, &s.Config)
+}
+
+// RemediationSection is the `remediation` config key: remediate.Config,
+// read strictly with errors naming the key (e.g.
+// remediation.reset.timeout).
+type RemediationSection struct{ remediate.Config }
+
+// UnmarshalJSON reads the section strictly (see decodeStrict).
+func (s *RemediationSection) UnmarshalJSON(b []byte) error {
+	return decodeStrict("remediation", b, &s.Config)
+}
+
+// decodeStrict decodes section b into v (a pointer to a struct whose
+// durations unmarshal from text): an unknown key at any depth, or a value
+// of the wrong form, is an error naming its path.
+func decodeStrict[T any](section string, b []byte, v *T) error {
 	if string(b) == "null" {
 		return nil
 	}
-	if err := checkKeys("preflight", b, reflect.TypeFor[preflight.Config]()); err != nil {
+	if err := checkKeys(section, b, reflect.TypeFor[T]()); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s.Config); err != nil {
+	if err := dec.Decode(v); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return fmt.Errorf("preflight.%s: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+			return fmt.Errorf("%s.%s: want %s, got %s", section, typeErr.Field, typeErr.Type, typeErr.Value)
 		}
-		return fmt.Errorf("preflight: %w", err)
+		return fmt.Errorf("%s: %w", section, err)
 	}
 	return nil
 }
@@ -205,12 +223,28 @@ func (c *Config) validatePreflightGate() error {
 	return nil
 }
 
+// validateRemediation checks the remediation section: what it needs of
+// the node name.
+func (c *Config) validateRemediation() error {
+	r := c.Remediation.WithDefaults()
+	if !r.Enabled() {
+		return nil
+	}
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if c.NodeName == "" {
+		return errors.New("remediation: the enabled steps need node-name (the Node they post Events on, take the fleet safeguard's slot for, evict from)")
+	}
+	return nil
+}
+
 // validateSections validates the health (with health.zombies), taint,
 // metrics and rdma sections; each error names the field (e.g. health.pollInterval).
 func (c *Config) validateSections() []error {
 	var errs []error
 	for _, err := range []error{c.Health.Validate(), c.Health.Zombies.Validate(), c.Taint.Validate(), c.RDMA.Validate(), c.kubeClient().Validate(),
-		c.Preflight.Validate()} {
+		c.Preflight.Validate(), c.validateRemediation()} {
 		if err != nil {
 			errs = append(errs, err)
 		}

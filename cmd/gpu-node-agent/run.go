@@ -72,5 +72,6 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		PrintInventory:       c.PrintInventory,
 		DRA:                  c.DRA,
 		Preflight:            c.Preflight.Config,
+		Remediation:          c.Remediation.WithDefaults(),
 	}
 }
