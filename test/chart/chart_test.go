@@ -234,7 +234,7 @@ func TestAdmissionPolicy(t *testing.T) {
 	var taints, conditions bool
 	for _, v := range spec.Validations {
 		taints = taints || strings.Contains(v.Expression, "t.key in [variables.taintKey, variables.preflightTaintKey]")
-		conditions = conditions || strings.Contains(v.Expression, "c.type in [variables.conditionType, variables.preflightConditionType]")
+		conditions = conditions || strings.Contains(v.Expression, "c.type in [variables.conditionType, variables.preflightConditionType, variables.rebootConditionType]")
 	}
 	if !taints || !conditions {
 		t.Errorf("validations %+v: want the taint check to except both taint keys (%v) and the condition check both types (%v)", spec.Validations, taints, conditions)
