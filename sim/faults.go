@@ -377,6 +377,9 @@ func (n *Node) InjectFault(f Fault) error {
 	return n.injectFault(f)
 }
 
+// ClearFault clears f as DELETE /faults does.
+func (n *Node) ClearFault(f Fault) error { return n.clearFault(f) }
+
 func (n *Node) injectFault(f Fault) error {
 	return n.applyFault(f, true)
 }
