@@ -716,6 +716,7 @@ const (
 	modeRealKill    = "real GPUs killing zombie GPU processes" // health.zombies.action kill
 	modeRealMIGKill = "real GPUs serving MIG and killing zombies"
 	modeSimulate    = "simulate"
+	modeRealReset   = "real GPUs resetting GPUs" // remediation.reset
 )
 
 // allowedCaps is the README's "Privileges" table as an allow-list: the
@@ -726,6 +727,7 @@ var allowedCaps = map[string][]corev1.Capability{
 	modeRealKill:    {"KILL"},              // zombie processes of pods run as other users
 	modeRealMIGKill: {"SYS_ADMIN", "KILL"}, // both
 	modeSimulate:    {"MKNOD"},             // the simulated /dev/infiniband character devices
+	modeRealReset:   {"SYS_ADMIN"},         // nvidia-smi -r resets a GPU only for an administrator
 }
 
 // privilegeViolations lists what the DaemonSet asks for beyond the
@@ -761,6 +763,11 @@ func privilegeViolations(ds *appsv1.DaemonSet, mode string, gpuProcesses bool) [
 			out = append(out, "container "+c.Name+" is privileged")
 		}
 		switch {
+		case mode == modeRealReset:
+			// The API server refuses false together with CAP_SYS_ADMIN.
+			if sc.AllowPrivilegeEscalation != nil {
+				out = append(out, fmt.Sprintf("container %s: allowPrivilegeEscalation %v with CAP_SYS_ADMIN, want it unset", c.Name, *sc.AllowPrivilegeEscalation))
+			}
 		case mode == modeRealMIG || mode == modeRealMIGKill:
 			// The API server refuses false together with CAP_SYS_ADMIN.
 			if sc.AllowPrivilegeEscalation != nil {
@@ -828,6 +835,15 @@ func TestLeastPrivilege(t *testing.T) {
 		{name: "real GPUs serving DRA", vals: map[string]any{"dra": map[string]any{"enabled": true}}, mode: modeRealMIG},
 		{name: "real GPUs serving DRA, mig-strategy none", vals: map[string]any{"config": noMIG, "dra": map[string]any{"enabled": true}}, mode: modeReal},
 		{name: "simulate serving DRA", vals: map[string]any{"simulate": "dgx-h100", "dra": map[string]any{"enabled": true}}, mode: modeSimulate},
+		// Remediation: a reset adds CAP_SYS_ADMIN; a drain only RBAC; a
+		// reboot request only its sentinel's directory.
+		{name: "real GPUs resetting GPUs", vals: map[string]any{"config": map[string]any{"mig-strategy": "none",
+			"remediation": map[string]any{"reset": map[string]any{"enabled": true}, "drain": map[string]any{"enabled": true}}}}, mode: modeRealReset},
+		{name: "real GPUs requesting reboots", vals: map[string]any{"config": map[string]any{"mig-strategy": "none",
+			"remediation": map[string]any{"reboot": map[string]any{"enabled": true}}}}, mode: modeReal},
+		{name: "simulate with every remediation step", vals: map[string]any{"simulate": "dgx-h100", "config": map[string]any{
+			"remediation": map[string]any{"reset": map[string]any{"enabled": true}, "drain": map[string]any{"enabled": true},
+				"reboot": map[string]any{"enabled": true}}}}, mode: modeSimulate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
