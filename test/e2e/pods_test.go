@@ -29,6 +29,12 @@ var workloadOnce = sync.OnceValue(func() error {
 // environment, then sleeps) with the given extended-resource limits.
 func workloadPod(t *testing.T, name string, limits map[string]int64) *corev1.Pod {
 	t.Helper()
+	return labelledWorkloadPod(t, name, limits, nil)
+}
+
+// labelledWorkloadPod is workloadPod with labels.
+func labelledWorkloadPod(t *testing.T, name string, limits map[string]int64, labels map[string]string) *corev1.Pod {
+	t.Helper()
 	if err := workloadOnce(); err != nil {
 		t.Fatalf("load workload image: %v", err)
 	}
@@ -38,7 +44,7 @@ func workloadPod(t *testing.T, name string, limits map[string]int64) *corev1.Pod
 	}
 	grace := int64(1)
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNamespace, Labels: labels},
 		Spec: corev1.PodSpec{
 			HostNetwork:                   true,
 			RestartPolicy:                 corev1.RestartPolicyNever,
