@@ -232,18 +232,28 @@ type sharedSlot struct {
 	// mu is held across the Slots calls too, so that one user's release
 	// never deletes the Lease another user's acquire has just renewed or
 	// taken (and not yet recorded in users).
-	mu    sync.Mutex
-	users map[string]bool
+	mu sync.Mutex
+	// users are the users holding the slot, by when each last wrote its
+	// Lease (acquired or renewed it).
+	users map[string]time.Time
 }
 
-func newSharedSlot(s *Slots) *sharedSlot { return &sharedSlot{slots: s, users: map[string]bool{}} }
+func newSharedSlot(s *Slots) *sharedSlot { return &sharedSlot{slots: s, users: map[string]time.Time{}} }
 
+// acquire takes or renews the slot for user. A user that renewed it less
+// than a third of the Lease duration ago holds it without a request: a
+// step asked again every retry interval (a standing reboot request) costs
+// the API server one LIST and one PUT per third of the Lease, not per
+// retry.
 func (s *sharedSlot) acquire(ctx context.Context, user string) (Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if at, ok := s.users[user]; ok && s.slots.now().Sub(at) < s.slots.cfg.LeaseDuration/3 {
+		return Decision{Held: true, Slot: -1}, nil
+	}
 	d, err := s.slots.Acquire(ctx)
 	if err == nil && d.Held {
-		s.users[user] = true
+		s.users[user] = s.slots.now()
 	}
 	return d, err
 }

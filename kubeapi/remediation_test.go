@@ -304,7 +304,8 @@ func TestSharedSlotReleaseDuringAcquire(t *testing.T) {
 		deadline := time.Now().Add(200 * time.Millisecond)
 		for time.Now().Before(deadline) {
 			if slot.mu.TryLock() {
-				done := !slot.users[slotUserRemediation]
+				_, held := slot.users[slotUserRemediation]
+				done := !held
 				slot.mu.Unlock()
 				if done {
 					break
@@ -511,3 +512,39 @@ func TestRemediationNotReady(t *testing.T) {
 }
 
 var _ remediate.Cluster = (*RemediationAPI)(nil)
+
+// TestSharedSlotRenewsSparingly: a user asking again and again (a standing
+// reboot request, every retry interval) writes the Lease once per third of
+// its duration, not once per ask.
+func TestSharedSlotRenewsSparingly(t *testing.T) {
+	c := newFake(t, testNode(nodeName))
+	_, slot := newTestRemediation(t, c)
+	now := time.Now()
+	slot.slots.now = func() time.Time { return now }
+	ctx := context.Background()
+	writes := func() int {
+		n := 0
+		for _, a := range c.Actions() {
+			if a.GetResource().Resource == "leases" && (a.GetVerb() == "create" || a.GetVerb() == "update") {
+				n++
+			}
+		}
+		return n
+	}
+	for range 10 {
+		if d, err := slot.acquire(ctx, slotUserRemediation); err != nil || !d.Held {
+			t.Fatalf("acquire: %+v %v", d, err)
+		}
+		now = now.Add(10 * time.Second)
+	}
+	if got := writes(); got != 1 {
+		t.Fatalf("%d Lease writes for 10 asks within a third of the Lease, want 1", got)
+	}
+	now = now.Add(slot.slots.cfg.LeaseDuration / 3)
+	if d, err := slot.acquire(ctx, slotUserRemediation); err != nil || !d.Held {
+		t.Fatalf("acquire: %+v %v", d, err)
+	}
+	if got := writes(); got != 2 {
+		t.Fatalf("%d Lease writes after a third of the Lease, want 2 (renewed)", got)
+	}
+}

@@ -257,6 +257,15 @@ func (r *Remediator) Reconcile(ctx context.Context) {
 			delete(r.failed, gpu)
 		}
 	}
+	for key := range r.notes {
+		// A GPU that no longer needs anything: a later fault of it is
+		// posted again, even with the same words.
+		if rest, ok := strings.CutPrefix(key, "reset/"); ok {
+			if gpu, _, _ := strings.Cut(rest, "/"); needs[gpu] == nil {
+				delete(r.notes, key)
+			}
+		}
+	}
 	if len(needs) == 0 {
 		r.settle(ctx)
 		return
