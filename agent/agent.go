@@ -364,9 +364,10 @@ func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker,
 		ucfg.DRAPool = a.cfg.NodeName
 	}
 	// The preflight skips held GPUs (its re-checks, and the disruptive
-	// items of a gating run on a node in use).
+	// items of a gating run on a node in use); a GPU reset waits for the
+	// pods holding the GPU.
 	pf := a.cfg.Preflight
-	if a.cfg.PodAttribution || judge || pf.Enabled || pf.RecheckInterval > 0 {
+	if a.cfg.PodAttribution || judge || pf.Enabled || pf.RecheckInterval > 0 || a.cfg.Remediation.Reset.Enabled {
 		ucfg.PodResourcesSocket = usage.PodResourcesSocketPath(hostRoot)
 	}
 	// The fragmentation gauges (free GPUs, the largest free NVLink block,
