@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/gpu-node-agent/gpu-node-agent/preflight"
+	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 )
 
 // TestREADMEListsEveryOption keeps the README's flag table in step with the
@@ -57,6 +58,35 @@ func TestREADMEPreflightExample(t *testing.T) {
 		t.Fatalf("README example: %v", err)
 	}
 	if diff := cmp.Diff(preflight.Config{}.WithDefaults(), cfg.Preflight.Config, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("the README example is not the defaults (-defaults +README):\n%s", diff)
+	}
+}
+
+// TestREADMERemediationExample: the README's remediation block is read by
+// the config loader and is the defaults, every step off.
+func TestREADMERemediationExample(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\nremediation:")
+	if !ok {
+		t.Fatal("README has no yaml block starting with remediation:")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	path := filepath.Join(t.TempDir(), "remediation.yaml")
+	if err := os.WriteFile(path, []byte("remediation:"+block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaults()
+	if _, err := readConfigFile(path, &cfg); err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	got := cfg.Remediation.WithDefaults()
+	if err := got.Validate(); err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	if diff := cmp.Diff(remediate.Config{}.WithDefaults(), got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("the README example is not the defaults (-defaults +README):\n%s", diff)
 	}
 }
