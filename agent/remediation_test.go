@@ -3,8 +3,10 @@ package agent
 import (
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,9 +15,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
 	"github.com/gpu-node-agent/gpu-node-agent/usage/usagetest"
 )
@@ -174,4 +178,42 @@ func counter(t *testing.T, a *Agent, result string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestDrainDevices: with remediation.drain on, a GPU that needs a reset
+// and its MIG devices get the NoExecute device taint (the device-taint
+// eviction controller drains their claims' pods); not in a dry run, not
+// for a reboot, not with drain off.
+func TestDrainDevices(t *testing.T) {
+	node := &topology.Node{GPUs: []topology.GPU{
+		{Index: 0, UUID: "GPU-0", MIGEnabled: true, MIG: []topology.MIGDevice{{UUID: "MIG-0a"}, {UUID: "MIG-0b"}}},
+		{Index: 1, UUID: "GPU-1"},
+		{Index: 2, UUID: "GPU-2"},
+	}}
+	for _, tc := range []struct {
+		name  string
+		drain remediate.DrainConfig
+		want  []string
+	}{
+		{"drain on", remediate.DrainConfig{Enabled: true}, []string{"GPU-0", "MIG-0a", "MIG-0b"}},
+		{"dry run", remediate.DrainConfig{Enabled: true, DryRun: true}, nil},
+		{"drain off", remediate.DrainConfig{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mon, err := health.NewMonitor(health.Config{DCGMMode: "off", MIGDevicesServed: true}, nil, slog.New(slog.DiscardHandler), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mon.SetNode(node)
+			// A reset-class fault on a MIG device of GPU 0, a reboot-class
+			// one on GPU 2.
+			mon.Observe(health.Observation{DeviceID: "MIG-0a", Check: health.CheckXID, Key: "xid 95", XID: 95, Fatal: true, Event: true, Reason: "xid 95"})
+			mon.Observe(health.Observation{DeviceID: "GPU-2", Check: health.CheckXID, Key: "xid 79", XID: 79, Fatal: true, Event: true, Reason: "xid 79"})
+			a := &Agent{cfg: Config{Remediation: remediate.Config{Reset: remediate.ResetConfig{Enabled: true}, Drain: tc.drain}}, mon: mon}
+			got := slices.Sorted(maps.Keys(a.drainDevices(node)))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("drainDevices = %v, want %v", got, tc.want)
+			}
+		})
+	}
 }
