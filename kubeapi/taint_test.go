@@ -256,7 +256,13 @@ func TestTainterConflict(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newFake(t, testNode(nodeName, otherTaint))
 			tr := newTestTainter(t, c, TaintConfig{})
+			// The informer that delivers gets as long as it may need on a
+			// loaded machine (it answers in milliseconds); the silent one
+			// is waited out, so briefly.
 			tr.reader.catchUp = 20 * time.Millisecond
+			if tc.write {
+				tr.reader.catchUp = 10 * time.Second
+			}
 			conflicts := 0
 			c.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
 				if a.GetSubresource() != "" || conflicts >= 2 {
