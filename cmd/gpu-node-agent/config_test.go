@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent"
+	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 )
 
 func env(m map[string]string) func(string) string {
@@ -132,6 +133,8 @@ func TestConfigLoadErrors(t *testing.T) {
 		{name: "unknown key in dra section", args: []string{"--config", "testdata/dra-unknown-key.yaml"}, wantErr: `unknown field "device"`},
 		{name: "unknown key in preflight section", args: []string{"--config", "testdata/preflight-unknown-key.yaml"},
 			wantErr: `preflight.pcie.failIdleDowngrades: unknown key (known: failIdleDowngrade)`},
+		{name: "unknown key in remediation section", args: []string{"--config", "testdata/remediation-bad.yaml"},
+			wantErr: `remediation.reset.retryWindw: unknown key`},
 		{name: "bad flag duration", args: []string{"--exit-after", "3"}, wantErr: `invalid value "3" for flag -exit-after`},
 		{name: "stray argument", args: []string{"--simulate", "dgx-h100", "extra"}, wantErr: `unexpected argument "extra"`},
 	}
@@ -155,6 +158,19 @@ func TestConfigValidate(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults are valid", mutate: func(*Config) {}},
+		{name: "remediation without a node name", mutate: func(c *Config) { c.Remediation.Reset.Enabled = true },
+			wantErr: "remediation: the enabled steps need node-name"},
+		{name: "remediation drain without reset", mutate: func(c *Config) { c.NodeName = "n"; c.Remediation.Drain.Enabled = true },
+			wantErr: "remediation.drain.enabled needs remediation.reset.enabled"},
+		{name: "remediation reset timeout", mutate: func(c *Config) {
+			c.NodeName = "n"
+			c.Remediation.Reset.Enabled = true
+			c.Remediation.Reset.Timeout = remediate.Duration(-time.Second)
+		}, wantErr: "remediation.reset.timeout -1s: must be > 0"},
+		{name: "remediation dry run", mutate: func(c *Config) {
+			c.NodeName = "n"
+			c.Remediation.Reset = remediate.ResetConfig{Enabled: true, DryRun: true}
+		}},
 		{name: "simulate with control address", mutate: func(c *Config) { c.Simulate = "dgx-h100,mig=0:1g.10gb+2g.20gb"; c.SimControlAddress = "[::1]:9402" }},
 		{name: "mig-strategy", mutate: func(c *Config) { c.MIGStrategy = "foo" }, wantErr: `mig-strategy: "foo" is not one of none, single, mixed`},
 		{name: "device-list-strategy", mutate: func(c *Config) { c.DeviceListStrategy = "cdi-annotations" }, wantErr: `device-list-strategy: "cdi-annotations" is not one of envvar, volume-mounts, cdi-cri`},
