@@ -65,7 +65,7 @@ func TestControlHandler(t *testing.T) {
 		{name: "no device with a gpu instance", method: "POST", path: "/faults", body: `{"kind":"xid","gpu":-1,"xid":79,"gi":1}`, wantCode: 400, wantBody: "gpu: -1"},
 		{name: "gpu instance for another kind", method: "POST", path: "/faults", body: `{"kind":"gpu-lost","gpu":0,"gi":0}`, wantCode: 400, wantBody: "gi: only for"},
 		{name: "gpu reset cannot be cleared", method: "DELETE", path: "/faults", body: `{"kind":"gpu-reset","gpu":0}`, wantCode: 400, wantBody: "instantaneous"},
-		{name: "unknown kind lists the new ones", method: "POST", path: "/faults", body: `{"kind":"melted","gpu":0}`, wantCode: 400, wantBody: "gpu-reset, hang, gpu-missing, fabric-not-ready"},
+		{name: "unknown kind lists the new ones", method: "POST", path: "/faults", body: `{"kind":"melted","gpu":0}`, wantCode: 400, wantBody: "gpu-reset, reset-fail, reset-hang, hang, gpu-missing, fabric-not-ready"},
 		{name: "calls", method: "GET", path: "/calls", wantCode: 200, wantBody: `{`},
 		{name: "fault kind missing", method: "POST", path: "/faults", body: `{"gpu":0}`, wantCode: 400, wantBody: "kind: required"},
 		{name: "fault clear bad json", method: "DELETE", path: "/faults", body: `[]`, wantCode: 400, wantBody: "Fault"},
