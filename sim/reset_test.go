@@ -210,3 +210,50 @@ func wantLinks(t *testing.T, d nvmlapi.Device, want nvml.EnableState) {
 		t.Errorf("nvlink 0 went down with the others")
 	}
 }
+
+// TestResetOutcome: the reset-fail and reset-hang faults say how the
+// agent's resets of a GPU end until cleared; without them ResetGPU resets
+// as gpu-reset does (the recovery action back to NONE), and an unknown GPU
+// is an error.
+func TestResetOutcome(t *testing.T) {
+	n := newFaultNode(t)
+	dev, _ := n.NVML().DeviceGetHandleByIndex(2)
+	if got := n.ResetOutcome(2); got != "" {
+		t.Fatalf("outcome %q without a fault", got)
+	}
+	for _, tc := range []struct{ kind, want string }{{FaultResetFail, "fail"}, {FaultResetHang, "hang"}} {
+		if err := n.InjectFault(Fault{Kind: tc.kind, GPU: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.ResetOutcome(2); got != tc.want {
+			t.Errorf("%s: outcome %q, want %q", tc.kind, got, tc.want)
+		}
+		if got := n.ResetOutcome(3); got != "" {
+			t.Errorf("%s on GPU 2 changed GPU 3's outcome to %q", tc.kind, got)
+		}
+		if err := n.ClearFault(Fault{Kind: tc.kind, GPU: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.ResetOutcome(2); got != "" {
+			t.Errorf("%s cleared: outcome %q", tc.kind, got)
+		}
+	}
+	if err := n.InjectFault(Fault{Kind: FaultXID, GPU: 2, XID: 48}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recoveryAction(t, dev); got != nvml.GPU_RECOVERY_ACTION_GPU_RESET {
+		t.Fatalf("recovery action %d after xid 48", got)
+	}
+	if err := n.ResetGPU(2); err != nil {
+		t.Fatal(err)
+	}
+	if got := recoveryAction(t, dev); got != nvml.GPU_RECOVERY_ACTION_NONE {
+		t.Errorf("recovery action %d after ResetGPU, want NONE", got)
+	}
+	if err := n.ResetGPU(99); err == nil {
+		t.Error("ResetGPU of a GPU the node lacks: no error")
+	}
+	if i := n.GPUIndex(n.Spec().GPUs[5].UUID); i != 5 {
+		t.Errorf("GPUIndex = %d, want 5", i)
+	}
+}
