@@ -126,6 +126,8 @@ func TestAgentRemediation(t *testing.T) {
 				waitFor(t, "the reboot sentinel", func() bool { _, err := os.Stat(sentinel); return err == nil })
 				waitFor(t, "the reboot condition", func() bool { c := condition(); return c != nil && c.Status == corev1.ConditionTrue })
 				t.Logf("xid 48 on GPU 3, reset %s: reboot requested after %s", tc.result, time.Since(start).Round(time.Millisecond))
+				// Events are posted in the background: wait for it.
+				waitFor(t, "the GPUResetFailed Event", func() bool { return len(events("GPUResetFailed")) > 0 })
 				failed := events("GPUResetFailed")
 				if len(failed) != 1 || !strings.Contains(failed[0], gpu) {
 					t.Errorf("GPUResetFailed events %q, want one naming %s", failed, gpu)
