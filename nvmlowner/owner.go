@@ -30,7 +30,9 @@ type Config struct {
 }
 
 // Owner owns one NVML library handle for the process. It is safe for
-// concurrent use.
+// concurrent use. Every call is bounded by the call timeout, except that
+// while NVML is released for a GPU reset (Release) calls first wait for it
+// to be taken up again.
 type Owner struct {
 	lib Library
 	cfg Config
