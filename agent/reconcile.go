@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/signals"
+
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -75,8 +77,8 @@ type state struct {
 // and sync are never called concurrently. One discovery runs at a time; any
 // number of requests while it runs add one more discovery after it.
 func (r *reconciler) run(ctx context.Context) {
-	full := fanIn(ctx, r.rediscover)
-	light := fanIn(ctx, r.resync)
+	full := signals.FanIn(ctx, r.rediscover...)
+	light := signals.FanIn(ctx, r.resync...)
 	var tick <-chan time.Time
 	if r.rescan > 0 {
 		t := time.NewTicker(r.rescan)
@@ -196,34 +198,6 @@ func (r *reconciler) apply(st state) {
 	if r.report != nil {
 		r.report(st)
 	}
-}
-
-// fanIn merges signal channels into one that coalesces bursts: one pending
-// signal stands for any number of changes, as the consumer re-reads all.
-func fanIn(ctx context.Context, chans []<-chan struct{}) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	for _, c := range chans {
-		if c == nil {
-			continue
-		}
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case _, ok := <-c:
-					if !ok {
-						return
-					}
-					select {
-					case out <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	return out
 }
 
 // current is the last applied state (empty before the first pass).

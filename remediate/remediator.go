@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/signals"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 
@@ -188,26 +190,7 @@ func New(cfg Config, opts Options) (*Remediator, error) {
 // this goroutine: at most one GPU is reset at once.
 func (r *Remediator) Run(ctx context.Context) {
 	r.restore()
-	sigs := append([]<-chan struct{}{r.opts.Health.Subscribe(), r.opts.Cluster.Changes()}, r.opts.Changes...)
-	wake := make(chan struct{}, 1)
-	for _, c := range sigs {
-		if c == nil {
-			continue
-		}
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-c:
-					select {
-					case wake <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-	}
+	wake := signals.FanIn(ctx, append([]<-chan struct{}{r.opts.Health.Subscribe(), r.opts.Cluster.Changes()}, r.opts.Changes...)...)
 	tick := time.NewTicker(time.Duration(r.cfg.RetryInterval))
 	defer tick.Stop()
 	for {
