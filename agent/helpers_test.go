@@ -10,8 +10,8 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent/simhw"
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
-	"github.com/gpu-node-agent/gpu-node-agent/health/metrics"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/metrics"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )

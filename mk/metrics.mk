@@ -9,12 +9,12 @@ deps-prometheus: ## install Debian's prometheus (prometheus + promtool) when mis
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
 	fi
 
-test-metrics: deps deps-prometheus ## go test -race health/metrics (real prometheus scrape included) and the simulator's counters
-	$(GO) test -race -count=1 ./health/metrics/...
+test-metrics: deps deps-prometheus ## go test -race metrics (real prometheus scrape included) and the simulator's counters
+	$(GO) test -race -count=1 ./metrics/...
 	$(GO) test -race -count=1 -run Counters ./sim
 
 bench-metrics: deps ## scrape and collection benchmarks on a simulated dgx-h100 with 14 MIG devices (ns/op, B/op, allocs/op, p50/p99)
-	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./health/metrics
+	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./metrics
 
 # soak-metrics runs bin/gpu-node-agent-sim on a simulated dgx-h100 with 14 MIG
 # devices, collecting every second and scraped every SOAK_SCRAPE seconds,

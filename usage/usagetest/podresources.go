@@ -1,6 +1,6 @@
 // Package usagetest serves the kubelet's pod-resources List API on a unix
 // socket, for the tests of the packages that ask it which containers hold
-// which devices (usage, agent, health/metrics).
+// which devices (usage, agent, metrics).
 package usagetest
 
 import (
