@@ -15,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 )
 
@@ -25,7 +26,7 @@ import (
 // iteration turns MIG on GPU 0 on or off, which moves the GPU in or out of
 // nvidia.com/gpu. Reports p50 and p99 in ms besides ns/op.
 func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
-	dir := shortTempDir(b)
+	dir := testutil.ShortTempDir(b)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
 	cfg.GPU.MIGStrategy = gpu.MIGStrategyMixed
@@ -71,7 +72,7 @@ func BenchmarkMIGChangeToListAndWatch(b *testing.B) {
 // stream with the GPU Unhealthy. Each iteration faults the next GPU and
 // waits (untimed) for it to recover. Reports p50 and p99 in ms.
 func BenchmarkFaultToListAndWatch(b *testing.B) {
-	dir := shortTempDir(b)
+	dir := testutil.ShortTempDir(b)
 	a, err := openAgent(faultBenchConfig(dir), slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		b.Fatal(err)
@@ -115,7 +116,7 @@ func BenchmarkFaultToListAndWatch(b *testing.B) {
 func BenchmarkPortDownToListAndWatch(b *testing.B) {
 	for _, poll := range []time.Duration{rdma.DefaultPollInterval, 100 * time.Millisecond} {
 		b.Run("poll="+poll.String(), func(b *testing.B) {
-			dir := shortTempDir(b)
+			dir := testutil.ShortTempDir(b)
 			cfg := faultBenchConfig(dir)
 			cfg.RDMA = rdma.Config{
 				PollInterval: rdma.Duration(poll),
@@ -211,7 +212,7 @@ func reportPercentiles(b *testing.B, samples []time.Duration) {
 // GPU Unhealthy on the same stream (p50/p99): the hung GPU must delay no
 // other GPU's health. Each iteration waits (untimed) for the recovery.
 func BenchmarkXIDWhileGPUHangs(b *testing.B) {
-	dir := shortTempDir(b)
+	dir := testutil.ShortTempDir(b)
 	cfg := faultBenchConfig(dir)
 	cfg.Health.PollInterval = time.Second
 	cfg.MetricsInterval = time.Second

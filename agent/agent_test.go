@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,20 +18,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 )
-
-// waitFor polls cond until it holds or the (generous) deadline passes; the
-// deadline only bounds a broken run, it asserts nothing about speed.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 func socketFor(dir, resource string) string {
 	return filepath.Join(dir, "gpu-node-agent-"+strings.ReplaceAll(resource, "/", "-")+".sock")
@@ -40,7 +27,7 @@ func socketFor(dir, resource string) string {
 
 func dialPlugin(t testing.TB, path string) pluginapi.DevicePluginClient {
 	t.Helper()
-	waitFor(t, path, func() bool { _, err := os.Stat(path); return err == nil })
+	testutil.WaitFor(t, path, func() bool { _, err := os.Stat(path); return err == nil })
 	// Wait for ready, as the kubelet's own client does: a socket that has
 	// just appeared may not accept the very first connection.
 	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -52,22 +39,11 @@ func dialPlugin(t testing.TB, path string) pluginapi.DevicePluginClient {
 	return pluginapi.NewDevicePluginClient(conn)
 }
 
-// shortTempDir keeps socket paths under the 107-byte sun_path limit.
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "gna")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestAgentServesSimulatedNode runs the agent in-process on a simulated
 // DGX H100 and talks to its sockets as the kubelet would: ListAndWatch,
 // Allocate, and a MIG layout change at run time.
 func TestAgentServesSimulatedNode(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
 	cfg.GPU.MIGStrategy = gpu.MIGStrategyMixed

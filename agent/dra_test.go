@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
@@ -70,7 +71,7 @@ func publishedDevices(t *testing.T, client *fake.Clientset) map[string]resourcea
 // GPU and a NIC prepares against the served inventory; an XID taints the
 // GPU's device and the reset removes the taint; the kinds are recorded.
 func TestAgentServesDRA(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
 	kubeapitest.GenerateNames(client)
 	cfg := draTestConfig(t, dir, client, "gpu", "mig", "nic")
@@ -84,7 +85,7 @@ func TestAgentServesDRA(t *testing.T) {
 	ctx, _ := startAgent(t, a)
 
 	var devs map[string]resourceapi.Device
-	waitFor(t, "16 devices in the ResourceSlices", func() bool {
+	testutil.WaitFor(t, "16 devices in the ResourceSlices", func() bool {
 		devs = publishedDevices(t, client)
 		return len(devs) == 16
 	})
@@ -146,10 +147,10 @@ func TestAgentServesDRA(t *testing.T) {
 		t.Fatalf("cdi spec %s (%v) lacks the GPU's UUID or the NIC", spec, err)
 	}
 
-	waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
-	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
+	testutil.WaitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
 	taint := func() []resourceapi.DeviceTaint { return publishedDevices(t, client)[dra.GPUName(2)].Taints }
-	waitFor(t, "gpu-2 tainted after XID 79", func() bool { return len(taint()) == 1 })
+	testutil.WaitFor(t, "gpu-2 tainted after XID 79", func() bool { return len(taint()) == 1 })
 	if tn := taint()[0]; tn.Key != dra.TaintKey || !strings.Contains(tn.Value, "xid-79") || tn.Effect != resourceapi.DeviceTaintEffectNoSchedule {
 		t.Errorf("taint = %+v, want %s=...xid-79...:NoSchedule (the driver may ask for a reset too: recovery-action)", tn, dra.TaintKey)
 	}
@@ -160,15 +161,15 @@ func TestAgentServesDRA(t *testing.T) {
 		t.Error("the tainted GPU is still offered")
 	}
 	waitResetRequested(t, a.mon, node.GPUs[2].UUID)
-	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":2}`)
-	waitFor(t, "gpu-2 untainted after the reset and recovery", func() bool { return len(taint()) == 0 })
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":2}`)
+	testutil.WaitFor(t, "gpu-2 untainted after the reset and recovery", func() bool { return len(taint()) == 0 })
 }
 
 // TestAgentDRAKindsOnly: with only NICs on DRA, the device plugin keeps
 // the GPUs and the slices hold only NICs; a claim for a GPU is refused by
 // the kubelet plugin, the GPUs being the device plugin's.
 func TestAgentDRAKindsOnly(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
 	kubeapitest.GenerateNames(client)
 	cfg := draTestConfig(t, dir, client, "nic")
@@ -178,7 +179,7 @@ func TestAgentDRAKindsOnly(t *testing.T) {
 	}
 	ctx, _ := startAgent(t, a)
 	var devs map[string]resourceapi.Device
-	waitFor(t, "8 NICs in the ResourceSlices", func() bool {
+	testutil.WaitFor(t, "8 NICs in the ResourceSlices", func() bool {
 		devs = publishedDevices(t, client)
 		return len(devs) == 8
 	})
@@ -187,7 +188,7 @@ func TestAgentDRAKindsOnly(t *testing.T) {
 			t.Errorf("%s published with only nic on DRA", name)
 		}
 	}
-	waitFor(t, "nvidia.com/gpu served by the device plugin", func() bool {
+	testutil.WaitFor(t, "nvidia.com/gpu served by the device plugin", func() bool {
 		return slices.ContainsFunc(a.rec.current().resources, func(r plugin.Resource) bool { return r.Name() == "nvidia.com/gpu" })
 	})
 	claim := &resourceapi.ResourceClaim{
@@ -207,7 +208,7 @@ func TestAgentDRAKindsOnly(t *testing.T) {
 // TestAgentWithoutDRA: no dra section and no record of one: nothing of DRA
 // is built and the kinds stay with the device plugin.
 func TestAgentWithoutDRA(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	client := fake.NewClientset()
 	cfg := draTestConfig(t, dir, client)
 	a, err := openAgent(cfg, slog.New(slog.DiscardHandler), io.Discard)
@@ -226,7 +227,7 @@ func TestAgentWithoutDRA(t *testing.T) {
 // TestAgentCorruptDRACheckpointFailsTheStart: the prepared-claims
 // checkpoint cannot be read, so the agent does not start (fail closed).
 func TestAgentCorruptDRACheckpointFailsTheStart(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	cfg := draTestConfig(t, dir, fake.NewClientset(), "nic")
 	cfg.Health.StateDir = filepath.Join(dir, "state")
 	if err := os.MkdirAll(cfg.Health.StateDir, 0o700); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -28,7 +29,7 @@ import (
 // (with GFD's sharing labels of its time-sliced GPUs) and the NIC
 // annotation, and an injected XID taints it until the device recovers.
 func TestAgentTaintsAndLabelsNode(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = dir
@@ -75,7 +76,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	}
 	// Labels are applied as soon as the node is discovered, which can be
 	// before the reconciler records what it serves: wait for both.
-	waitFor(t, "topology labels on the node", func() bool {
+	testutil.WaitFor(t, "topology labels on the node", func() bool {
 		n := getNode()
 		return n.Annotations[kubeapi.OwnedLabelsAnnotation] != "" && len(n.Labels) > 0 && a.rec.current().node != nil
 	})
@@ -103,13 +104,13 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 		t.Fatal("healthy node tainted")
 	}
 
-	waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
-	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
-	waitFor(t, "taint after the xid", func() bool { return ourTaint(getNode()) })
+	testutil.WaitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
+	testutil.WaitFor(t, "taint after the xid", func() bool { return ourTaint(getNode()) })
 	// XID 79 holds until the GPU is reset.
 	waitResetRequested(t, a.mon, a.rec.current().node.GPUs[2].UUID)
-	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":2}`)
-	waitFor(t, "taint removed after the reset and recovery", func() bool { return !ourTaint(getNode()) })
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":2}`)
+	testutil.WaitFor(t, "taint removed after the reset and recovery", func() bool { return !ourTaint(getNode()) })
 }
 
 // TestNoteNVML: NVML that won't load on a node with NVIDIA GPUs on its PCI

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent/simhw"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -29,7 +30,7 @@ import (
 func TestLabelsSurviveNVMLErrors(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
-	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = freeAddr(t)
 	cfg.RescanInterval = 0
@@ -53,7 +54,7 @@ func TestLabelsSurviveNVMLErrors(t *testing.T) {
 		}
 		return n.Labels
 	}
-	waitFor(t, "labels on the node", func() bool { return nodeLabels()["nvidia.com/gpu.product"] != "" })
+	testutil.WaitFor(t, "labels on the node", func() bool { return nodeLabels()["nvidia.com/gpu.product"] != "" })
 	labelled := nodeLabels()
 	if got := len(labelled); got < 25 {
 		t.Fatalf("%d labels on the node, want at least GFD's 25: %v", got, labelled)
@@ -61,15 +62,15 @@ func TestLabelsSurviveNVMLErrors(t *testing.T) {
 	patches := labelPatches(client)
 
 	// A GPU lost at run time: discovered Lost, labels untouched.
-	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-lost","gpu":3}`)
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-lost","gpu":3}`)
 	a.Rescan()
-	waitFor(t, "gpu 3 discovered lost", func() bool {
+	testutil.WaitFor(t, "gpu 3 discovered lost", func() bool {
 		n := a.rec.current().node
 		return n != nil && n.GPUs[3].Lost
 	})
-	simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"gpu-lost","gpu":3}`)
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"gpu-lost","gpu":3}`)
 	a.Rescan()
-	waitFor(t, "gpu 3 back", func() bool {
+	testutil.WaitFor(t, "gpu 3 back", func() bool {
 		n := a.rec.current().node
 		return n != nil && !n.GPUs[3].Lost
 	})
@@ -99,10 +100,10 @@ func TestLabelsSurviveNVMLErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	startAgent(t, b)
-	waitFor(t, "the restarted agent's failed discovery", func() bool { return b.rec.current().errs["discovery"] != nil })
+	testutil.WaitFor(t, "the restarted agent's failed discovery", func() bool { return b.rec.current().errs["discovery"] != nil })
 	// The labeler has started (it watches the Node) and has had nothing
 	// to apply: the discovery failed and no node was handed to it.
-	waitFor(t, "the restarted agent's node watch", func() bool { return b.node != nil && len(client.Actions()) > 0 })
+	testutil.WaitFor(t, "the restarted agent's node watch", func() bool { return b.node != nil && len(client.Actions()) > 0 })
 
 	if got := nodeLabels(); !maps.Equal(got, labelled) {
 		t.Errorf("labels changed:\n got  %v\n want %v", got, labelled)

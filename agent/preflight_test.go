@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -141,7 +142,7 @@ func gatedConfig(t *testing.T, node *corev1.Node) (testConfig, *fake.Clientset) 
 	t.Helper()
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
-	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = freeAddr(t)
 	cfg.RescanInterval = 0
@@ -247,7 +248,7 @@ func TestPreflightProvenNodeNotRun(t *testing.T) {
 	p, reg, _ := newTestPreflighter(t, hw, preflight.Config{Enabled: true}, nil)
 	p.gate = &fakeGate{proven: true, verdicts: make(chan kubeapi.PreflightVerdict, 1)}
 	p.run(t.Context())
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+	if n, err := promtestutil.GatherAndCount(reg); err != nil || n != 0 {
 		t.Errorf("%d preflight series (err %v) on a proven node; want none", n, err)
 	}
 }
@@ -273,7 +274,7 @@ func TestPreflightRerunOnRequest(t *testing.T) {
 		t.Fatalf("verdict %+v on a proven node before any request", v)
 	case <-time.After(50 * time.Millisecond):
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+	if n, err := promtestutil.GatherAndCount(reg); err != nil || n != 0 {
 		t.Fatalf("%d preflight series (err %v) before the request; want none", n, err)
 	}
 	gate.rerun <- struct{}{}
@@ -493,19 +494,19 @@ func TestAgentPreflightGate(t *testing.T) {
 	}
 	ctx, _ := startAgent(t, a)
 	gpu3 := simOf(a).Spec().GPUs[3]
-	waitFor(t, "GPUPreflight=False naming GPU 3's link, and the taint", func() bool {
+	testutil.WaitFor(t, "GPUPreflight=False naming GPU 3's link, and the taint", func() bool {
 		taint, c, _ := preflightState(t, client, cfg.NodeName)
 		return taint != nil && taint.Value == "failed" && taint.Effect == corev1.TaintEffectNoSchedule &&
 			c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "pcie-link: GPU 3 ("+gpu3.PCIBusID+")")
 	})
 	base := "http://" + cfg.MetricsAddress
-	waitFor(t, "the failed item's series", func() bool {
+	testutil.WaitFor(t, "the failed item's series", func() bool {
 		_, body := httpGet(base + "/metrics")
 		return strings.Contains(body, `gpu_node_agent_preflight_failed{device="`+gpu3.UUID+`",item="pcie-link"} 1`) &&
 			strings.Contains(body, "gpu_node_agent_preflight_passed 0")
 	})
-	simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
-	waitFor(t, "the taint removed and GPUPreflight=True", func() bool {
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
+	testutil.WaitFor(t, "the taint removed and GPUPreflight=True", func() bool {
 		taint, c, _ := preflightState(t, client, cfg.NodeName)
 		return taint == nil && c != nil && c.Status == corev1.ConditionTrue
 	})
@@ -516,7 +517,7 @@ func TestAgentPreflightGate(t *testing.T) {
 
 	// The link degrades again and an operator asks for a re-run: the
 	// whole preflight runs on the proven node, which is tainted failed.
-	simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"pcie-degraded","gpu":3}`)
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"pcie-degraded","gpu":3}`)
 	n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -525,7 +526,7 @@ func TestAgentPreflightGate(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the re-run taints the node failed and the request is removed", func() bool {
+	testutil.WaitFor(t, "the re-run taints the node failed and the request is removed", func() bool {
 		taint, c, requested := preflightState(t, client, cfg.NodeName)
 		return !requested && taint != nil && taint.Value == "failed" && c != nil && strings.Contains(c.Message, "pcie-link: GPU 3 (")
 	})
@@ -554,13 +555,13 @@ func TestAgentPreflightAfterReboot(t *testing.T) {
 		t.Fatal(err)
 	}
 	startAgent(t, a)
-	waitFor(t, "the rebooted node tainted failed, naming GPU 3's link", func() bool {
+	testutil.WaitFor(t, "the rebooted node tainted failed, naming GPU 3's link", func() bool {
 		taint, c, _ := preflightState(t, client, cfg.NodeName)
 		return taint != nil && taint.Value == "failed" && c != nil && c.Status == corev1.ConditionFalse &&
 			strings.Contains(c.Message, "pcie-link: GPU 3 (")
 	})
-	simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
-	waitFor(t, "the taint removed and GPUPreflight=True since the boot", func() bool {
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"pcie-degraded","gpu":3}`)
+	testutil.WaitFor(t, "the taint removed and GPUPreflight=True since the boot", func() bool {
 		taint, c, _ := preflightState(t, client, cfg.NodeName)
 		return taint == nil && c != nil && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.Time.Before(boot)
 	})

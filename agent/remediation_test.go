@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/remediate"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -41,7 +42,7 @@ func TestAgentRemediation(t *testing.T) {
 		{"reset hangs", sim.FaultResetHang, remediate.ResultTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := testutil.ShortTempDir(t)
 			cfg := defaults()
 			cfg.Simulate = "dgx-h100"
 			cfg.DevicePluginDir = dir
@@ -76,8 +77,8 @@ func TestAgentRemediation(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx, _ := startAgent(t, a)
-			waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
-			waitFor(t, "discovery", func() bool { return a.rec.current().node != nil })
+			testutil.WaitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
+			testutil.WaitFor(t, "discovery", func() bool { return a.rec.current().node != nil })
 			gpu := a.rec.current().node.GPUs[3].UUID
 			if tc.fault != "" {
 				if err := simOf(a).InjectFault(sim.Fault{Kind: tc.fault, GPU: 3}); err != nil {
@@ -114,20 +115,20 @@ func TestAgentRemediation(t *testing.T) {
 				return nil
 			}
 			if tc.fault == "" {
-				waitFor(t, "GPUResetSucceeded", func() bool { return len(events("GPUResetSucceeded")) == 1 })
+				testutil.WaitFor(t, "GPUResetSucceeded", func() bool { return len(events("GPUResetSucceeded")) == 1 })
 				reset := time.Since(start)
-				waitFor(t, "the GPU healthy again", func() bool { return a.mon.Healthy(gpu) })
+				testutil.WaitFor(t, "the GPU healthy again", func() bool { return a.mon.Healthy(gpu) })
 				t.Logf("xid 48 on idle GPU 3: reset after %s, healthy after %s (recovery period 1s, poll 200ms)",
 					reset.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 				if _, err := os.Stat(sentinel); err == nil || len(events("RebootRequested")) > 0 {
 					t.Error("a reboot was requested after a reset that worked")
 				}
 			} else {
-				waitFor(t, "the reboot sentinel", func() bool { _, err := os.Stat(sentinel); return err == nil })
-				waitFor(t, "the reboot condition", func() bool { c := condition(); return c != nil && c.Status == corev1.ConditionTrue })
+				testutil.WaitFor(t, "the reboot sentinel", func() bool { _, err := os.Stat(sentinel); return err == nil })
+				testutil.WaitFor(t, "the reboot condition", func() bool { c := condition(); return c != nil && c.Status == corev1.ConditionTrue })
 				t.Logf("xid 48 on GPU 3, reset %s: reboot requested after %s", tc.result, time.Since(start).Round(time.Millisecond))
 				// Events are posted in the background: wait for it.
-				waitFor(t, "the GPUResetFailed Event", func() bool { return len(events("GPUResetFailed")) > 0 })
+				testutil.WaitFor(t, "the GPUResetFailed Event", func() bool { return len(events("GPUResetFailed")) > 0 })
 				failed := events("GPUResetFailed")
 				if len(failed) != 1 || !strings.Contains(failed[0], gpu) {
 					t.Errorf("GPUResetFailed events %q, want one naming %s", failed, gpu)
@@ -148,8 +149,8 @@ func TestAgentRemediation(t *testing.T) {
 				if err := simOf(a).InjectFault(sim.Fault{Kind: sim.FaultGPUReset, GPU: 3}); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, "the sentinel removed", func() bool { _, err := os.Stat(sentinel); return os.IsNotExist(err) })
-				waitFor(t, "the condition False", func() bool { c := condition(); return c != nil && c.Status == corev1.ConditionFalse })
+				testutil.WaitFor(t, "the sentinel removed", func() bool { _, err := os.Stat(sentinel); return os.IsNotExist(err) })
+				testutil.WaitFor(t, "the condition False", func() bool { c := condition(); return c != nil && c.Status == corev1.ConditionFalse })
 			}
 			if got := counter(t, a, tc.result); got != 1 {
 				t.Errorf("gpu_node_agent_remediation_total{action=reset,result=%s} = %v, want 1", tc.result, got)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -38,8 +39,8 @@ func TestStateDirKeepsGPUUnhealthyAcrossRestart(t *testing.T) {
 	faulty := simOf(a1).Spec().GPUs[gpuIndex].UUID
 	// NVML, like the simulator, drops an XID raised before the event set
 	// is registered.
-	waitFor(t, "the health monitor's XID event set", a1.mon.Listening)
-	simFault(t, ctl1, "POST", `{"kind":"xid","gpu":5,"xid":79}`)
+	testutil.WaitFor(t, "the health monitor's XID event set", a1.mon.Listening)
+	testutil.SimFault(t, ctl1, "POST", `{"kind":"xid","gpu":5,"xid":79}`)
 	for health := pluginapi.Healthy; health != pluginapi.Unhealthy; {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -76,7 +77,7 @@ func TestStateDirKeepsGPUUnhealthyAcrossRestart(t *testing.T) {
 // state dir, its device-plugin dir and simulator control address.
 func openStateDirAgent(t *testing.T, stateDir string) (a *Agent, pluginDir, control string) {
 	t.Helper()
-	pluginDir = shortTempDir(t)
+	pluginDir = testutil.ShortTempDir(t)
 	control = freeAddr(t)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"

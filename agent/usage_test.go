@@ -13,6 +13,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/usage"
@@ -25,7 +26,7 @@ import (
 // simulator's, which signals them itself (kill mode stays on), and the
 // fragmentation gauges count the GPUs no pod holds.
 func TestUsageTrackerWiring(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	startFakeKubelet(t, dir)
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
@@ -46,7 +47,7 @@ func TestUsageTrackerWiring(t *testing.T) {
 		}})
 	startAgent(t, a)
 	base := "http://" + cfg.MetricsAddress
-	waitFor(t, "GPU 0's series labelled with its pod", func() bool {
+	testutil.WaitFor(t, "GPU 0's series labelled with its pod", func() bool {
 		_, body := httpGet(base + "/metrics")
 		for _, line := range strings.Split(body, "\n") {
 			if strings.HasPrefix(line, "DCGM_FI_DEV_FB_USED{") && strings.Contains(line, `UUID="`+gpu0+`"`) &&
@@ -72,7 +73,7 @@ func TestUsageTrackerWiring(t *testing.T) {
 	}
 	// The fragmentation gauges follow the same cycle's assignments: GPU 0
 	// is train-0's, the other seven are free.
-	waitFor(t, "gpu_node_agent_free_gpus 7", func() bool {
+	testutil.WaitFor(t, "gpu_node_agent_free_gpus 7", func() bool {
 		_, body := httpGet(base + "/metrics")
 		for _, line := range strings.Split(body, "\n") {
 			if strings.HasPrefix(line, "gpu_node_agent_free_gpus{") && strings.HasSuffix(line, "} 7") {
@@ -88,7 +89,7 @@ func TestUsageTrackerWiring(t *testing.T) {
 func TestUsageCheckDisabled(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
-	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = ""
 	cfg.Health.DisabledChecks = []string{health.CheckGPUProcesses}
@@ -98,7 +99,7 @@ func TestUsageCheckDisabled(t *testing.T) {
 		t.Fatal(err)
 	}
 	startAgent(t, a)
-	waitFor(t, "the check's disabled notice", func() bool {
+	testutil.WaitFor(t, "the check's disabled notice", func() bool {
 		return strings.Contains(logs.String(), "gpu process check disabled")
 	})
 }
@@ -110,7 +111,7 @@ func TestUsageCheckDisabled(t *testing.T) {
 func TestUsageEventsOnly(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
-	cfg.DevicePluginDir = shortTempDir(t)
+	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
 	cfg.SimControlAddress = ""
 	cfg.MetricsInterval = 100 * time.Millisecond
@@ -137,7 +138,7 @@ func TestUsageEventsOnly(t *testing.T) {
 	}
 	ctx, _ := startAgent(t, a)
 	for _, reason := range []string{usage.ReasonZombie, usage.ReasonKilled} {
-		waitFor(t, reason+" Event naming PID "+strconv.Itoa(int(pid)), func() bool {
+		testutil.WaitFor(t, reason+" Event naming PID "+strconv.Itoa(int(pid)), func() bool {
 			l, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -150,7 +151,7 @@ func TestUsageEventsOnly(t *testing.T) {
 			return false
 		})
 	}
-	waitFor(t, "the killed process gone from the simulator", func() bool {
+	testutil.WaitFor(t, "the killed process gone from the simulator", func() bool {
 		for _, p := range simOf(a).Processes() {
 			if p.PID == pid {
 				return false

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -71,26 +72,9 @@ func httpGet(url string) (int, string) {
 // for leaves it no evidence to release a held fault.
 func waitResetRequested(t *testing.T, mon interface{ Status(string) health.Status }, id string) {
 	t.Helper()
-	waitFor(t, "the driver's reset request for "+id, func() bool {
+	testutil.WaitFor(t, "the driver's reset request for "+id, func() bool {
 		return strings.Contains(strings.Join(mon.Status(id).Reasons, " "), "driver requests a gpu reset")
 	})
-}
-
-func simFault(t *testing.T, addr, method, body string) {
-	t.Helper()
-	req, err := http.NewRequest(method, "http://"+addr+"/faults", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("%s /faults %s: %s %s", method, body, resp.Status, b)
-	}
 }
 
 // recvUntil reads ListAndWatch updates until device id has health want.
@@ -114,7 +98,7 @@ func recvUntil(t *testing.T, stream pluginapi.DevicePlugin_ListAndWatchClient, i
 // endpoint reach ListAndWatch and go again after recovery, the rdma/ib
 // resource is served, and /metrics and /readyz answer.
 func TestAgentWiring(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	startFakeKubelet(t, dir)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
@@ -175,8 +159,8 @@ func TestAgentWiring(t *testing.T) {
 
 	t.Run("reset-class xid: unhealthy until the gpu is reset, then healthy after the recovery period", func(t *testing.T) {
 		id := node.GPUs[3].UUID
-		waitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
-		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":3,"xid":79}`)
+		testutil.WaitFor(t, "the health monitor listening for XIDs", a.mon.Listening)
+		testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"xid","gpu":3,"xid":79}`)
 		recvUntil(t, stream, id, pluginapi.Unhealthy)
 		if fit, _ := a.mon.NodeFit(); fit {
 			t.Error("node fit with GPU 3 unhealthy")
@@ -185,21 +169,21 @@ func TestAgentWiring(t *testing.T) {
 			t.Errorf("GPU 3 reasons %v, want the xid held until reset", st.Reasons)
 		}
 		waitResetRequested(t, a.mon, id)
-		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":3}`)
+		testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-reset","gpu":3}`)
 		recvUntil(t, stream, id, pluginapi.Healthy)
 	})
 	t.Run("lasting fault: unhealthy until cleared and recovered", func(t *testing.T) {
 		id := node.GPUs[5].UUID
-		simFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-lost","gpu":5}`)
+		testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"gpu-lost","gpu":5}`)
 		recvUntil(t, stream, id, pluginapi.Unhealthy)
 		// The XID 79 that comes with it is held until a reset; the GPU
 		// answering again after a sample saw it lost is that evidence
 		// (a GPU that is back before any sample saw it gone leaves none,
 		// and stays held until an operator clears it).
-		waitFor(t, "a sample to see GPU 5 lost", func() bool {
+		testutil.WaitFor(t, "a sample to see GPU 5 lost", func() bool {
 			return strings.Contains(strings.Join(a.mon.Status(id).Reasons, " "), "gpu lost")
 		})
-		simFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"gpu-lost","gpu":5}`)
+		testutil.SimFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"gpu-lost","gpu":5}`)
 		recvUntil(t, stream, id, pluginapi.Healthy)
 	})
 
@@ -224,7 +208,7 @@ func TestAgentWiring(t *testing.T) {
 
 	t.Run("metrics and readiness", func(t *testing.T) {
 		base := "http://" + cfg.MetricsAddress
-		waitFor(t, "DCGM metrics", func() bool {
+		testutil.WaitFor(t, "DCGM metrics", func() bool {
 			_, body := httpGet(base + "/metrics")
 			return strings.Contains(body, "DCGM_FI_DEV_GPU_UTIL{")
 		})
@@ -236,8 +220,8 @@ func TestAgentWiring(t *testing.T) {
 		}
 		// The XID injected above, through the monitor's event set.
 		xid := regexp.MustCompile(`DCGM_FI_DEV_XID_ERRORS\{[^}]*UUID="` + node.GPUs[3].UUID + `"[^}]*\} 79\n`)
-		waitFor(t, "GPU 3's XID in DCGM_FI_DEV_XID_ERRORS", func() bool { _, body := httpGet(base + "/metrics"); return xid.MatchString(body) })
-		waitFor(t, "/readyz ok", func() bool { code, _ := httpGet(base + "/readyz"); return code == http.StatusOK })
+		testutil.WaitFor(t, "GPU 3's XID in DCGM_FI_DEV_XID_ERRORS", func() bool { _, body := httpGet(base + "/metrics"); return xid.MatchString(body) })
+		testutil.WaitFor(t, "/readyz ok", func() bool { code, _ := httpGet(base + "/readyz"); return code == http.StatusOK })
 		if code, _ := httpGet(base + "/healthz"); code != http.StatusOK {
 			t.Errorf("/healthz: %d", code)
 		}
@@ -247,7 +231,7 @@ func TestAgentWiring(t *testing.T) {
 // TestReadyzBeforeRegistration: without a kubelet nothing is registered,
 // so the agent is alive but not ready, and says which resource is missing.
 func TestReadyzBeforeRegistration(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
 	cfg.DevicePluginDir = dir
@@ -259,8 +243,8 @@ func TestReadyzBeforeRegistration(t *testing.T) {
 	}
 	startAgent(t, a)
 	base := "http://" + cfg.MetricsAddress
-	waitFor(t, "/healthz", func() bool { code, _ := httpGet(base + "/healthz"); return code == http.StatusOK })
-	waitFor(t, "a discovered node", func() bool { return a.rec.current().node != nil })
+	testutil.WaitFor(t, "/healthz", func() bool { code, _ := httpGet(base + "/healthz"); return code == http.StatusOK })
+	testutil.WaitFor(t, "a discovered node", func() bool { return a.rec.current().node != nil })
 	code, body := httpGet(base + "/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "nvidia.com/gpu is not registered") {
 		t.Errorf("/readyz = %d %q, want 503 naming nvidia.com/gpu", code, body)

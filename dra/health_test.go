@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -239,7 +240,7 @@ func TestHealthStreamBeforeFirstSet(t *testing.T) {
 	e := newHealthEnv(t)
 	e.start()
 	s := e.watch(false)
-	waitFor(t, "the stream to be served", func() bool { return e.plugin.healthStreamCount() == 1 })
+	testutil.WaitFor(t, "the stream to be served", func() bool { return e.plugin.healthStreamCount() == 1 })
 	e.clock.Step(HealthResendInterval)
 	e.plugin.SetHealth([]DeviceHealth{{Device: "gpu-0", Healthy: true}})
 	wantDevs(t, s.next(), healthEpoch.Add(HealthResendInterval), dev{"gpu-0", healthy, ""})
@@ -346,7 +347,7 @@ func TestHealthTwoStreams(t *testing.T) {
 	// The kubelet drops one stream: its goroutine ends, the other stream
 	// goes on.
 	a.cancel()
-	waitFor(t, "the cancelled stream's handler to end", func() bool { return e.plugin.healthStreamCount() == 1 })
+	testutil.WaitFor(t, "the cancelled stream's handler to end", func() bool { return e.plugin.healthStreamCount() == 1 })
 	e.plugin.SetHealth(eightGPUs())
 	wantDevs(t, b.next(), healthEpoch, eightGPUsWant()...)
 }
@@ -380,7 +381,7 @@ func TestHealthSlowStreamDoesNotBlock(t *testing.T) {
 	if got := stateOf(fast.next()); got != 0 {
 		t.Fatalf("fast stream starts with state %d", got)
 	}
-	waitFor(t, "both streams to be served", func() bool { return e.plugin.healthStreamCount() == 2 })
+	testutil.WaitFor(t, "both streams to be served", func() bool { return e.plugin.healthStreamCount() == 2 })
 
 	set := make(chan int)
 	go func() {
@@ -424,11 +425,11 @@ func TestHealthStopEndsStreams(t *testing.T) {
 	e.plugin.SetHealth(eightGPUs())
 	a, b := e.watch(false), e.watch(true) // b never reads: Stop must not wait for it
 	wantDevs(t, a.next(), healthEpoch, eightGPUsWant()...)
-	waitFor(t, "both streams to be served", func() bool { return e.plugin.healthStreamCount() == 2 })
+	testutil.WaitFor(t, "both streams to be served", func() bool { return e.plugin.healthStreamCount() == 2 })
 
 	e.plugin.Stop()
 	// Stop ends every stream: WatchHealthStatus returns for each.
-	waitFor(t, "the health streams to end after Stop", func() bool { return e.plugin.healthStreamCount() == 0 })
+	testutil.WaitFor(t, "the health streams to end after Stop", func() bool { return e.plugin.healthStreamCount() == 0 })
 	// The kubelet sees the connection go (and opens a new stream 5 s later).
 	if err := a.ended(); status.Code(err) != codes.Unavailable {
 		t.Errorf("stream ended with %v, want Unavailable", err)
@@ -554,17 +555,5 @@ func TestHealthServedOnDRASocket(t *testing.T) {
 	}
 	if len(ra.Devices) != 2 || ra.Devices[1].Device.DeviceName != "gpu-1" || ra.Devices[1].Health != drahealthv1alpha1.HealthStatus_UNHEALTHY || ra.Devices[1].Message != "xid-79" {
 		t.Errorf("v1alpha1 response %v", ra.Devices)
-	}
-}
-
-// waitFor polls cond until it holds, failing the test at guard.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(guard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -2,9 +2,6 @@ package health
 
 import (
 	"context"
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 )
 
 // simMonitor runs a monitor on a simulated DGX H100 (MIG on GPU 1) with a
@@ -71,15 +71,6 @@ func simMonitor(t testing.TB, recovery time.Duration, clk *clocktesting.FakeCloc
 
 // eventsRegistered says the watcher has its event set registered.
 func eventsRegistered(m *Monitor) bool { return m.Listening() }
-
-func simFault(t testing.TB, n *sim.Node, method, body string) {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	n.ControlHandler().ServeHTTP(rec, httptest.NewRequest(method, "/faults", strings.NewReader(body)))
-	if rec.Code != http.StatusNoContent {
-		t.Fatalf("%s /faults %s: %d %s", method, body, rec.Code, rec.Body.String())
-	}
-}
 
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -150,7 +141,7 @@ func TestSimFaults(t *testing.T) {
 				want = append(want, resolve(s)...)
 			}
 			body := strings.Replace(tc.fault, "MIG0", migs[0].UUID, 1)
-			simFault(t, node, "POST", body)
+			simtest.Fault(t, node, "POST", body)
 			waitUntil(t, "devices unhealthy", func() bool {
 				for _, id := range want {
 					if m.Healthy(id) {
@@ -194,9 +185,9 @@ func TestSimFaults(t *testing.T) {
 				if fit, _ := m.NodeFit(); fit {
 					t.Fatal("a reset-class fault recovered without a reset")
 				}
-				simFault(t, node, "POST", `{"kind":"gpu-reset","gpu":`+tc.reset+`}`)
+				simtest.Fault(t, node, "POST", `{"kind":"gpu-reset","gpu":`+tc.reset+`}`)
 			} else {
-				simFault(t, node, "DELETE", body)
+				simtest.Fault(t, node, "DELETE", body)
 			}
 			waitUntil(t, "recovery", func() bool { fit, _ := m.NodeFit(); return fit })
 			for _, id := range want {
@@ -238,7 +229,7 @@ func TestSimFaultLatency(t *testing.T) {
 				drainSignal(changes)
 				g := strconv.Itoa(gpu)
 				start := time.Now()
-				simFault(t, node, "POST", strings.ReplaceAll(tc.inject, "GPU", g))
+				simtest.Fault(t, node, "POST", strings.ReplaceAll(tc.inject, "GPU", g))
 				// Bounded: a fault that never registers fails the test
 				// instead of hanging it until the go test timeout.
 				deadline := time.After(10 * time.Second)
@@ -251,7 +242,7 @@ func TestSimFaultLatency(t *testing.T) {
 				}
 				lat = append(lat, time.Since(start))
 				if tc.clear != "" {
-					simFault(t, node, "DELETE", strings.ReplaceAll(tc.clear, "GPU", g))
+					simtest.Fault(t, node, "DELETE", strings.ReplaceAll(tc.clear, "GPU", g))
 				} else {
 					clk.Step(20 * time.Millisecond)
 					m.evaluate()

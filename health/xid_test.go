@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -169,7 +170,7 @@ func TestXIDRescansLoseNothing(t *testing.T) {
 	for b := range bursts {
 		for i := range burst {
 			g := (b + i) % len(spec.GPUs)
-			simFault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(g)+`,"xid":13}`)
+			simtest.Fault(t, node, "POST", `{"kind":"xid","gpu":`+strconv.Itoa(g)+`,"xid":13}`)
 			want[spec.GPUs[g].UUID]++
 		}
 		waitUntil(t, "burst counted", func() bool { return xidCounts(m, spec, 13, want) })
@@ -223,7 +224,7 @@ func TestSimXIDAttribution(t *testing.T) {
 			spec := node.Spec()
 			mig0 := spec.GPUs[1].MIG[0]
 			body := strings.NewReplacer("MIG0", mig0.UUID, "GI", strconv.Itoa(mig0.GPUInstance)).Replace(tc.fault)
-			simFault(t, node, "POST", body)
+			simtest.Fault(t, node, "POST", body)
 			want := tc.unhealthy(spec)
 			waitUntil(t, "devices unhealthy", func() bool {
 				for _, id := range want {

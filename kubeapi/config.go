@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -154,7 +155,7 @@ func (c ClientConfig) Validate() error {
 
 // SafeguardConfig is the configuration of the tainter's Slots (c's
 // defaults applied).
-func (c TaintConfig) SafeguardConfig() SlotConfig {
+func (c TaintConfig) SafeguardConfig() safeguard.Config {
 	c = c.WithDefaults()
-	return SlotConfig{Namespace: c.LeaseNamespace, MaxFraction: c.MaxFraction, NodeSelector: c.NodeSelector, TaintKey: c.Key}
+	return safeguard.Config{Namespace: c.LeaseNamespace, MaxFraction: c.MaxFraction, NodeSelector: c.NodeSelector, TaintKey: c.Key}
 }

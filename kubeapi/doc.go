@@ -6,8 +6,10 @@
 // since the host booted (NodeObject.SetPreflight), the Events other parts
 // post about the node (NodeEvents: GPU process findings and kills, posted
 // once each), the operator's clear-faults and preflight-rerun annotations,
-// the topology labels and annotations (Labeler), the fleet
-// safeguard behind the Safeguard seam, and jittered retries. It talks
+// the topology labels and annotations (Labeler), the remediation's API
+// calls (RemediationAPI), and jittered retries. The tainter asks its
+// Safeguard before adding the taint; the agent's is package safeguard's
+// slot, shared with remediation and given this package's clients. It talks
 // through client-go's clientset (Clients), which the DRA driver's library
 // shares, and a metadata client for the safeguard's count of Nodes.
 //

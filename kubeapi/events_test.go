@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -63,7 +64,7 @@ func TestNodeEvents(t *testing.T) {
 				// The informer must have the Node for its UID: wait for
 				// the labels it drives before the client-less window ends.
 				close(ready)
-				waitFor(t, "the labels", func() bool {
+				testutil.WaitFor(t, "the labels", func() bool {
 					n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 					return err == nil && n.Annotations[OwnedLabelsAnnotation] != ""
 				})
@@ -71,7 +72,7 @@ func TestNodeEvents(t *testing.T) {
 				close(ready)
 			}
 			var evs []corev1.Event
-			waitFor(t, "both events posted", func() bool {
+			testutil.WaitFor(t, "both events posted", func() bool {
 				l, err := c.CoreV1().Events("gpu-ops").List(ctx, metav1.ListOptions{})
 				if err != nil {
 					t.Fatal(err)
@@ -96,7 +97,7 @@ func TestNodeEvents(t *testing.T) {
 			// The first was queued before the informer could have the
 			// UID; any event posted after it synced carries it.
 			o.Event(corev1.EventTypeNormal, "Later", "after sync")
-			waitFor(t, "the later event", func() bool {
+			testutil.WaitFor(t, "the later event", func() bool {
 				l, _ := c.CoreV1().Events("gpu-ops").List(ctx, metav1.ListOptions{})
 				for _, e := range l.Items {
 					if e.Reason == "Later" {
@@ -110,7 +111,7 @@ func TestNodeEvents(t *testing.T) {
 			})
 			// Counted once the create has returned, just after the fake
 			// stores it.
-			waitFor(t, "node_events_posted_total 3", func() bool { return testutil.ToFloat64(o.events.posted) == 3 })
+			testutil.WaitFor(t, "node_events_posted_total 3", func() bool { return promtestutil.ToFloat64(o.events.posted) == 3 })
 			if !tc.labels {
 				for _, a := range c.Actions() {
 					if a.GetResource().Resource == "nodes" {
@@ -131,7 +132,7 @@ func TestNodeEventsBounded(t *testing.T) {
 	for i := range maxQueuedEvents + 5 {
 		e.Event(corev1.EventTypeWarning, "GPUForeignProcess", fmt.Sprintf("finding %d", i))
 	}
-	if got := testutil.ToFloat64(e.dropped); got != 5 {
+	if got := promtestutil.ToFloat64(e.dropped); got != 5 {
 		t.Errorf("dropped = %v, want 5", got)
 	}
 	c := newFake(t)
@@ -146,7 +147,7 @@ func TestNodeEventsBounded(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); e.run(ctx, c, func() types.UID { return "" }) }()
-	waitFor(t, "the queue drained", func() bool { return testutil.ToFloat64(e.posted) == maxQueuedEvents-1 })
+	testutil.WaitFor(t, "the queue drained", func() bool { return promtestutil.ToFloat64(e.posted) == maxQueuedEvents-1 })
 	cancel()
 	<-done
 	l, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
@@ -172,7 +173,7 @@ func TestNodeEventsDryRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); e.run(ctx, c, func() types.UID { return "" }) }()
-	waitFor(t, "the queue drained", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return len(e.queue) == 0 })
+	testutil.WaitFor(t, "the queue drained", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return len(e.queue) == 0 })
 	cancel()
 	<-done
 	for _, a := range c.Actions() {

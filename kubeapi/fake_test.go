@@ -2,22 +2,16 @@ package kubeapi
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	metadatafake "k8s.io/client-go/metadata/fake"
@@ -25,106 +19,16 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// versionedTracker makes the fake clientset behave as the API server does
-// with resourceVersions (the plain fake leaves them as given): every
-// stored object gets a new one, and an update or patch carrying a
-// resourceVersion other than the stored one fails with Conflict.
-type versionedTracker struct {
-	k8stesting.ObjectTracker
-	mu   sync.Mutex
-	next int
-}
-
-func (v *versionedTracker) stamp(obj runtime.Object) error {
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return err
-	}
-	v.next++
-	m.SetResourceVersion(strconv.Itoa(v.next))
-	if m.GetName() == "" && m.GetGenerateName() != "" {
-		// As the API server's name generator: a 5-character suffix.
-		m.SetName(m.GetGenerateName() + fmt.Sprintf("%05d", v.next))
-		m.SetUID(types.UID("uid-" + strconv.Itoa(v.next)))
-	}
-	return nil
-}
-
-// guard checks obj's resourceVersion (set by the patch or update, else the
-// stored one) against the stored object, then stamps a new one.
-func (v *versionedTracker) guard(gvr schema.GroupVersionResource, obj runtime.Object, ns string) error {
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return err
-	}
-	cur, err := v.ObjectTracker.Get(gvr, ns, m.GetName())
-	if err != nil {
-		return err
-	}
-	cm, err := meta.Accessor(cur)
-	if err != nil {
-		return err
-	}
-	if rv := m.GetResourceVersion(); rv != "" && rv != cm.GetResourceVersion() {
-		return apierrors.NewConflict(gvr.GroupResource(), m.GetName(), errors.New("the object has been modified"))
-	}
-	return v.stamp(obj)
-}
-
-func (v *versionedTracker) Add(obj runtime.Object) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.stamp(obj); err != nil {
-		return err
-	}
-	return v.ObjectTracker.Add(obj)
-}
-
-func (v *versionedTracker) Create(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.CreateOptions) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.stamp(obj); err != nil {
-		return err
-	}
-	return v.ObjectTracker.Create(gvr, obj, ns, opts...)
-}
-
-func (v *versionedTracker) Update(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.UpdateOptions) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.guard(gvr, obj, ns); err != nil {
-		return err
-	}
-	return v.ObjectTracker.Update(gvr, obj, ns, opts...)
-}
-
-func (v *versionedTracker) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.PatchOptions) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.guard(gvr, obj, ns); err != nil {
-		return err
-	}
-	return v.ObjectTracker.Patch(gvr, obj, ns, opts...)
-}
-
 // newFake is a fake clientset holding objs whose writes version objects
-// as the API server does (see versionedTracker).
+// as the API server does (kubeapitest.NewVersioned).
 func newFake(t testing.TB, objs ...runtime.Object) *fake.Clientset {
 	t.Helper()
-	c := fake.NewClientset()
-	vt := &versionedTracker{ObjectTracker: c.Tracker()}
-	for _, o := range objs {
-		if err := vt.Add(o.DeepCopyObject()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.PrependReactor("*", "*", k8stesting.ObjectReaction(vt))
-	trackers.Store(c, vt)
-	return c
+	return kubeapitest.NewVersioned(t, objs...)
 }
 
 // fakeClients pairs c with a metadata client listing c's Nodes as they
@@ -148,9 +52,6 @@ func fakeClients(t testing.TB, c *fake.Clientset) Clients {
 	return Clients{Core: c, Meta: metadatafake.NewSimpleMetadataClient(scheme, metas...)}
 }
 
-// trackers maps each newFake clientset to its versionedTracker.
-var trackers sync.Map
-
 // modifyNode changes the Node as another client would (read, change,
 // update guarded by resourceVersion), retrying on Conflict.
 func modifyNode(t testing.TB, c *fake.Clientset, change func(*corev1.Node)) {
@@ -173,8 +74,7 @@ func modifyNode(t testing.TB, c *fake.Clientset, change func(*corev1.Node)) {
 // inside a reactor, where calling the clientset would deadlock.
 func updateNode(t testing.TB, c *fake.Clientset, n *corev1.Node) {
 	t.Helper()
-	vt, _ := trackers.Load(c)
-	if err := vt.(*versionedTracker).Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+	if err := kubeapitest.VersionedTracker(c).Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
 		t.Error(err)
 	}
 }
@@ -260,17 +160,5 @@ func (h *fakeHealth) set(f health.Fitness) {
 	select {
 	case h.ch <- struct{}{}:
 	default:
-	}
-}
-
-// waitFor polls cond every millisecond until it holds, failing after 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -310,15 +311,15 @@ func TestLabelerRunRepairsDrift(t *testing.T) {
 		close(done)
 	}()
 	label := func() string { labels, _ := nodeLabels(t, client); return labels[topology.LabelGPUCount] }
-	waitFor(t, "the label", func() bool { return label() == "8" })
+	testutil.WaitFor(t, "the label", func() bool { return label() == "8" })
 	gets := countVerb(client, "get")
 	modifyNode(t, client, func(n *corev1.Node) { delete(n.Labels, topology.LabelGPUCount) })
-	waitFor(t, "the removed label put back", func() bool { return label() == "8" })
+	testutil.WaitFor(t, "the removed label put back", func() bool { return label() == "8" })
 	mu.Lock()
 	want = map[string]string{topology.LabelGPUCount: "7"}
 	mu.Unlock()
 	changed <- struct{}{}
-	waitFor(t, "the new label value", func() bool { return label() == "7" })
+	testutil.WaitFor(t, "the new label value", func() bool { return label() == "7" })
 	cancel()
 	<-done
 	if labels, _ := nodeLabels(t, client); labels["team"] != "ml" {
@@ -337,7 +338,7 @@ func TestNodeWatchScopedToNode(t *testing.T) {
 	if _, err := w.Node(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the informer's watch", func() bool { return countVerb(client, "watch") > 0 })
+	testutil.WaitFor(t, "the informer's watch", func() bool { return countVerb(client, "watch") > 0 })
 	for _, a := range client.Actions() {
 		if v := a.GetVerb(); v != "list" && v != "watch" {
 			continue

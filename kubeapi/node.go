@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -252,13 +253,13 @@ func (o *NodeObject) Run(ctx context.Context) error {
 		})
 	})
 	// The taint and remediation share this node's one slot of the fleet
-	// safeguard (sharedSlot).
-	slot := newSharedSlot(NewSlots(clients.Core, clients.Meta, o.cfg.NodeName, taint.SafeguardConfig(), o.log.With("component", "safeguard")))
+	// safeguard (safeguard.Shared).
+	slot := safeguard.NewShared(safeguard.New(clients.Core, clients.Meta, o.cfg.NodeName, taint.SafeguardConfig(), o.log.With("component", "safeguard")))
 	if taint.Mode != TaintOff {
 		if t, err := newTainter(clients, watch, taint, o.log.With("component", "taint"), o.reg, o.writes); err != nil {
 			o.log.Error("node tainter not started", "err", err)
 		} else {
-			t.SetSafeguard(slot.safeguard())
+			t.SetSafeguard(slot.User(slotUserTaint))
 			wg.Go(func() { _ = t.Run(ctx, o.health) })
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -68,7 +69,7 @@ func TestNodeObject(t *testing.T) {
 			tainted := func() bool { return hasTaint(get().Spec.Taints, TaintConfig{}.WithDefaults().Key) }
 			if tc.wantLabels {
 				want := topology.Labels(node, "none", nil)
-				waitFor(t, "the topology labels", func() bool {
+				testutil.WaitFor(t, "the topology labels", func() bool {
 					n := get()
 					for k, v := range want {
 						if n.Labels[k] != v {
@@ -80,9 +81,9 @@ func TestNodeObject(t *testing.T) {
 			}
 			if tc.wantTaint {
 				h.set(unfit)
-				waitFor(t, "the taint while unfit", tainted)
+				testutil.WaitFor(t, "the taint while unfit", tainted)
 				h.set(fit)
-				waitFor(t, "the taint removed once fit", func() bool { return !tainted() })
+				testutil.WaitFor(t, "the taint removed once fit", func() bool { return !tainted() })
 			}
 			if tries.Load() < 2 {
 				t.Errorf("%d client builds, want a retry after the first failed", tries.Load())

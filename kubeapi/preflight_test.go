@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -123,10 +124,10 @@ func TestPreflightGateTransitions(t *testing.T) {
 		}
 		taintWrites += float64(s.taintWrites)
 		conditionWrites += float64(s.conditionWrite)
-		if got := testutil.ToFloat64(g.w.writes.WithLabelValues("taint")); got != taintWrites {
+		if got := promtestutil.ToFloat64(g.w.writes.WithLabelValues("taint")); got != taintWrites {
 			t.Fatalf("%s: %v taint writes in all, want %v", s.name, got, taintWrites)
 		}
-		if got := testutil.ToFloat64(g.w.writes.WithLabelValues("condition")); got != conditionWrites {
+		if got := promtestutil.ToFloat64(g.w.writes.WithLabelValues("condition")); got != conditionWrites {
 			t.Fatalf("%s: %v condition writes in all, want %v", s.name, got, conditionWrites)
 		}
 		if got := countVerb(c, "get"); got != 0 {
@@ -158,7 +159,7 @@ func TestPreflightGateRegisteredTaint(t *testing.T) {
 	if err := g.reconcile(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(g.w.writes.WithLabelValues("taint")); got != 0 {
+	if got := promtestutil.ToFloat64(g.w.writes.WithLabelValues("taint")); got != 0 {
 		t.Fatalf("%v taint writes, want none: the registered taint is the one wanted", got)
 	}
 	if cond := preflightCond(getNode(t, c)); cond == nil || cond.Reason != "PreflightPending" {
@@ -472,7 +473,7 @@ func TestPreflightGateConflict(t *testing.T) {
 	if !hasTaint(n.Spec.Taints, foreign.Key) || !hasTaint(n.Spec.Taints, DefaultPreflightTaintKey) {
 		t.Fatalf("taints %+v, want both the other writer's and the preflight's", n.Spec.Taints)
 	}
-	if got := testutil.ToFloat64(g.w.writes.WithLabelValues("taint")); got != 1 {
+	if got := promtestutil.ToFloat64(g.w.writes.WithLabelValues("taint")); got != 1 {
 		t.Fatalf("%v taint writes, want 1", got)
 	}
 }
@@ -513,16 +514,16 @@ func TestPreflightGateRunRepairsTaint(t *testing.T) {
 		}
 		return ""
 	}
-	waitFor(t, "the pending taint at start", func() bool { return value() == "pending" })
+	testutil.WaitFor(t, "the pending taint at start", func() bool { return value() == "pending" })
 	modifyNode(t, c, func(n *corev1.Node) { n.Spec.Taints = nil })
-	waitFor(t, "the pending taint put back", func() bool { return value() == "pending" })
+	testutil.WaitFor(t, "the pending taint put back", func() bool { return value() == "pending" })
 	set(&PreflightVerdict{Ran: true, Message: "preflight failed: throttle: GPU 2 (0000:22:00.0): hw-slowdown active"})
-	waitFor(t, "the failed taint", func() bool { return value() == "failed" })
+	testutil.WaitFor(t, "the failed taint", func() bool { return value() == "failed" })
 	modifyNode(t, c, func(n *corev1.Node) { n.Spec.Taints = []corev1.Taint{otherTaint} })
-	waitFor(t, "the failed taint put back", func() bool { return value() == "failed" && hasTaint(getNode(t, c).Spec.Taints, otherTaint.Key) })
+	testutil.WaitFor(t, "the failed taint put back", func() bool { return value() == "failed" && hasTaint(getNode(t, c).Spec.Taints, otherTaint.Key) })
 	set(&PreflightVerdict{Ran: true, Passed: true})
 	// The taint goes first, then the condition, then the Event.
-	waitFor(t, "the taint removed and the pass posted", func() bool {
+	testutil.WaitFor(t, "the taint removed and the pass posted", func() bool {
 		return value() == "" && len(events(t, c)) == 2
 	})
 	if cond := preflightCond(getNode(t, c)); cond.Status != corev1.ConditionTrue {
@@ -606,30 +607,30 @@ func TestNodeObjectPreflight(t *testing.T) {
 			}, h, reg, discard())
 			runNodeObject(t, o)
 			has := func(key string) bool { return hasTaint(getNode(t, c).Spec.Taints, key) }
-			waitFor(t, "the pending preflight taint", func() bool { return has(DefaultPreflightTaintKey) })
+			testutil.WaitFor(t, "the pending preflight taint", func() bool { return has(DefaultPreflightTaintKey) })
 			if mode == TaintOn {
 				h.set(unfit)
-				waitFor(t, "the health taint", func() bool { return has(healthKey) })
+				testutil.WaitFor(t, "the health taint", func() bool { return has(healthKey) })
 				h.set(fit)
-				waitFor(t, "the health taint removed", func() bool { return !has(healthKey) })
+				testutil.WaitFor(t, "the health taint removed", func() bool { return !has(healthKey) })
 				if !has(DefaultPreflightTaintKey) {
 					t.Fatal("the tainter removed the preflight taint")
 				}
 				h.set(unfit)
-				waitFor(t, "the health taint again", func() bool { return has(healthKey) })
+				testutil.WaitFor(t, "the health taint again", func() bool { return has(healthKey) })
 			}
 			o.SetPreflight(PreflightVerdict{Ran: true, Passed: true, Message: "preflight passed (9 items passed, 3 skipped)"})
-			waitFor(t, "the preflight taint removed and the condition True", func() bool {
+			testutil.WaitFor(t, "the preflight taint removed and the condition True", func() bool {
 				cond := preflightCond(getNode(t, c))
 				return !has(DefaultPreflightTaintKey) && cond != nil && cond.Status == corev1.ConditionTrue
 			})
 			if !has(otherTaint.Key) || has(healthKey) != (mode == TaintOn) {
 				t.Fatalf("taints %+v", getNode(t, c).Spec.Taints)
 			}
-			if got := testutil.ToFloat64(o.writes.WithLabelValues("taint")); (mode == TaintOn && got != 5) || (mode == TaintOff && got != 2) {
+			if got := promtestutil.ToFloat64(o.writes.WithLabelValues("taint")); (mode == TaintOn && got != 5) || (mode == TaintOff && got != 2) {
 				t.Fatalf("%v taint writes counted, want both writers' (preflight 2, health 3)", got)
 			}
-			problems, err := testutil.GatherAndLint(reg, "gpu_node_agent_kube_api_writes_total")
+			problems, err := promtestutil.GatherAndLint(reg, "gpu_node_agent_kube_api_writes_total")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -673,7 +674,7 @@ func TestNodeObjectPreflightRerun(t *testing.T) {
 		t.Fatal("the request annotation was not removed")
 	}
 	o.SetPreflight(passed)
-	waitFor(t, "the preflight taint removed after the re-run passed", func() bool {
+	testutil.WaitFor(t, "the preflight taint removed after the re-run passed", func() bool {
 		n := getNode(t, c)
 		return !hasTaint(n.Spec.Taints, DefaultPreflightTaintKey) && preflightCond(n).Status == corev1.ConditionTrue
 	})

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-node-agent/gpu-node-agent/remediate"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 )
 
 // ErrNotReady is returned by the RemediationAPI until the node informer
@@ -43,7 +44,7 @@ type RemediationAPI struct {
 	watch  *NodeWatch
 	reader *nodeReader
 	writer *nodeWriter
-	slot   *sharedSlot
+	slot   *safeguard.Shared
 }
 
 // Paused implements remediate.Cluster.
@@ -68,7 +69,7 @@ func (a *RemediationAPI) AcquireSlot(ctx context.Context) (bool, string, error) 
 	if err != nil {
 		return false, "", err
 	}
-	d, err := s.acquire(ctx, slotUserRemediation)
+	d, err := s.Acquire(ctx, slotUserRemediation)
 	if err != nil || d.Held {
 		return d.Held, "", err
 	}
@@ -85,7 +86,7 @@ func (a *RemediationAPI) ReleaseSlot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.release(ctx, slotUserRemediation)
+	return s.Release(ctx, slotUserRemediation)
 }
 
 // Evict implements remediate.Cluster: it reads the pod first and never
@@ -173,7 +174,7 @@ func (a *RemediationAPI) Event(eventType, reason, message string) {
 // Changes implements remediate.Cluster.
 func (a *RemediationAPI) Changes() <-chan struct{} { return a.changes }
 
-func (a *RemediationAPI) ready() (kubernetes.Interface, *NodeWatch, *nodeReader, *sharedSlot, error) {
+func (a *RemediationAPI) ready() (kubernetes.Interface, *NodeWatch, *nodeReader, *safeguard.Shared, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.watch == nil {
@@ -190,7 +191,7 @@ func (a *RemediationAPI) watchName() string {
 
 // start makes the API ready on the running informer and forwards its
 // change signals until ctx ends.
-func (a *RemediationAPI) start(ctx context.Context, c kubernetes.Interface, watch *NodeWatch, slot *sharedSlot, writes *prometheus.CounterVec, eventNamespace string) {
+func (a *RemediationAPI) start(ctx context.Context, c kubernetes.Interface, watch *NodeWatch, slot *safeguard.Shared, writes *prometheus.CounterVec, eventNamespace string) {
 	a.mu.Lock()
 	a.client, a.watch, a.slot = c, watch, slot
 	a.reader = newNodeReader(watch, c, a.log)
@@ -221,61 +222,3 @@ const (
 	slotUserTaint       = "taint"
 	slotUserRemediation = "remediation"
 )
-
-// sharedSlot is this node's fleet-safeguard slot (Slots) held for more
-// than one reason: the taint while the node is unfit, remediation while a
-// step takes capacity away. Remediating nodes and tainted nodes count
-// against the same K, through the same Leases; the Lease is given back
-// only when no user holds it.
-type sharedSlot struct {
-	slots *Slots
-	// mu is held across the Slots calls too, so that one user's release
-	// never deletes the Lease another user's acquire has just renewed or
-	// taken (and not yet recorded in users).
-	mu sync.Mutex
-	// users are the users holding the slot, by when each last wrote its
-	// Lease (acquired or renewed it).
-	users map[string]time.Time
-}
-
-func newSharedSlot(s *Slots) *sharedSlot { return &sharedSlot{slots: s, users: map[string]time.Time{}} }
-
-// acquire takes or renews the slot for user. A user that renewed it less
-// than a third of the Lease duration ago holds it without a request: a
-// step asked again every retry interval (a standing reboot request) costs
-// the API server one LIST and one PUT per third of the Lease, not per
-// retry.
-func (s *sharedSlot) acquire(ctx context.Context, user string) (Decision, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if at, ok := s.users[user]; ok && s.slots.now().Sub(at) < s.slots.cfg.LeaseDuration/3 {
-		return Decision{Held: true, Slot: -1}, nil
-	}
-	d, err := s.slots.Acquire(ctx)
-	if err == nil && d.Held {
-		s.users[user] = s.slots.now()
-	}
-	return d, err
-}
-
-func (s *sharedSlot) release(ctx context.Context, user string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.users, user)
-	if len(s.users) > 0 {
-		return nil
-	}
-	return s.slots.Release(ctx)
-}
-
-// safeguard is the tainter's view of the shared slot.
-func (s *sharedSlot) safeguard() Safeguard { return taintSlot{s} }
-
-type taintSlot struct{ s *sharedSlot }
-
-func (t taintSlot) Allow(ctx context.Context) (bool, error) {
-	d, err := t.s.acquire(ctx, slotUserTaint)
-	return d.Held, err
-}
-
-func (t taintSlot) Release(ctx context.Context) error { return t.s.release(ctx, slotUserTaint) }

@@ -16,7 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/remediate"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 )
 
 const (
@@ -29,20 +31,23 @@ const (
 
 // remSlotConfig is the safeguard of the remediation tests: K = 1 for a
 // fleet of up to three nodes.
-func remSlotConfig() SlotConfig {
-	return SlotConfig{Namespace: slotNS, TaintKey: slotTaint, MaxFraction: 0.5}.WithDefaults()
+func remSlotConfig() safeguard.Config {
+	return safeguard.Config{Namespace: slotNS, TaintKey: slotTaint, MaxFraction: 0.5}.WithDefaults()
 }
+
+// The safeguard's namespace and taint key in these tests.
+const (
+	slotNS    = "gpu-node-agent"
+	slotTaint = "gpu-node-agent.io/unhealthy"
+)
 
 // newTestRemediation starts a RemediationAPI for nodeName on c, as
 // NodeObject.Run does, with the real Slots (no waits) behind its shared
 // slot.
-func newTestRemediation(t *testing.T, c *fake.Clientset) (*RemediationAPI, *sharedSlot) {
+func newTestRemediation(t *testing.T, c *fake.Clientset) (*RemediationAPI, *safeguard.Shared) {
 	t.Helper()
 	cl := fakeClients(t, c)
-	s := NewSlots(cl.Core, cl.Meta, nodeName, remSlotConfig(), discard())
-	s.jitter = func(time.Duration) time.Duration { return 0 }
-	s.sleep = func(context.Context, time.Duration) error { return nil }
-	slot := newSharedSlot(s)
+	slot := safeguard.NewShared(safeguard.New(cl.Core, cl.Meta, nodeName, remSlotConfig(), discard(), safeguard.WithoutSpread()))
 	a := &RemediationAPI{ownPod: remOwnPod, events: newNodeEvents(nodeName, "default", false, discard()),
 		log: discard(), changes: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,152 +186,11 @@ func slotLeases(t *testing.T, c *fake.Clientset) []string {
 	}
 	var out []string
 	for _, lease := range l.Items {
-		if leaseHolder(&lease) == nodeName {
+		if h := lease.Spec.HolderIdentity; h != nil && *h == nodeName {
 			out = append(out, lease.Name)
 		}
 	}
 	return out
-}
-
-// TestSharedSlot: the tainter and remediation share one Lease, which is
-// deleted only when neither holds it any more.
-func TestSharedSlot(t *testing.T) {
-	type step struct {
-		op   string // acquire, release (sharedSlot); allow, unallow (the tainter's Safeguard)
-		user string
-		// wantLease says this node holds a slot Lease after the step.
-		wantLease bool
-	}
-	tests := []struct {
-		name  string
-		steps []step
-	}{
-		{name: "taint, then remediation; released in that order", steps: []step{
-			{"acquire", slotUserTaint, true},
-			{"acquire", slotUserRemediation, true},
-			{"release", slotUserTaint, true},
-			{"release", slotUserRemediation, false},
-		}},
-		{name: "released in the other order", steps: []step{
-			{"acquire", slotUserTaint, true},
-			{"acquire", slotUserRemediation, true},
-			{"release", slotUserRemediation, true},
-			{"release", slotUserTaint, false},
-		}},
-		{name: "through the tainter's Safeguard", steps: []step{
-			{"acquire", slotUserRemediation, true},
-			{"allow", slotUserTaint, true},
-			{"release", slotUserRemediation, true},
-			{"unallow", slotUserTaint, false},
-		}},
-		{name: "remediation alone", steps: []step{
-			{"acquire", slotUserRemediation, true},
-			{"release", slotUserRemediation, false},
-		}},
-		{name: "the tainter's release at start keeps remediation's slot", steps: []step{
-			{"acquire", slotUserRemediation, true},
-			{"unallow", slotUserTaint, true},
-			{"release", slotUserRemediation, false},
-		}},
-		{name: "acquired twice by one user, released once", steps: []step{
-			{"acquire", slotUserRemediation, true},
-			{"acquire", slotUserRemediation, true},
-			{"release", slotUserRemediation, false},
-		}},
-		{name: "taken again after both released", steps: []step{
-			{"acquire", slotUserTaint, true},
-			{"release", slotUserTaint, false},
-			{"acquire", slotUserRemediation, true},
-			{"release", slotUserRemediation, false},
-		}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newFake(t, testNode(nodeName))
-			_, slot := newTestRemediation(t, c)
-			ctx := context.Background()
-			for i, s := range tc.steps {
-				var err error
-				switch s.op {
-				case "acquire":
-					var d Decision
-					d, err = slot.acquire(ctx, s.user)
-					if err == nil && !d.Held {
-						t.Fatalf("step %d: acquire(%s) refused: %+v", i, s.user, d)
-					}
-				case "release":
-					err = slot.release(ctx, s.user)
-				case "allow":
-					var ok bool
-					ok, err = slot.safeguard().Allow(ctx)
-					if err == nil && !ok {
-						t.Fatalf("step %d: Allow refused", i)
-					}
-				case "unallow":
-					err = slot.safeguard().Release(ctx)
-				}
-				if err != nil {
-					t.Fatalf("step %d: %s(%s): %v", i, s.op, s.user, err)
-				}
-				leases := slotLeases(t, c)
-				if got := len(leases) > 0; got != s.wantLease {
-					t.Fatalf("step %d: after %s(%s) this node's slot Leases are %v; want held=%v", i, s.op, s.user, leases, s.wantLease)
-				}
-				if len(leases) > 1 {
-					t.Fatalf("step %d: this node holds %d slot Leases %v, want one", i, len(leases), leases)
-				}
-			}
-		})
-	}
-}
-
-// TestSharedSlotReleaseDuringAcquire: a user's release that races another
-// user's acquire must not delete the Lease the acquire just renewed; the
-// renew is held open until the release had every chance to run.
-func TestSharedSlotReleaseDuringAcquire(t *testing.T) {
-	c := newFake(t, testNode(nodeName))
-	_, slot := newTestRemediation(t, c)
-	ctx := context.Background()
-	if _, err := slot.acquire(ctx, slotUserRemediation); err != nil {
-		t.Fatal(err)
-	}
-	released := make(chan error, 1)
-	renewing := false
-	c.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if renewing {
-			return false, nil, nil
-		}
-		renewing = true
-		go func() { released <- slot.release(ctx, slotUserRemediation) }()
-		// Give the release every chance to decide while the taint's
-		// acquire is under way: it may decide only after it (a correct
-		// sharedSlot) or it has (a racy one: the users are then empty).
-		deadline := time.Now().Add(200 * time.Millisecond)
-		for time.Now().Before(deadline) {
-			if slot.mu.TryLock() {
-				_, held := slot.users[slotUserRemediation]
-				done := !held
-				slot.mu.Unlock()
-				if done {
-					break
-				}
-			}
-			time.Sleep(time.Millisecond)
-		}
-		return false, nil, nil
-	})
-	if ok, err := slot.safeguard().Allow(ctx); err != nil || !ok {
-		t.Fatalf("Allow = %v, %v; want true", ok, err)
-	}
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
-	if !renewing {
-		t.Fatal("the taint's acquire did not renew the Lease")
-	}
-	if leases := slotLeases(t, c); len(leases) != 1 {
-		t.Fatalf("after remediation released while the taint acquired, this node's slot Leases are %v; want one (the taint holds it)", leases)
-	}
 }
 
 // TestRemediationAcquireSlot: remediation counts against the fleet
@@ -334,8 +198,8 @@ func TestSharedSlotReleaseDuringAcquire(t *testing.T) {
 func TestRemediationAcquireSlot(t *testing.T) {
 	now := metav1.NewMicroTime(time.Now())
 	other := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: slotName(DefaultSlotPrefix, 0), Namespace: slotNS,
-			Labels: map[string]string{SlotLabel: DefaultSlotPrefix}},
+		ObjectMeta: metav1.ObjectMeta{Name: safeguard.DefaultSlotPrefix + "-0", Namespace: slotNS,
+			Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: new("gpu-node-2"), LeaseDurationSeconds: new(int32(900)),
 			AcquireTime: &now, RenewTime: &now},
 	}
@@ -465,7 +329,7 @@ func TestRemediationPauseChanges(t *testing.T) {
 	modifyNode(t, c, func(n *corev1.Node) {
 		n.Annotations = map[string]string{remediate.PauseAnnotation: "true"}
 	})
-	waitFor(t, "the pause to be seen", func() bool {
+	testutil.WaitFor(t, "the pause to be seen", func() bool {
 		select {
 		case <-a.Changes():
 		case <-time.After(10 * time.Second):
@@ -512,39 +376,3 @@ func TestRemediationNotReady(t *testing.T) {
 }
 
 var _ remediate.Cluster = (*RemediationAPI)(nil)
-
-// TestSharedSlotRenewsSparingly: a user asking again and again (a standing
-// reboot request, every retry interval) writes the Lease once per third of
-// its duration, not once per ask.
-func TestSharedSlotRenewsSparingly(t *testing.T) {
-	c := newFake(t, testNode(nodeName))
-	_, slot := newTestRemediation(t, c)
-	now := time.Now()
-	slot.slots.now = func() time.Time { return now }
-	ctx := context.Background()
-	writes := func() int {
-		n := 0
-		for _, a := range c.Actions() {
-			if a.GetResource().Resource == "leases" && (a.GetVerb() == "create" || a.GetVerb() == "update") {
-				n++
-			}
-		}
-		return n
-	}
-	for range 10 {
-		if d, err := slot.acquire(ctx, slotUserRemediation); err != nil || !d.Held {
-			t.Fatalf("acquire: %+v %v", d, err)
-		}
-		now = now.Add(10 * time.Second)
-	}
-	if got := writes(); got != 1 {
-		t.Fatalf("%d Lease writes for 10 asks within a third of the Lease, want 1", got)
-	}
-	now = now.Add(slot.slots.cfg.LeaseDuration / 3)
-	if d, err := slot.acquire(ctx, slotUserRemediation); err != nil || !d.Held {
-		t.Fatalf("acquire: %+v %v", d, err)
-	}
-	if got := writes(); got != 2 {
-		t.Fatalf("%d Lease writes after a third of the Lease, want 2 (renewed)", got)
-	}
-}

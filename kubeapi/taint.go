@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 )
 
 // Health is what the Tainter mirrors onto the Node: *health.Monitor.
@@ -87,7 +88,7 @@ func newTainter(c Clients, watch *NodeWatch, cfg TaintConfig, log *slog.Logger, 
 	t := &Tainter{
 		client: client, watch: watch, reader: newNodeReader(watch, client, log), node: watch.Name(), cfg: cfg, log: log,
 		w:         newNodeWriter(client, watch.Name(), cfg.EventNamespace, "gpu-node-agent.io/health", cfg.Mode == TaintDryRun, writes, log),
-		safeguard: NewSlots(client, c.Meta, watch.Name(), cfg.SafeguardConfig(), log),
+		safeguard: safeguard.New(client, c.Meta, watch.Name(), cfg.SafeguardConfig(), log),
 		refusedGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpu_node_agent_taint_refused",
 			Help: "1 while the fleet safeguard refuses to taint this unfit node because too many nodes already carry the taint.",

@@ -5,13 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 )
 
 const nodeName = "gpu-node-1"
@@ -122,7 +125,7 @@ func TestTainterMetricsLint(t *testing.T) {
 	if err := tr.Reconcile(context.Background(), unfit); err != nil {
 		t.Fatal(err)
 	}
-	problems, err := testutil.GatherAndLint(reg)
+	problems, err := promtestutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +153,7 @@ func TestTainterReportsMaxFraction(t *testing.T) {
 # HELP gpu_node_agent_taint_max_fraction The fleet safeguard's taint.maxFraction: at most this fraction of the nodes taint.nodeSelector selects may carry the taint (one node always may).
 # TYPE gpu_node_agent_taint_max_fraction gauge
 gpu_node_agent_taint_max_fraction ` + tc.want + "\n"
-		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpu_node_agent_taint_max_fraction"); err != nil {
+		if err := promtestutil.GatherAndCompare(reg, strings.NewReader(want), "gpu_node_agent_taint_max_fraction"); err != nil {
 			t.Errorf("maxFraction %v: %v", tc.cfg.MaxFraction, err)
 		}
 	}
@@ -195,7 +198,7 @@ func TestTainterLifecycle(t *testing.T) {
 	if got := requests(c)[before:]; len(got) != 0 {
 		t.Fatalf("%d requests at steady state, want 0: %v", len(got), got)
 	}
-	if got := testutil.ToFloat64(tr.w.writes.WithLabelValues("taint")); got != 1 {
+	if got := promtestutil.ToFloat64(tr.w.writes.WithLabelValues("taint")); got != 1 {
 		t.Fatalf("taint write counter %v", got)
 	}
 
@@ -293,7 +296,7 @@ func TestTainterConflict(t *testing.T) {
 			if tc.write && !hasTaint(n.Spec.Taints, foreign.Key) {
 				t.Fatalf("the taint written during the conflict was lost: %+v", n.Spec.Taints)
 			}
-			if got := testutil.ToFloat64(tr.w.writes.WithLabelValues("taint")); got != 1 {
+			if got := promtestutil.ToFloat64(tr.w.writes.WithLabelValues("taint")); got != 1 {
 				t.Fatalf("taint writes %v, want 1", got)
 			}
 		})
@@ -405,8 +408,8 @@ func TestTainterFleetSafeguard(t *testing.T) {
 			now := metav1.NewMicroTime(time.Now())
 			for i := range tc.held {
 				objs = append(objs, &coordinationv1.Lease{
-					ObjectMeta: metav1.ObjectMeta{Name: slotName(DefaultSlotPrefix, i), Namespace: "default",
-						Labels: map[string]string{SlotLabel: DefaultSlotPrefix}},
+					ObjectMeta: metav1.ObjectMeta{Name: safeguard.DefaultSlotPrefix + "-" + strconv.Itoa(i), Namespace: "default",
+						Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix}},
 					Spec: coordinationv1.LeaseSpec{HolderIdentity: new(fmt.Sprintf("other-%d", i+1)),
 						LeaseDurationSeconds: new(int32(900)), AcquireTime: &now, RenewTime: &now},
 				})
@@ -420,7 +423,7 @@ func TestTainterFleetSafeguard(t *testing.T) {
 			if got := len(tr.ourTaints(n.Spec.Taints)) > 0; got != tc.wantTainted {
 				t.Fatalf("tainted = %v, want %v", got, tc.wantTainted)
 			}
-			if got := testutil.ToFloat64(tr.refusedGauge); got != boolGauge(!tc.wantTainted) {
+			if got := promtestutil.ToFloat64(tr.refusedGauge); got != boolGauge(!tc.wantTainted) {
 				t.Fatalf("taint_refused = %v", got)
 			}
 			// The condition is informational and set either way.
@@ -536,16 +539,16 @@ func TestTainterRunFollowsNode(t *testing.T) {
 	// tainter writes nothing more while the test changes the Node (a
 	// write in between would make the test's update conflict and GET
 	// again).
-	waitFor(t, "taint and condition after the fault", func() bool {
+	testutil.WaitFor(t, "taint and condition after the fault", func() bool {
 		n := getNode(t, c)
 		cond := condition(n)
 		return hasTaint(n.Spec.Taints, key) && cond != nil && cond.Status == corev1.ConditionFalse
 	})
 	gets := countVerb(c, "get")
 	modifyNode(t, c, func(n *corev1.Node) { n.Spec.Taints = nil })
-	waitFor(t, "taint repaired after its removal", func() bool { return hasTaint(getNode(t, c).Spec.Taints, key) })
+	testutil.WaitFor(t, "taint repaired after its removal", func() bool { return hasTaint(getNode(t, c).Spec.Taints, key) })
 	h.set(fit)
-	waitFor(t, "taint removed after recovery", func() bool { return !hasTaint(getNode(t, c).Spec.Taints, key) })
+	testutil.WaitFor(t, "taint removed after recovery", func() bool { return !hasTaint(getNode(t, c).Spec.Taints, key) })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -576,7 +579,7 @@ func TestTainterRunRetriesWhileAPIDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- tr.Run(ctx, h) }()
-	waitFor(t, "taint after the API server came back", func() bool {
+	testutil.WaitFor(t, "taint after the API server came back", func() bool {
 		return hasTaint(getNode(t, c).Spec.Taints, "gpu-node-agent.io/unhealthy")
 	})
 	cancel()
@@ -711,9 +714,9 @@ func TestTainterClearFaultsFromInformer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- tr.Run(ctx, h) }()
-	waitFor(t, "the first reconcile", func() bool { return condition(getNode(t, c)) != nil })
+	testutil.WaitFor(t, "the first reconcile", func() bool { return condition(getNode(t, c)) != nil })
 	modifyNode(t, c, func(n *corev1.Node) { n.Annotations = map[string]string{ClearFaultsAnnotation: "GPU-3"} })
-	waitFor(t, "the clear-faults request acted on and removed", func() bool {
+	testutil.WaitFor(t, "the clear-faults request acted on and removed", func() bool {
 		_, ok := getNode(t, c).Annotations[ClearFaultsAnnotation]
 		return !ok && slices.Equal(cl.called(), []string{"GPU-3"})
 	})

@@ -33,7 +33,7 @@ CONTAINERD_BINS    := containerd ctr containerd-shim-runc-v2
 # harness never uses (overlayfs is the snapshotter).
 CONTAINERD_TAGS    := no_btrfs no_devmapper no_zfs
 E2E_TIMEOUT  ?= 40m
-# The real-apiserver tests of test/health run side by side (each starts its
+# The real-apiserver tests of test/apiserver run side by side (each starts its
 # own etcd and kube-apiserver and mostly waits on them).
 E2E_PARALLEL ?= 4
 # E2E_FLAGS are extra go test flags, e.g. E2E_FLAGS=-v for the measured numbers.
@@ -91,7 +91,7 @@ e2e-conformance: build-sim ## the agent against the kubelet's device-manager cod
 	cd $(CONFORMANCE_OLD_KUBELET_DIR) && $(E2E_ENV) $(GO) test -race -count=1 -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./...
 
 e2e-cluster: build-sim kube-bins containerd-bins e2e-deps image-local ## scenarios on a real single-node cluster; the tainter on a real apiserver
-	cd test && $(E2E_ENV) $(GO) test -count=1 -parallel $(E2E_PARALLEL) -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./e2e/... ./health/...
+	cd test && $(E2E_ENV) $(GO) test -count=1 -parallel $(E2E_PARALLEL) -timeout $(E2E_TIMEOUT) $(E2E_FLAGS) ./e2e/... ./apiserver/...
 
 e2e-run: e2e-conformance e2e-cluster
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 )
 
 // censusMIG is GPU 0's MIG layout in the census tests.
@@ -238,7 +239,7 @@ func TestCensusSimulatedH100(t *testing.T) {
 // (R535) is not asked for it: go-nvml would exit the process.
 func TestCensusOldDriver(t *testing.T) {
 	node := simCensusNode(t)
-	fault(t, node, `{"kind":"old-driver"}`)
+	simtest.Fault(t, node, http.MethodPost, `{"kind":"old-driver"}`)
 	c := censusOf(t, node.NVML(), 2*time.Second)
 	for _, call := range c.Library {
 		if call.Method == "Extensions" && call.Value.(map[string]any)[eventReasonsSymbol] == true {
@@ -257,7 +258,7 @@ func TestCensusOldDriver(t *testing.T) {
 // error, with the Init call recorded.
 func TestCensusInitFails(t *testing.T) {
 	node := simCensusNode(t)
-	fault(t, node, `{"kind":"nvml-failure"}`)
+	simtest.Fault(t, node, http.MethodPost, `{"kind":"nvml-failure"}`)
 	c, err := New(node.NVML(), Config{}, nil).Census(context.Background(), CensusOptions{})
 	if err == nil || !strings.Contains(err.Error(), "ERROR_UNKNOWN") {
 		t.Fatalf("err %v, want the Init failure", err)
@@ -331,7 +332,7 @@ func TestCensusHungGPU(t *testing.T) {
 		{
 			name: "hang fault", gpu: 3, hung: "DeviceGetHandleByIndex",
 			lib: func(t *testing.T, node *sim.Node) Library {
-				fault(t, node, `{"kind":"hang","gpu":3}`)
+				simtest.Fault(t, node, http.MethodPost, `{"kind":"hang","gpu":3}`)
 				t.Cleanup(func() { clearFault(t, node, `{"kind":"hang","gpu":3}`) })
 				return node.NVML()
 			},

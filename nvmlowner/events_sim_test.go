@@ -2,13 +2,12 @@ package nvmlowner
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 )
 
 // simNode is a simulated DGX H100.
@@ -27,16 +26,6 @@ func simNode(t *testing.T) (*sim.Node, []string) {
 		uuids = append(uuids, g.UUID)
 	}
 	return n, uuids
-}
-
-// inject posts a fault to the simulator's control API.
-func inject(t *testing.T, n *sim.Node, body string) {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	n.ControlHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/faults", strings.NewReader(body)))
-	if rec.Code != http.StatusNoContent {
-		t.Errorf("POST /faults %s: %d %s", body, rec.Code, rec.Body.String())
-	}
 }
 
 // TestEventWatcherSimRescans: 1,000 rescans with the same GPUs while XIDs
@@ -61,7 +50,7 @@ func TestEventWatcherSimRescans(t *testing.T) {
 		<-kick
 		for i := range burst {
 			g := i % len(uuids)
-			inject(t, n, `{"kind":"xid","gpu":`+strconv.Itoa(g)+`,"xid":13}`)
+			simtest.Fault(t, n, http.MethodPost, `{"kind":"xid","gpu":`+strconv.Itoa(g)+`,"xid":13}`)
 			want[uuids[g]]++
 		}
 		// Drain each burst before the next, so the queue never fills.
@@ -90,14 +79,14 @@ func TestEventWatcherSimGPUSetChanges(t *testing.T) {
 	w.ready(t)
 	w.w.SetGPUs(uuids)
 	w.ready(t)
-	inject(t, n, `{"kind":"xid","gpu":6,"xid":79}`)
+	simtest.Fault(t, n, http.MethodPost, `{"kind":"xid","gpu":6,"xid":79}`)
 	if e := bounded(t, "event", w.events); e.UUID != uuids[6] || e.Data != 79 {
 		t.Fatalf("event %+v, want xid 79 on %s", e, uuids[6])
 	}
 	w.w.SetGPUs(append(uuids[:2:2], uuids[3:]...)) // GPU 2 leaves
 	w.ready(t)
-	inject(t, n, `{"kind":"xid","gpu":2,"xid":79}`)
-	inject(t, n, `{"kind":"xid","gpu":3,"xid":48}`)
+	simtest.Fault(t, n, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
+	simtest.Fault(t, n, http.MethodPost, `{"kind":"xid","gpu":3,"xid":48}`)
 	if e := bounded(t, "event", w.events); e.UUID != uuids[3] || e.Data != 48 {
 		t.Fatalf("event %+v, want GPU 2's dropped and GPU 3's xid 48", e)
 	}
@@ -113,7 +102,7 @@ func TestEventWatcherSimNoDevice(t *testing.T) {
 	n, uuids := simNode(t)
 	w := startWatcher(t, n.NVML(), uuids...)
 	w.ready(t)
-	inject(t, n, `{"kind":"xid","gpu":-1,"xid":79}`)
+	simtest.Fault(t, n, http.MethodPost, `{"kind":"xid","gpu":-1,"xid":79}`)
 	if e := bounded(t, "event", w.events); e.UUID != "" || e.Data != 79 {
 		t.Fatalf("event %+v, want xid 79 without a device", e)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -93,22 +94,10 @@ func (w *watch) noFaults(t *testing.T) {
 	}
 }
 
-// waitFor polls cond (the fake's call log) until it holds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // waitersThenStep steps the fake clock by d once the watcher sleeps on it.
 func (w *watch) waitersThenStep(t *testing.T, d time.Duration) {
 	t.Helper()
-	waitFor(t, "the watcher to wait for its retry", w.clk.HasWaiters)
+	testutil.WaitFor(t, "the watcher to wait for its retry", w.clk.HasWaiters)
 	w.clk.Step(d)
 }
 
@@ -256,7 +245,7 @@ func TestEventWatcherWaitFailsAgain(t *testing.T) {
 	w := startWatcher(t, nvmlapi.Wrap(f), "GPU-0")
 	w.ready(t)
 	f.set(func() { f.waitRet = nvml.ERROR_UNKNOWN })
-	waitFor(t, "the retry wait", w.clk.HasWaiters)
+	testutil.WaitFor(t, "the retry wait", w.clk.HasWaiters)
 	if w.w.Listening() {
 		t.Error("listening while the event set fails")
 	}
@@ -280,7 +269,7 @@ func TestEventWatcherWaitGPULost(t *testing.T) {
 	w.ready(t)
 	f.set(func() { f.regRet["GPU-1"] = nvml.ERROR_GPU_IS_LOST })
 	f.current().fail <- nvml.ERROR_GPU_IS_LOST
-	waitFor(t, "set 1 freed", func() bool { return slices.Contains(f.calls(), "free 1") })
+	testutil.WaitFor(t, "set 1 freed", func() bool { return slices.Contains(f.calls(), "free 1") })
 	calls := f.calls()
 	for _, u := range []string{"GPU-0", "GPU-2"} {
 		if !slices.Contains(calls, regLine(2, u, EventTypes, nvml.SUCCESS)) {
@@ -292,7 +281,7 @@ func TestEventWatcherWaitGPULost(t *testing.T) {
 	}
 	f.set(func() { delete(f.regRet, "GPU-1") })
 	w.clk.Step(testRetry)
-	waitFor(t, "GPU-1 registered again", func() bool {
+	testutil.WaitFor(t, "GPU-1 registered again", func() bool {
 		return slices.Contains(f.calls(), regLine(2, "GPU-1", EventTypes, nvml.SUCCESS))
 	})
 	f.current().events <- xid(f.devs["GPU-1"], 79)

@@ -2,6 +2,7 @@ package nvmlowner
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 )
 
 func uuidsOf(targets []Target) []string {
@@ -85,7 +87,7 @@ func TestReadPreflightFaults(t *testing.T) {
 		`{"kind":"gpu-lost","gpu":6}`,
 		`{"kind":"old-driver","driverVersion":"525.147.05"}`,
 	} {
-		fault(t, node, f)
+		simtest.Fault(t, node, http.MethodPost, f)
 	}
 	got := o.ReadPreflight(context.Background(), uuidsOf(targets))
 	if g := got[0]; g.PCIeGen != ok(3) || g.PCIeWidth != ok(8) || g.PCIeMaxGen != ok(4) || g.PCIeMaxWidth != ok(16) {

@@ -3,6 +3,7 @@ package nvmlowner
 import (
 	"context"
 	"errors"
+	"net/http"
 	"reflect"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 )
 
 const mib = 1 << 20
@@ -116,7 +118,7 @@ func TestSamplerReadsProcesses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fault(t, node, `{"kind":"gpu-lost","gpu":1}`)
+	simtest.Fault(t, node, http.MethodPost, `{"kind":"gpu-lost","gpu":1}`)
 	snap = s.SampleNow(context.Background())
 	if g := snap.Samples[0]; len(g.Processes) != 1 || g.Processes[0].PID != gfx {
 		t.Errorf("gpu 0 after two kills: %+v, want only %d", g.Processes, gfx)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
@@ -130,8 +131,8 @@ func TestReleaseRebuildsEventSet(t *testing.T) {
 		t.Fatalf("%d sets while released, want 1", n)
 	}
 	resume()
-	waitFor(t, "a second event set", func() bool { return f.creates() == 2 })
-	waitFor(t, "GPU-0 registered on it", func() bool {
+	testutil.WaitFor(t, "a second event set", func() bool { return f.creates() == 2 })
+	testutil.WaitFor(t, "GPU-0 registered on it", func() bool {
 		return slices.Contains(f.calls(), regLine(2, "GPU-0", EventTypes, nvml.SUCCESS))
 	})
 	f.current().events <- xid(f.devs["GPU-0"], 48)

@@ -3,6 +3,7 @@ package nvmlowner
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -79,7 +81,7 @@ func TestSamplerReadsEveryGPU(t *testing.T) {
 
 func TestSamplerLostGPU(t *testing.T) {
 	node, _, s, _ := simSampler(t, "dgx-a100")
-	fault(t, node, `{"kind":"gpu-lost","gpu":2}`)
+	simtest.Fault(t, node, http.MethodPost, `{"kind":"gpu-lost","gpu":2}`)
 	snap := s.SampleNow(context.Background())
 	for i, smp := range snap.Samples {
 		if lost := smp.Lost(); lost != (i == 2) {
@@ -124,7 +126,7 @@ func TestSamplerHungGPU(t *testing.T) {
 
 func TestSamplerLibraryFailure(t *testing.T) {
 	node, _, s, _ := simSampler(t, "dgx-a100")
-	fault(t, node, `{"kind":"nvml-failure"}`)
+	simtest.Fault(t, node, http.MethodPost, `{"kind":"nvml-failure"}`)
 	snap := s.SampleNow(context.Background())
 	if snap.LibErr == nil {
 		t.Fatal("no library error while NVML fails")
@@ -241,10 +243,10 @@ func TestSamplerReadsClocksEventReasons(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node, _, s, _ := simSampler(t, "dgx-h100")
-			fault(t, node, `{"kind":"throttle","gpu":2,"reason":"hw-thermal-slowdown"}`)
-			fault(t, node, `{"kind":"throttle","gpu":2,"reason":"sw-power-cap"}`)
+			simtest.Fault(t, node, http.MethodPost, `{"kind":"throttle","gpu":2,"reason":"hw-thermal-slowdown"}`)
+			simtest.Fault(t, node, http.MethodPost, `{"kind":"throttle","gpu":2,"reason":"sw-power-cap"}`)
 			for _, f := range tc.faults {
-				fault(t, node, f)
+				simtest.Fault(t, node, http.MethodPost, f)
 			}
 			before := node.NVMLCalls()
 			snap := s.SampleNow(context.Background())

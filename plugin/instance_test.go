@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -53,7 +54,7 @@ func TestTwoInstancesOneDirectory(t *testing.T) {
 // a live one of ours, a dead one too new to be stale (its server may be
 // about to listen), other plugins' sockets and anything not a socket.
 func TestStaleSocketsRemoved(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t)
 	deadSocket := func(name string, age time.Duration) {
 		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -136,18 +137,6 @@ func dialPlugin(path string) *grpc.ClientConn {
 	return c
 }
 
-// shortTempDir keeps unix socket paths under the 108-byte limit, which
-// t.TempDir() paths with long test names exceed.
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "gna")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // testLogger writes to t.Log until the test's cleanup, and drops anything
 // logged later, so a late goroutine cannot panic the test binary.
 func testLogger(t testing.TB) *slog.Logger {
@@ -188,7 +177,7 @@ type testEnv struct {
 
 func newTestEnv(t testing.TB, opts Options) *testEnv {
 	t.Helper()
-	e := &testEnv{dir: shortTempDir(t), done: make(chan error, 1)}
+	e := &testEnv{dir: testutil.ShortTempDir(t), done: make(chan error, 1)}
 	e.kubelet = startFakeKubelet(t, e.dir, false)
 	opts.Dir = e.dir
 	if opts.Logger == nil {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -466,7 +467,7 @@ func startFakeKubeletAt(t *testing.T, path string) {
 // TestSyncBeforeRun covers an agent whose first Sync comes before Run and
 // before the device-plugin directory exists: Run starts the server then.
 func TestSyncBeforeRun(t *testing.T) {
-	dir := filepath.Join(shortTempDir(t), "dp")
+	dir := filepath.Join(testutil.ShortTempDir(t), "dp")
 	m, err := NewManager(Options{Dir: dir, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -683,7 +684,7 @@ func TestStoppedServerErrorsNameResource(t *testing.T) {
 		t.Fatal(err)
 	}
 	var gen atomic.Uint64
-	s := newServer(name, filepath.Join(shortTempDir(t), socketName(name, "")), &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
+	s := newServer(name, filepath.Join(testutil.ShortTempDir(t), socketName(name, "")), &fakeResource{name: name, devs: gpus(1)}, testLogger(t), m, &gen, gracePeriod)
 	if err := s.serve(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 )
 
 // recordHandler is a slog.Handler that keeps every record, with the
@@ -129,7 +131,7 @@ func TestNoKubeletLoggedOnce(t *testing.T) {
 		{name: "stale socket refuses, two resources", resources: []string{"nvidia.com/gpu", "rdma/ib"}, stale: true, attempts: 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := testutil.ShortTempDir(t)
 			kubeletSock := filepath.Join(dir, "kubelet.sock")
 			if tc.stale {
 				l, err := net.ListenUnix("unix", &net.UnixAddr{Name: kubeletSock, Net: "unix"})
@@ -235,7 +237,7 @@ func TestRegisterTellsAbsentKubeletFromFailingOne(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := testutil.ShortTempDir(t)
 			tc.setup(t, dir)
 			m, err := newMetrics(nil)
 			if err != nil {

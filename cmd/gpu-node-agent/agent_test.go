@@ -14,32 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
-
-// waitFor polls cond until it holds or the (generous) deadline passes; the
-// deadline only bounds a broken run, it asserts nothing about speed.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// shortTempDir keeps socket paths under the 107-byte sun_path limit.
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "gna")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 // TestDemo runs exactly what `make demo` runs, bounded, and checks the
 // inventory it prints.
@@ -87,13 +64,13 @@ func TestDemoFault(t *testing.T) {
 		code <- run([]string{"demo", "--exit-after=5m", "--recovery-period=1s", "--metrics-interval=200ms", "--sim-control-address=" + ctl, "--metrics-address=127.0.0.1:0"},
 			&stdout, &stderr, func(string) string { return "" })
 	}()
-	waitFor(t, "the first inventory", func() bool { return strings.Contains(stdout.String(), "NODE: fit") })
+	testutil.WaitFor(t, "the first inventory", func() bool { return strings.Contains(stdout.String(), "NODE: fit") })
 	// An XID is an event: one sent before the health monitor has registered
 	// its NVML event set is lost, as on real hardware. The first inventory
 	// can come before that on a loaded machine, so send it again until the
 	// inventory shows it (a repeat only restarts the 1 s recovery).
 	for i := 0; ; i++ {
-		simFault(t, ctl, "POST", `{"kind":"xid","gpu":3,"xid":79}`)
+		testutil.SimFault(t, ctl, "POST", `{"kind":"xid","gpu":3,"xid":79}`)
 		deadline := time.Now().Add(time.Second)
 		for time.Now().Before(deadline) && !strings.Contains(stdout.String(), "NODE: UNFIT") {
 			time.Sleep(20 * time.Millisecond)
@@ -111,15 +88,15 @@ func TestDemoFault(t *testing.T) {
 	before := simCalls(t, ctl)["GetFieldValues"]
 	// Two cycles' worth of field reads after the xid hold a whole cycle
 	// that started after it (every GPU read once per cycle).
-	waitFor(t, "a full sampling cycle after the xid", func() bool { return simCalls(t, ctl)["GetFieldValues"] >= before+16 })
-	simFault(t, ctl, "POST", `{"kind":"gpu-reset","gpu":3}`)
+	testutil.WaitFor(t, "a full sampling cycle after the xid", func() bool { return simCalls(t, ctl)["GetFieldValues"] >= before+16 })
+	testutil.SimFault(t, ctl, "POST", `{"kind":"gpu-reset","gpu":3}`)
 	faulty := regexp.MustCompile(`(?s)changed, now serving ===\nRESOURCE\s+DEVICES\s+HEALTHY\s+PER NUMA NODE\nnvidia\.com/gpu\s+6\s+5\s.*nvidia\.com/gpu\s+GPU-\S+\s+GPU 3\s+UNHEALTHY\s+0.*NODE: UNFIT\n  GPU-\S+: [^\n]*xid 79`)
 	fitAgain := regexp.MustCompile(`(?s)changed, now serving.*nvidia\.com/gpu\s+6\s+6\s.*NODE: fit`)
 	recovered := func(out string) bool {
 		loc := faulty.FindStringIndex(out)
 		return loc != nil && fitAgain.MatchString(out[loc[1]:])
 	}
-	waitFor(t, "an inventory with GPU 3 UNHEALTHY and the node UNFIT (xid 79), then one with every GPU healthy and the node fit again after the reset and the recovery period",
+	testutil.WaitFor(t, "an inventory with GPU 3 UNHEALTHY and the node UNFIT (xid 79), then one with every GPU healthy and the node fit again after the reset and the recovery period",
 		func() bool { return recovered(stdout.String()) })
 	// Stop the demo as Ctrl-C does: run's signal handler takes SIGINT and
 	// stops gracefully (no other test of this package runs beside this
@@ -150,7 +127,7 @@ func TestRunRejectsBadConfigBeforeServing(t *testing.T) {
 
 func TestRunUnknownProfile(t *testing.T) {
 	var stderr bytes.Buffer
-	code := run([]string{"--simulate", "dgx-h999", "--device-plugin-dir", shortTempDir(t), "--metrics-address="}, io.Discard, &stderr, func(string) string { return "" })
+	code := run([]string{"--simulate", "dgx-h999", "--device-plugin-dir", testutil.ShortTempDir(t), "--metrics-address="}, io.Discard, &stderr, func(string) string { return "" })
 	if code != 2 || !strings.Contains(stderr.String(), `simulate: unknown profile "dgx-h999" (known: dgx-1v, dgx-2, dgx-a100, dgx-b200, dgx-h100, dgx-h200, pcie-8gpu)`) {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}

@@ -41,23 +41,6 @@ func simCalls(t *testing.T, addr string) map[string]uint64 {
 	return calls
 }
 
-func simFault(t *testing.T, addr, method, body string) {
-	t.Helper()
-	req, err := http.NewRequest(method, "http://"+addr+"/faults", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("%s /faults %s: %s %s", method, body, resp.Status, b)
-	}
-}
-
 // TestBadSectionConfig: a bad value in each config section exits 2 before
 // anything is served, naming the field.
 func TestBadSectionConfig(t *testing.T) {

@@ -31,7 +31,7 @@ const e2eSentinelDir = "/var/run/gna-e2e-reboot"
 const rebootCondition = "GPURebootRequired"
 
 // slotPrefix and slotLabel are the fleet safeguard's slot Leases
-// (kubeapi.DefaultSlotPrefix, kubeapi.SlotLabel).
+// (safeguard.DefaultSlotPrefix, safeguard.SlotLabel).
 const (
 	slotPrefix = "gpu-node-agent-taint-slot"
 	slotLabel  = "gpu-node-agent.io/taint-slot"

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 )
 
 // Level-1 identities (flag -identity).
@@ -219,7 +220,7 @@ func (id *chartIdentity) waitInEffect(ctx context.Context, base *rest.Config, to
 	dry := []string{metav1.DryRunAll}
 	lease := func(holder string) error {
 		_, err := cl.CoordinationV1().Leases(id.leaseNS).Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: kubeapi.DefaultSlotPrefix + "-probe"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder},
+			ObjectMeta: metav1.ObjectMeta{Name: safeguard.DefaultSlotPrefix + "-probe"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder},
 		}, metav1.CreateOptions{DryRun: dry})
 		return err
 	}

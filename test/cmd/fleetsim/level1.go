@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -153,7 +154,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		return nil, err
 	}
 	logf("level 1: %d Nodes created in %s", o.nodes, time.Since(start).Round(time.Millisecond))
-	res := &level1Result{nodes: o.nodes, limit: kubeapi.SlotLimit(o.nodes, o.maxFraction), identity: o.identity}
+	res := &level1Result{nodes: o.nodes, limit: safeguard.Limit(o.nodes, o.maxFraction), identity: o.identity}
 	// agentREST is node i's rest.Config.
 	var agentREST func(i int, ctr *counter) *rest.Config
 	switch o.identity {
@@ -195,7 +196,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 	// No node selector, as the chart's default: the fleet is every Node of
 	// the cluster, which holds only level 1's Nodes while level 1 runs
 	// (level 2 creates its own after), and the agents learn its size from
-	// remainingItemCount (kubeapi.Slots.measure).
+	// remainingItemCount (safeguard.Slots.measure).
 	cfg := kubeapi.TaintConfig{MaxFraction: o.maxFraction, LeaseNamespace: res.leaseNS,
 		EventNamespace: res.eventNS, Resync: o.resync}
 	res.eventNS = cfg.WithDefaults().EventNamespace

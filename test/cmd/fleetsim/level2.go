@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -113,7 +114,7 @@ func runLevel2(ctx context.Context, c *cluster.Cluster, o options) (*level2Resul
 	if _, ok := obs.wait(ctx, 3*time.Minute, func(st *state) bool { return st.condIs(names, corev1.ConditionTrue) }); !ok {
 		return nil, fmt.Errorf("level 2: not every agent set %s=True within 3m (logs in %s)", conditionType, dir)
 	}
-	res := &level2Result{procs: o.procs, limit: kubeapi.SlotLimit(o.procs, o.maxFraction), startupTime: time.Since(start)}
+	res := &level2Result{procs: o.procs, limit: safeguard.Limit(o.procs, o.maxFraction), startupTime: time.Since(start)}
 	logf("level 2: %d agents up (condition True on every Node) in %s", o.procs, res.startupTime.Round(time.Millisecond))
 	// Let start-up writes (labels, conditions) finish before measuring.
 	time.Sleep(3 * time.Second)

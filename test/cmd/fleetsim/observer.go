@@ -7,14 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 )
 
 const (
@@ -51,7 +50,7 @@ func startObserver(ctx context.Context, c kubernetes.Interface, selector, leaseN
 	// holds kube-apiserver's identity Lease).
 	lf := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(leaseNS),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
-			lo.LabelSelector = kubeapi.SlotLabel + "=" + kubeapi.DefaultSlotPrefix
+			lo.LabelSelector = safeguard.SlotLabel + "=" + safeguard.DefaultSlotPrefix
 		}))
 	nodes := nf.Core().V1().Nodes().Informer()
 	leases := lf.Coordination().V1().Leases().Informer()

@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -147,7 +148,7 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k := kubeapi.SlotLimit(len(all.Items), 0.2); k != limit {
+	if k := safeguard.Limit(len(all.Items), 0.2); k != limit {
 		t.Fatalf("a cluster of %d Nodes has K = %d, want %d", len(all.Items), k, limit)
 	}
 
@@ -155,7 +156,7 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	granted, refused, again := map[string]int{}, map[string]int{}, map[requestShape]int{}
 	for rep := range repetitions {
 		probing := rep%2 == 1
-		cfg := kubeapi.SlotConfig{Namespace: ns, Prefix: fmt.Sprintf("slot-r%d", rep), MaxFraction: 0.2,
+		cfg := safeguard.Config{Namespace: ns, Prefix: fmt.Sprintf("slot-r%d", rep), MaxFraction: 0.2,
 			NodeSelector: "fleet=" + fleet, TaintKey: taintKey}.WithDefaults()
 		wantFleet := fleetSize
 		if probing {
@@ -166,8 +167,8 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 		}
 		type result struct {
 			agent    *slotAgent
-			slots    *kubeapi.Slots
-			decision kubeapi.Decision
+			slots    *safeguard.Slots
+			decision safeguard.Decision
 			reqs     []string
 			err      error
 		}
@@ -176,7 +177,7 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 		var wg sync.WaitGroup
 		for i, idx := range rand.Perm(fleetSize)[:faulting] {
 			a := agents[idx]
-			s := kubeapi.NewSlots(a.agent, a.meta, a.node, cfg, discard())
+			s := safeguard.New(a.agent, a.meta, a.node, cfg, discard())
 			if probing {
 				// As the tainter at start: nothing held (one LIST).
 				if err := s.Release(ctx); err != nil {
@@ -241,7 +242,7 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 		if n := countTainted(ctx, t, c.Client, fleet); n != len(holders) {
 			t.Errorf("repetition %d: %d fleet nodes tainted, want the %d holders", rep, n, len(holders))
 		}
-		leases, err := c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kubeapi.SlotLabel + "=" + cfg.Prefix})
+		leases, err := c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: safeguard.SlotLabel + "=" + cfg.Prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +286,7 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 				t.Fatalf("repetition %d: release %s: %v", rep, r.agent.node, err)
 			}
 		}
-		leases, err = c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kubeapi.SlotLabel + "=" + cfg.Prefix})
+		leases, err = c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: safeguard.SlotLabel + "=" + cfg.Prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,7 +355,7 @@ func countTainted(ctx context.Context, t *testing.T, c kubernetes.Interface, fle
 
 // TestSlotsFleetSizeCounted: with no node selector the real API server
 // tells the fleet size through remainingItemCount, so measuring it is one
-// metadata LIST of limit 1 however large the fleet (kubeapi.Slots.measure).
+// metadata LIST of limit 1 however large the fleet (safeguard.Slots.measure).
 func TestSlotsFleetSizeCounted(t *testing.T) {
 	t.Parallel()
 	const fleetSize, ns = 30, "gpu-node-agent-count"
@@ -388,17 +389,17 @@ func TestSlotsFleetSizeCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scfg := kubeapi.SlotConfig{Namespace: ns, MaxFraction: 0.2, TaintKey: taintKey}.WithDefaults()
+	scfg := safeguard.Config{Namespace: ns, MaxFraction: 0.2, TaintKey: taintKey}.WithDefaults()
 	if err := scfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s := kubeapi.NewSlots(clients.Core, clients.Meta, "count-00", scfg, discard())
+	s := safeguard.New(clients.Core, clients.Meta, "count-00", scfg, discard())
 	d, err := s.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := len(nodes.Items); d.Fleet != want || d.Limit != kubeapi.SlotLimit(want, 0.2) || !d.Held {
-		t.Errorf("decision %+v, want a slot of a fleet of %d (limit %d)", d, want, kubeapi.SlotLimit(want, 0.2))
+	if want := len(nodes.Items); d.Fleet != want || d.Limit != safeguard.Limit(want, 0.2) || !d.Held {
+		t.Errorf("decision %+v, want a slot of a fleet of %d (limit %d)", d, want, safeguard.Limit(want, 0.2))
 	}
 	mu.Lock()
 	defer mu.Unlock()

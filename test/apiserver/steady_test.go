@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"net/http"
@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -24,7 +26,7 @@ const steadyStateEnv = "GNA_STEADY_STATE"
 // and by gpu_node_agent_kube_api_writes_total; the Node's
 // resourceVersion does not move.
 //
-//	GNA_STEADY_STATE=10m go test -count=1 -timeout 20m -run TestRunSteadyStateWrites -v ./health/
+//	GNA_STEADY_STATE=10m go test -count=1 -timeout 20m -run TestRunSteadyStateWrites -v ./apiserver/
 func TestRunSteadyStateWrites(t *testing.T) {
 	t.Parallel()
 	period := 30 * time.Second
@@ -51,9 +53,9 @@ func TestRunSteadyStateWrites(t *testing.T) {
 	runTainter(t, tainter, h.mon)
 
 	// A row-remap failure lasts until cleared; the monitor keeps polling it.
-	simFault(t, h.node, http.MethodPost, `{"kind":"row-remap-failure","gpu":3}`)
+	simtest.Fault(t, h.node, http.MethodPost, `{"kind":"row-remap-failure","gpu":3}`)
 	// Initial condition True, then taint, condition False and the event.
-	waitFor(t, time.Minute, "taint, condition and event written", func() bool {
+	testutil.WaitForWithin(t, time.Minute, "taint, condition and event written", func() bool {
 		w := metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind")
 		return w["taint"] == 1 && w["condition"] == 2 && w["event"] == 1
 	})

@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
@@ -231,7 +232,7 @@ func (d *draCluster) publish(t *testing.T, p *dra.KubeletPlugin, devs []resource
 	t.Helper()
 	p.SetDevices(devs)
 	parts := dra.Split(devs)
-	waitFor(t, time.Minute, "the devices to reach the API server", func() bool {
+	testutil.WaitForWithin(t, time.Minute, "the devices to reach the API server", func() bool {
 		stored := d.nodeSlices(t, draNodeA, dra.DriverName)
 		if len(stored) != len(parts) {
 			return false

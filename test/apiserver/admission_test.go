@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -32,7 +34,7 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	runTainter(t, tainter, h.mon)
-	waitFor(t, 30*time.Second, "GPUHealthy=True at start", func() bool { return conditionIs(getNode(t, c.Client, name), corev1.ConditionTrue) })
+	testutil.WaitForWithin(t, 30*time.Second, "GPUHealthy=True at start", func() bool { return conditionIs(getNode(t, c.Client, name), corev1.ConditionTrue) })
 
 	if err := c.StopAPIServer(); err != nil {
 		// The tainter's informer holds a watch open, which can keep
@@ -46,9 +48,9 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 	counter.reset()
 	// A row-remap failure lasts until cleared, however long the outage.
 	gpu := h.gpu(4)
-	simFault(t, h.node, http.MethodPost, `{"kind":"row-remap-failure","gpu":4}`)
-	waitFor(t, 30*time.Second, "the monitor to record the fault", func() bool { return !h.mon.Healthy(gpu) })
-	waitFor(t, 30*time.Second, "the tainter to fail against the stopped API server", func() bool { return counter.errorCount() > 0 })
+	simtest.Fault(t, h.node, http.MethodPost, `{"kind":"row-remap-failure","gpu":4}`)
+	testutil.WaitForWithin(t, 30*time.Second, "the monitor to record the fault", func() bool { return !h.mon.Healthy(gpu) })
+	testutil.WaitForWithin(t, 30*time.Second, "the tainter to fail against the stopped API server", func() bool { return counter.errorCount() > 0 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -57,7 +59,7 @@ func TestRunAPIServerRestartMidFault(t *testing.T) {
 		t.Fatalf("restart kube-apiserver: %v", err)
 	}
 	ready := time.Now()
-	waitFor(t, time.Minute, "the taint after the restart", func() bool {
+	testutil.WaitForWithin(t, time.Minute, "the taint after the restart", func() bool {
 		n := getNode(t, c.Client, name)
 		return tainted(n) && conditionIs(n, corev1.ConditionFalse)
 	})

@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
@@ -96,7 +97,7 @@ func TestLabelsSurviveAgentRestartWithNVMLError(t *testing.T) {
 			}
 
 			first, _ := start()
-			waitFor(t, time.Minute, "the first agent's labels on the node", func() bool {
+			testutil.WaitForWithin(t, time.Minute, "the first agent's labels on the node", func() bool {
 				return getNode(t, c.Client, tc.node).Labels["nvidia.com/gpu.product"] != ""
 			})
 			if err := first.Stop(10 * time.Second); err != nil {
@@ -112,7 +113,7 @@ func TestLabelsSurviveAgentRestartWithNVMLError(t *testing.T) {
 
 			// The restart, NVML failing from the start.
 			second, control := start("--sim-faults", tc.simFaults)
-			waitFor(t, time.Minute, "the restarted agent's discovery on the failing NVML", func() bool {
+			testutil.WaitForWithin(t, time.Minute, "the restarted agent's discovery on the failing NVML", func() bool {
 				return strings.Contains(second.Output(), tc.failing)
 			})
 			// Rescans (every 300ms) on the failing NVML: the labeler, whose
@@ -120,13 +121,13 @@ func TestLabelsSurviveAgentRestartWithNVMLError(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			base := nvmlCalls(ctx, t, control, tc.discoveryCall)
-			waitFor(t, time.Minute, "three more discoveries on the failing NVML", func() bool {
+			testutil.WaitForWithin(t, time.Minute, "three more discoveries on the failing NVML", func() bool {
 				return nvmlCalls(ctx, t, control, tc.discoveryCall) >= base+3
 			})
 			if err := control.ClearFault(ctx, tc.fault); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, time.Minute, "the restarted agent's first complete discovery", func() bool {
+			testutil.WaitForWithin(t, time.Minute, "the restarted agent's first complete discovery", func() bool {
 				return strings.Contains(second.Output(), tc.recovered)
 			})
 
@@ -139,7 +140,7 @@ func TestLabelsSurviveAgentRestartWithNVMLError(t *testing.T) {
 			if _, err := c.Client.CoreV1().Nodes().Patch(ctx, tc.node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, time.Minute, "the agent to put "+removed+" back", func() bool {
+			testutil.WaitForWithin(t, time.Minute, "the agent to put "+removed+" back", func() bool {
 				return getNode(t, c.Client, tc.node).Labels[removed] != ""
 			})
 			updates := rec.stop(t, getNode(t, c.Client, tc.node).ResourceVersion)

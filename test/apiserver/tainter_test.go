@@ -2,7 +2,7 @@
 // real kube-apiserver (with etcd, Node and RBAC authorization) instead of
 // client-go's fake clientset: strategic-merge and JSON patches, conflicts,
 // condition and event validation are the API server's own.
-package health
+package apiserver
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package kubeapi
+package safeguard
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 // prefix, so that one LIST with a label selector reads all slots.
 const SlotLabel = "gpu-node-agent.io/taint-slot"
 
-// Defaults of SlotConfig.
+// Defaults of Config.
 const (
 	DefaultSlotPrefix        = "gpu-node-agent-taint-slot"
 	DefaultSlotLeaseDuration = 15 * time.Minute
@@ -78,15 +78,15 @@ const retrySpread = 50 * time.Millisecond
 // not write its taint.
 var ErrNotHeld = errors.New("taint slot not held")
 
-// SlotConfig configures the taint slots.
-type SlotConfig struct {
+// Config configures the taint slots.
+type Config struct {
 	// Namespace holds the slot Leases (required).
 	Namespace string
 	// Prefix names the slots: Leases <Prefix>-0 .. <Prefix>-(K-1).
 	// Default DefaultSlotPrefix.
 	Prefix string
 	// MaxFraction is the fraction of the fleet that may be tainted; see
-	// SlotLimit for the rounding. 1 or more disables the safeguard.
+	// Limit for the rounding. 1 or more disables the safeguard.
 	MaxFraction float64
 	// NodeSelector is the label selector of the fleet ("" = all Nodes).
 	NodeSelector string
@@ -102,7 +102,7 @@ type SlotConfig struct {
 }
 
 // WithDefaults returns c with unset fields defaulted.
-func (c SlotConfig) WithDefaults() SlotConfig {
+func (c Config) WithDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = DefaultSlotPrefix
 	}
@@ -116,7 +116,7 @@ func (c SlotConfig) WithDefaults() SlotConfig {
 }
 
 // Validate checks c (after WithDefaults) and returns every problem.
-func (c SlotConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	for _, msg := range validation.IsDNS1123Label(c.Namespace) {
 		errs = append(errs, fmt.Errorf("slots namespace %q: %s", c.Namespace, msg))
@@ -148,16 +148,16 @@ func (c SlotConfig) Validate() error {
 
 // Disabled says whether MaxFraction lets the whole fleet be tainted, in
 // which case Slots makes no requests.
-func (c SlotConfig) Disabled() bool { return c.MaxFraction >= 1 }
+func (c Config) Disabled() bool { return c.MaxFraction >= 1 }
 
-// SlotLimit is K, the number of slots for a fleet of n nodes:
+// Limit is K, the number of slots for a fleet of n nodes:
 // max(1, floor(maxFraction*n + 1e-9)). It rounds down, so the fraction is
 // never exceeded (n=7, f=0.3: 2.1 -> 2), except that one node may always
 // be tainted so a small fleet still protects itself (n=4, f=0.2: 0.8 ->
 // 1). The 1e-9 absorbs binary floating point error where the product is
 // a whole number (n=40, f=0.2: 8.000000000000002 or 7.999999999999999 ->
 // 8).
-func SlotLimit(n int, maxFraction float64) int {
+func Limit(n int, maxFraction float64) int {
 	return max(1, int(math.Floor(maxFraction*float64(n)+1e-9)))
 }
 
@@ -176,97 +176,20 @@ type Decision struct {
 	Occupied int
 }
 
-// Slots is the fleet safeguard that cannot fail open: one node's view of
-// the taint slots.
-//
-// At most K nodes of a fleet may carry the agent's taint, so that a fault
-// common to many nodes (a bad driver rollout, a fabric outage) cannot
-// cordon the whole fleet. A check-then-act count ("list the nodes, count
-// the tainted ones, then taint") does not hold the limit: nodes faulting
-// together all read the same count and all taint. Slots make the limit a
-// property of the API server's own atomic operations instead.
-//
-// A node may carry the taint only while it holds one of K slots. Slot i is
-// the coordination.k8s.io/v1 Lease <prefix>-<i> in one namespace, i in
-// [0,K), with spec.holderIdentity the node's name and renewTime plus
-// leaseDurationSeconds saying how long the claim lasts. Every slot Lease
-// carries the label SlotLabel=<prefix>, so one LIST reads them all.
-//
-// A slot is occupied while its Lease is unexpired (renewTime +
-// leaseDurationSeconds is in the future), or while the Node named by its
-// holder still carries the taint key. It is free when the Lease is absent,
-// or when the Lease has expired and its holder's Node has no taint with
-// the key (or no longer exists). A free slot is taken atomically: an
-// absent one by Create (create-if-absent: AlreadyExists means another node
-// won it), a present one by Update with the resourceVersion just read (a
-// Conflict means another node won it, or the holder renewed).
-//
-// Why this cannot fail open:
-//   - Two nodes can never both take the same slot: Create and
-//     resourceVersion-guarded Update are compare-and-swap operations in
-//     etcd, so of any number of racing writers exactly one wins.
-//   - A holder writes its taint only right after a successful renew (or
-//     the Create/Update that took the slot). From then on the slot is
-//     occupied twice over: by the unexpired Lease until the taint is on
-//     the Node, and by the taint itself afterwards. So an agent that dies
-//     while its node is tainted keeps its slot: its Lease expires but its
-//     Node stays tainted, and the slot stays occupied until someone
-//     removes the taint.
-//   - A takeover races a holder's renew safely: the taker read the Lease
-//     at resourceVersion r and saw it expired and the holder untainted; a
-//     holder about to taint first renews, moving the Lease past r, so the
-//     taker's Update conflicts. If the taker's Update lands first, the
-//     holder's renew conflicts and it does not taint.
-//
-// Assumptions: node clocks agree to well within the Lease duration, and a
-// taint write follows its renew by well under the Lease duration. A node
-// tainted by something other than a slot holder does not count. When the
-// fleet shrinks, K shrinks but holders keep their slots (even at an index
-// at or above the new K): the limit governs new taints, it never untaints.
-//
-// The fleet size N is measured with a paged, metadata-only LIST of the
-// selected Nodes, and every slot Lease this node writes records the size
-// it used and when that was measured (FleetSizeAnnotation,
-// FleetSizeMeasuredAtAnnotation; a size adopted from others keeps its
-// original measuring time, so copying never makes a size fresher). K is
-// only ever computed from a fresh size, one measured less than
-// FleetSizeTTL ago: this node's own (measured or adopted), or, when
-// recordQuorum distinct holders recorded fresh sizes on the Leases just
-// listed, the smallest of those. Taking the smallest fresh size errs
-// towards refusing: a fleet that grew within FleetSizeTTL is counted at
-// its older size, as a cached size always was.
-//
-// Refusing needs no fresh size, since a refusal can never exceed the
-// limit: when no fresh size is known, Acquire takes the largest size it
-// knows of any age (its own, or recorded on any Lease) and, if the
-// unexpired Leases alone occupy every slot under that size's K, refuses
-// without measuring. Such a refusal is wrong only if the fleet grew since
-// that size was measured, so it is made at most once in a row: the next
-// Acquire that still finds no fresh size measures.
-//
-// Request economy (at 7,500 nodes, 1,500 may fault at once): a node that
-// knows it holds no slot first creates up to probeSlots random slots
-// blind (see probe), so a node that finds a free slot reads no Lease; a
-// node whose probes miss, or that does not know what it holds, makes one
-// LIST of the slot Leases; a holder then renews with one PUT. A node
-// refused because all K slots are occupied makes no write, and its only
-// other reads are a GET of the holder's Node for each expired Lease under
-// K and, at most once per FleetSizeTTL and only when neither its own
-// cache nor the Leases hold a fresh size, the measurement of N. An
-// Acquire without a fresh size of its own first waits a random delay of
-// up to coldSpread, so that of many nodes faulting at one instant only
-// the first few measure and the rest find their records; a node that
-// lost every race waits up to retrySpread before listing again. Nothing
-// watches all Nodes.
+// Slots is one node's view of the taint slots: the node may carry the
+// taint only while it holds one of K slot Leases, taken by Create or by a
+// resourceVersion-guarded Update, so the limit rests on the API server's
+// own compare-and-swap, never on a count read earlier. Why this cannot
+// fail open, and what it reads from the API server, is in docs/fleet.md.
 //
 // Its methods are safe for concurrent use but meant for one caller (the
-// tainter): Acquire (or Allow) before adding the taint, Renew right before
-// any later taint write, Release once the taint is removed.
+// tainter, or Shared): Acquire (or Allow) before adding the taint, Renew
+// right before any later taint write, Release once the taint is removed.
 type Slots struct {
 	client kubernetes.Interface
 	meta   metadata.Interface
 	node   string
-	cfg    SlotConfig
+	cfg    Config
 	log    *slog.Logger
 
 	// now, randIntN, jitter and sleep are the clock, random sources and
@@ -295,13 +218,33 @@ type Slots struct {
 	refused bool
 }
 
-// NewSlots returns the slots of node. cfg is used with its defaults
-// applied; validate it first (SlotConfig.Validate). meta reads the fleet
+// New returns the slots of node. cfg is used with its defaults
+// applied; validate it first (Config.Validate). meta reads the fleet
 // size (metadata only); it may be nil when the safeguard is off.
-func NewSlots(client kubernetes.Interface, meta metadata.Interface, node string, cfg SlotConfig, log *slog.Logger) *Slots {
-	return &Slots{
+func New(client kubernetes.Interface, meta metadata.Interface, node string, cfg Config, log *slog.Logger, opts ...Option) *Slots {
+	s := &Slots{
 		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
 		now: time.Now, randIntN: rand.IntN, jitter: randJitter, sleep: sleepCtx,
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Option changes how Slots keeps time.
+type Option func(*Slots)
+
+// WithClock makes now the clock of Lease times and fleet-size ages.
+func WithClock(now func() time.Time) Option { return func(s *Slots) { s.now = now } }
+
+// WithoutSpread drops the random delays that spread nodes faulting at one
+// instant (coldSpread, retrySpread): for a single node, and for tests
+// that must not wait.
+func WithoutSpread() Option {
+	return func(s *Slots) {
+		s.jitter = func(time.Duration) time.Duration { return 0 }
+		s.sleep = func(context.Context, time.Duration) error { return nil }
 	}
 }
 
@@ -446,7 +389,7 @@ func (s *Slots) probe(ctx context.Context) (Decision, error) {
 		}
 	}
 	s.staleRefused = false
-	k := SlotLimit(n, s.cfg.MaxFraction)
+	k := Limit(n, s.cfg.MaxFraction)
 	d := Decision{Slot: -1, Limit: k, Fleet: n}
 	for i, idx := range s.probeIndices(k) {
 		won, err := s.take(ctx, slotState{index: idx})
@@ -603,7 +546,7 @@ func (s *Slots) free(ctx context.Context, slots []slotState) (Decision, []slotSt
 		}
 	}
 	s.staleRefused = false
-	k := SlotLimit(n, s.cfg.MaxFraction)
+	k := Limit(n, s.cfg.MaxFraction)
 	d := Decision{Slot: -1, Limit: k, Fleet: n}
 	byIndex := map[int]*coordinationv1.Lease{}
 	for _, sl := range slots {
@@ -910,7 +853,7 @@ func (s *Slots) staleRefusal(slots []slotState) (Decision, bool) {
 	if n <= 0 {
 		return Decision{Slot: -1}, false
 	}
-	k := SlotLimit(n, s.cfg.MaxFraction)
+	k := Limit(n, s.cfg.MaxFraction)
 	d := Decision{Slot: -1, Limit: k, Fleet: n}
 	for _, sl := range slots {
 		if sl.index < k && sl.lease != nil && !s.expired(sl.lease) {

@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -19,7 +19,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -171,7 +173,7 @@ func TestFleetSafeguardUnderConcurrency(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if k := kubeapi.SlotLimit(fleetSize, cfg.MaxFraction); k != limit {
+	if k := safeguard.Limit(fleetSize, cfg.MaxFraction); k != limit {
 		t.Fatalf("SlotLimit(%d, %g) = %d, want %d", fleetSize, cfg.MaxFraction, k, limit)
 	}
 	agents := make([]*fleetAgent, fleetSize)
@@ -193,7 +195,7 @@ func TestFleetSafeguardUnderConcurrency(t *testing.T) {
 		runTainter(t, tainter, a.health)
 		agents[i] = a
 	}
-	waitFor(t, time.Minute, "every agent's first GPUHealthy=True", func() bool {
+	testutil.WaitForWithin(t, time.Minute, "every agent's first GPUHealthy=True", func() bool {
 		_, cond, _ := fleetNodes.read()
 		for _, a := range agents {
 			if cond[a.name] != corev1.ConditionTrue {
@@ -216,7 +218,7 @@ func TestFleetSafeguardUnderConcurrency(t *testing.T) {
 		}
 		// Every faulted agent has decided: its condition is False and
 		// it carries the taint or its safeguard refused it.
-		waitFor(t, time.Minute, fmt.Sprintf("repetition %d: every faulted agent tainted or refused", rep), func() bool {
+		testutil.WaitForWithin(t, time.Minute, fmt.Sprintf("repetition %d: every faulted agent tainted or refused", rep), func() bool {
 			tainted, cond, _ := fleetNodes.read()
 			for _, a := range faulted {
 				if cond[a.name] != corev1.ConditionFalse {
@@ -246,7 +248,7 @@ func TestFleetSafeguardUnderConcurrency(t *testing.T) {
 		for _, a := range faulted {
 			a.health.set(health.Fitness{Fit: true})
 		}
-		waitFor(t, time.Minute, fmt.Sprintf("repetition %d: every taint and slot Lease gone", rep), func() bool {
+		testutil.WaitForWithin(t, time.Minute, fmt.Sprintf("repetition %d: every taint and slot Lease gone", rep), func() bool {
 			tainted, cond, _ := fleetNodes.read()
 			for _, a := range faulted {
 				if cond[a.name] != corev1.ConditionTrue {
@@ -256,7 +258,7 @@ func TestFleetSafeguardUnderConcurrency(t *testing.T) {
 			if len(tainted) > 0 {
 				return false
 			}
-			leases, err := c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kubeapi.SlotLabel})
+			leases, err := c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: safeguard.SlotLabel})
 			return err == nil && len(leases.Items) == 0
 		})
 	}

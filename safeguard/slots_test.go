@@ -1,4 +1,4 @@
-package kubeapi
+package safeguard
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -53,7 +54,7 @@ type slotFixture struct {
 
 // newSlotFixture builds nodes fleet-0..fleet-(n-1) (labelled fleet=a, plus
 // slotSelf when inFleet), taints the named ones, and creates leases.
-func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, leases []slotLease, cfg SlotConfig) *slotFixture {
+func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, leases []slotLease, cfg Config) *slotFixture {
 	t.Helper()
 	var objs []runtime.Object
 	var metas []runtime.Object
@@ -100,7 +101,7 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	f.slots = NewSlots(f.client, f.meta, slotSelf, cfg, slotTestLog())
+	f.slots = New(f.client, f.meta, slotSelf, cfg, slotTestLog())
 	f.slots.now = func() time.Time { return f.now }
 	f.slots.randIntN = func(int) int { return 0 }
 	f.slots.jitter = func(max time.Duration) time.Duration { return max / 2 }
@@ -152,7 +153,7 @@ func (f *slotFixture) lease(t *testing.T, i int) *coordinationv1.Lease {
 	return l
 }
 
-func TestSlotLimit(t *testing.T) {
+func TestLimit(t *testing.T) {
 	tests := []struct {
 		name string
 		n    int
@@ -169,8 +170,8 @@ func TestSlotLimit(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := SlotLimit(tc.n, tc.f); got != tc.want {
-				t.Errorf("SlotLimit(%d, %g) = %d, want %d", tc.n, tc.f, got, tc.want)
+			if got := Limit(tc.n, tc.f); got != tc.want {
+				t.Errorf("Limit(%d, %g) = %d, want %d", tc.n, tc.f, got, tc.want)
 			}
 		})
 	}
@@ -270,7 +271,7 @@ func TestSlotsAcquire(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newSlotFixture(t, tc.fleet, tc.selfInFleet, tc.tainted, tc.leases, SlotConfig{MaxFraction: tc.maxFraction})
+			f := newSlotFixture(t, tc.fleet, tc.selfInFleet, tc.tainted, tc.leases, Config{MaxFraction: tc.maxFraction})
 			got, err := f.slots.Acquire(context.Background())
 			if err != nil {
 				t.Fatalf("acquire: %v", err)
@@ -424,7 +425,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newSlotFixture(t, tc.fleet, true, nil, tc.leases, SlotConfig{MaxFraction: tc.maxFraction})
+			f := newSlotFixture(t, tc.fleet, true, nil, tc.leases, Config{MaxFraction: tc.maxFraction})
 			for _, r := range tc.records {
 				f.record(t, r.index, r.size, r.ago)
 			}
@@ -458,7 +459,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 // next Acquire that still finds no fresh size measures, and grants on the
 // measured size if the fleet grew.
 func TestSlotsStaleRefusalOnce(t *testing.T) {
-	f := newSlotFixture(t, 19, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 19, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, Config{MaxFraction: 0.2})
 	f.record(t, 0, 10, time.Hour)
 	f.record(t, 1, 10, time.Hour)
 	ctx := context.Background()
@@ -487,7 +488,7 @@ func TestSlotsStaleRefusalOnce(t *testing.T) {
 // TestSlotsRenewRecordsSize: a renew records this node's size on its
 // Lease, but keeps a record measured later (a previous run's).
 func TestSlotsRenewRecordsSize(t *testing.T) {
-	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, slotSelf, time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, slotSelf, time.Minute}}, Config{MaxFraction: 0.2})
 	ctx := context.Background()
 	f.record(t, 0, 7, time.Minute)
 	f.slots.fleet, f.slots.fleetAt = 4, slotT0.Add(-2*time.Minute)
@@ -535,19 +536,19 @@ func TestSlotsNeverBeyondK(t *testing.T) {
 				Spec: coordinationv1.LeaseSpec{HolderIdentity: new("liar"), LeaseDurationSeconds: new(int32(900)),
 					AcquireTime: &at, RenewTime: &at},
 			})
-			client := newFake(t, objs...)
+			client := kubeapitest.NewVersioned(t, objs...)
 			scheme := metadatafake.NewTestScheme()
 			if err := metav1.AddMetaToScheme(scheme); err != nil {
 				t.Fatal(err)
 			}
 			meta := metadatafake.NewSimpleMetadataClient(scheme, metas...)
-			cfg := SlotConfig{Namespace: slotNS, MaxFraction: 0.2, TaintKey: slotTaint, NodeSelector: "fleet=a"}
+			cfg := Config{Namespace: slotNS, MaxFraction: 0.2, TaintKey: slotTaint, NodeSelector: "fleet=a"}
 			decisions := make([]Decision, faulting)
 			errs := make([]error, faulting)
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for i := range faulting {
-				s := NewSlots(client, meta, fmt.Sprintf("fleet-%d", i), cfg, slotTestLog())
+				s := New(client, meta, fmt.Sprintf("fleet-%d", i), cfg, slotTestLog())
 				s.now = func() time.Time { return slotT0 }
 				s.sleep = func(context.Context, time.Duration) error { return nil }
 				wg.Go(func() {
@@ -595,7 +596,7 @@ func sameCounts(got, want map[string]int) bool {
 // TestSlotsTakeoverBumpsTransitions: a takeover is a new holder, so
 // leaseTransitions counts it (as client-go's leader election does).
 func TestSlotsTakeoverBumpsTransitions(t *testing.T) {
-	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Hour}}, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Hour}}, Config{MaxFraction: 0.2})
 	if d, err := f.slots.Acquire(context.Background()); err != nil || !d.Held {
 		t.Fatalf("acquire = %+v, %v; want held", d, err)
 	}
@@ -608,7 +609,7 @@ func TestSlotsTakeoverBumpsTransitions(t *testing.T) {
 // TestSlotsLostRaceRelistsOnce: when another node creates the slot first,
 // Acquire lists once more, sees it occupied and refuses.
 func TestSlotsLostRaceRelistsOnce(t *testing.T) {
-	f := newSlotFixture(t, 3, true, nil, nil, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 3, true, nil, nil, Config{MaxFraction: 0.2})
 	f.client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
 		l.Spec.HolderIdentity = new("fleet-2")
@@ -635,7 +636,7 @@ func TestSlotsLostRaceRelistsOnce(t *testing.T) {
 // before a taint write, released after the taint is removed; then Renew
 // refuses and Release makes no request.
 func TestSlotsRenewRelease(t *testing.T) {
-	f := newSlotFixture(t, 3, true, nil, nil, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 3, true, nil, nil, Config{MaxFraction: 0.2})
 	ctx := context.Background()
 	if err := f.slots.Renew(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("renew before acquire: %v, want ErrNotHeld", err)
@@ -679,7 +680,7 @@ func TestSlotsRenewRelease(t *testing.T) {
 // TestSlotsRenewTakenOver: when the renew conflicts because another node
 // took the slot over, Renew says ErrNotHeld (do not taint).
 func TestSlotsRenewTakenOver(t *testing.T) {
-	f := newSlotFixture(t, 3, true, nil, nil, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 3, true, nil, nil, Config{MaxFraction: 0.2})
 	ctx := context.Background()
 	if d, err := f.slots.Acquire(ctx); err != nil || !d.Held {
 		t.Fatalf("acquire = %+v, %v; want held", d, err)
@@ -707,7 +708,7 @@ func TestSlotsRenewTakenOver(t *testing.T) {
 // run held with one LIST and deletes it; Releases after that make no
 // requests.
 func TestSlotsReleaseAfterRestart(t *testing.T) {
-	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {2, slotSelf, time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {2, slotSelf, time.Minute}}, Config{MaxFraction: 0.2})
 	ctx := context.Background()
 	for range 2 {
 		if err := f.slots.Release(ctx); err != nil {
@@ -730,7 +731,7 @@ func TestSlotsReleaseAfterRestart(t *testing.T) {
 // TestSlotsFleetSizeCached: refused Acquires reuse the fleet size for
 // FleetSizeTTL, then measure it again, following continue tokens.
 func TestSlotsFleetSizeCached(t *testing.T) {
-	f := newSlotFixture(t, 9, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, SlotConfig{MaxFraction: 0.2})
+	f := newSlotFixture(t, 9, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, Config{MaxFraction: 0.2})
 	ctx := context.Background()
 	for range 3 {
 		if d, err := f.slots.Acquire(ctx); err != nil || d.Held || d.Fleet != 10 {
@@ -764,21 +765,21 @@ func TestSlotsFleetSizeCached(t *testing.T) {
 	}
 }
 
-func TestSlotConfigValidate(t *testing.T) {
-	good := SlotConfig{Namespace: slotNS, MaxFraction: 0.2, TaintKey: slotTaint, NodeSelector: "fleet=a"}
+func TestConfigValidate(t *testing.T) {
+	good := Config{Namespace: slotNS, MaxFraction: 0.2, TaintKey: slotTaint, NodeSelector: "fleet=a"}
 	tests := []struct {
 		name    string
-		mutate  func(*SlotConfig)
+		mutate  func(*Config)
 		wantErr string
 	}{
-		{"defaults are valid", func(*SlotConfig) {}, ""},
-		{"namespace required", func(c *SlotConfig) { c.Namespace = "" }, "namespace"},
-		{"prefix must name leases", func(c *SlotConfig) { c.Prefix = "Bad_Prefix" }, "prefix"},
-		{"maxFraction must be positive", func(c *SlotConfig) { c.MaxFraction = 0 }, "maxFraction"},
-		{"bad selector", func(c *SlotConfig) { c.NodeSelector = "a in (" }, "nodeSelector"},
-		{"lease duration at least 1s", func(c *SlotConfig) { c.LeaseDuration = time.Millisecond }, "leaseDuration"},
-		{"taint key required", func(c *SlotConfig) { c.TaintKey = "" }, "taintKey"},
-		{"fleet size TTL positive", func(c *SlotConfig) { c.FleetSizeTTL = -time.Second }, "fleetSizeTTL"},
+		{"defaults are valid", func(*Config) {}, ""},
+		{"namespace required", func(c *Config) { c.Namespace = "" }, "namespace"},
+		{"prefix must name leases", func(c *Config) { c.Prefix = "Bad_Prefix" }, "prefix"},
+		{"maxFraction must be positive", func(c *Config) { c.MaxFraction = 0 }, "maxFraction"},
+		{"bad selector", func(c *Config) { c.NodeSelector = "a in (" }, "nodeSelector"},
+		{"lease duration at least 1s", func(c *Config) { c.LeaseDuration = time.Millisecond }, "leaseDuration"},
+		{"taint key required", func(c *Config) { c.TaintKey = "" }, "taintKey"},
+		{"fleet size TTL positive", func(c *Config) { c.FleetSizeTTL = -time.Second }, "fleetSizeTTL"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -908,8 +909,8 @@ func TestSlotsMeasureCount(t *testing.T) {
 				limits = append(limits, o.Limit)
 				return tc.serve(o), nil
 			})
-			cfg := SlotConfig{Namespace: slotNS, TaintKey: slotTaint, MaxFraction: 0.2, NodeSelector: tc.selector}
-			s := NewSlots(fake.NewClientset(), meta, slotSelf, cfg, slotTestLog())
+			cfg := Config{Namespace: slotNS, TaintKey: slotTaint, MaxFraction: 0.2, NodeSelector: tc.selector}
+			s := New(fake.NewClientset(), meta, slotSelf, cfg, slotTestLog())
 			n, err := s.measure(t.Context())
 			if err != nil {
 				t.Fatal(err)
@@ -1014,7 +1015,7 @@ func TestSlotsProbe(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newSlotFixture(t, tc.fleet, true, tc.tainted, tc.leases, SlotConfig{MaxFraction: 0.2})
+			f := newSlotFixture(t, tc.fleet, true, tc.tainted, tc.leases, Config{MaxFraction: 0.2})
 			if tc.noSelector {
 				f.slots.cfg.NodeSelector = ""
 			}

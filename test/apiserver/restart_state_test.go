@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -17,7 +17,9 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -62,11 +64,11 @@ func TestRunTaintSurvivesAgentRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			stopTainter := runTainter(t, tainter, first.mon)
-			simFault(t, simNode, http.MethodPost, fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":79}`, gpuIndex))
+			simtest.Fault(t, simNode, http.MethodPost, fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":79}`, gpuIndex))
 			// Both causes (the XID and the driver's reset request, read by
 			// the sampler) on the Node, so the state file holds both.
 			first.awaitResetRequested(t)
-			waitFor(t, 30*time.Second, "the node tainted with GPUHealthy=False naming both causes", func() bool {
+			testutil.WaitForWithin(t, 30*time.Second, "the node tainted with GPUHealthy=False naming both causes", func() bool {
 				n := getNode(t, c.Client, tc.node)
 				cond := condition(n, "GPUHealthy")
 				f := first.mon.Fitness()
@@ -89,7 +91,7 @@ func TestRunTaintSurvivesAgentRestart(t *testing.T) {
 			// The second reconcile (the informer resyncs every 200ms)
 			// starts after the first one (on the restored state alone) has
 			// finished.
-			waitFor(t, 30*time.Second, "the new tainter's first reconcile", func() bool {
+			testutil.WaitForWithin(t, 30*time.Second, "the new tainter's first reconcile", func() bool {
 				return src.reconciles() >= 2
 			})
 			second.start(t)
@@ -98,7 +100,7 @@ func TestRunTaintSurvivesAgentRestart(t *testing.T) {
 			// after it.
 			second.awaitResetRequested(t)
 			base := src.reconciles()
-			waitFor(t, 30*time.Second, "a reconcile after the new monitor's sampling cycle", func() bool {
+			testutil.WaitForWithin(t, 30*time.Second, "a reconcile after the new monitor's sampling cycle", func() bool {
 				return src.reconciles() >= base+2
 			})
 			updates := rec.stop(t, getNode(t, c.Client, tc.node).ResourceVersion)
@@ -127,14 +129,14 @@ func TestRunTaintSurvivesAgentRestart(t *testing.T) {
 					t.Errorf("without a state dir the restart left the taint on all %d updates: the negative control shows nothing", len(updates))
 				}
 				// The sampler reads the reset request again: the taint comes back.
-				waitFor(t, 30*time.Second, "the taint back once the new monitor has sampled the GPU", func() bool {
+				testutil.WaitForWithin(t, 30*time.Second, "the taint back once the new monitor has sampled the GPU", func() bool {
 					return tainted(getNode(t, c.Client, tc.node))
 				})
 			}
 
 			// Still held: only a reset ends it.
 			second.heldThenReset(t, gpuIndex, recovery)
-			waitFor(t, 30*time.Second+recovery, "the taint removed after the GPU reset", func() bool {
+			testutil.WaitForWithin(t, 30*time.Second+recovery, "the taint removed after the GPU reset", func() bool {
 				n := getNode(t, c.Client, tc.node)
 				return !tainted(n) && conditionIs(n, corev1.ConditionTrue)
 			})
@@ -192,7 +194,7 @@ func recordNode(t testing.TB, c kubernetes.Interface, name, rv string) *nodeReco
 // upTo (its current one), stops it and returns the updates recorded.
 func (r *nodeRecorder) stop(t testing.TB, upTo string) []*corev1.Node {
 	t.Helper()
-	waitFor(t, 30*time.Second, "the node watch to reach resourceVersion "+upTo, func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "the node watch to reach resourceVersion "+upTo, func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.lastRV == upTo || len(r.errs) > 0

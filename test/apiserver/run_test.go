@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"fmt"
@@ -12,7 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 )
 
@@ -42,7 +44,7 @@ func TestRunFaultAndRecovery(t *testing.T) {
 	awaitNode(t, w, 30*time.Second, "GPUHealthy=True at start", func(n *corev1.Node) bool { return conditionIs(n, corev1.ConditionTrue) })
 
 	gpu := h.gpu(2)
-	simFault(t, h.node, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
+	simtest.Fault(t, h.node, http.MethodPost, `{"kind":"xid","gpu":2,"xid":79}`)
 	// Two causes: the XID event, and the driver's request for a GPU reset
 	// that the next sampling cycle reads (the simulator sets it with every
 	// reset-class XID, as the driver does). They may reach the Node in one
@@ -87,7 +89,7 @@ func TestRunFaultAndRecovery(t *testing.T) {
 	// The tainter counts an event once the API server has answered its
 	// create, a moment after the event can be listed here: wait until the
 	// count has caught up with the events the server holds.
-	waitFor(t, 30*time.Second, "the tainter to count the events the API server holds", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "the tainter to count the events the API server holds", func() bool {
 		return metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind")["event"] >= float64(unhealthy+healthy)
 	})
 	writes := metricByLabel(t, reg, "gpu_node_agent_kube_api_writes_total", "kind")
@@ -131,7 +133,7 @@ func checkEvent(t *testing.T, ev corev1.Event, node, typ, device string) {
 // PATCH) and the real
 // API server. Logged, not asserted:
 //
-//	go test -count=1 -run TestRunFaultToTaintLatency -v ./health/
+//	go test -count=1 -run TestRunFaultToTaintLatency -v ./apiserver/
 func TestRunFaultToTaintLatency(t *testing.T) {
 	t.Parallel()
 	c := cluster.Start(t, cluster.Options{})
@@ -154,7 +156,7 @@ func TestRunFaultToTaintLatency(t *testing.T) {
 	for i := range injections {
 		gpu := 1 + i%7
 		start := time.Now()
-		simFault(t, h.node, http.MethodPost, fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":79}`, gpu))
+		simtest.Fault(t, h.node, http.MethodPost, fmt.Sprintf(`{"kind":"xid","gpu":%d,"xid":79}`, gpu))
 		awaitNode(t, w, 30*time.Second, fmt.Sprintf("taint for XID %d on GPU %d", i, gpu), tainted)
 		lat = append(lat, time.Since(start))
 		// XID 79 holds until the GPU is reset.

@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -62,7 +63,7 @@ func TestSteadyStateNoPolling(t *testing.T) {
 			return labels, topology.Annotations(spec), true
 		})
 	})
-	waitFor(t, 30*time.Second, "GPUHealthy=True and the topology labels on the node", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "GPUHealthy=True and the topology labels on the node", func() bool {
 		n := getNode(t, c.Client, name)
 		return conditionIs(n, corev1.ConditionTrue) && n.Labels[topology.LabelGPUCount] == labels[topology.LabelGPUCount]
 	})

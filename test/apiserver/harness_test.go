@@ -1,4 +1,4 @@
-package health
+package apiserver
 
 import (
 	"context"
@@ -6,8 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,9 +20,12 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
+	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
+	"github.com/gpu-node-agent/gpu-node-agent/sim/simtest"
 )
 
 // apiCounter counts the requests a client makes, by method and by
@@ -169,7 +170,7 @@ func runSimMonitor(t testing.TB, node *sim.Node, cfg health.Config) *simHealth {
 	t.Helper()
 	h := buildSimMonitor(t, node, cfg)
 	h.start(t)
-	waitFor(t, time.Minute, "the monitor's XID event set and a first sampling cycle", func() bool {
+	testutil.WaitForWithin(t, time.Minute, "the monitor's XID event set and a first sampling cycle", func() bool {
 		return h.mon.Listening() && h.sampler.Latest() != nil
 	})
 	return h
@@ -229,7 +230,7 @@ func (h *simHealth) recoveryActionSeen(t testing.TB) float64 {
 func (h *simHealth) awaitResetRequested(t testing.TB) {
 	t.Helper()
 	base := h.recoveryActionSeen(t)
-	waitFor(t, time.Minute, "a sampling cycle reading the GPU's reset request", func() bool {
+	testutil.WaitForWithin(t, time.Minute, "a sampling cycle reading the GPU's reset request", func() bool {
 		return h.recoveryActionSeen(t) >= base+2
 	})
 }
@@ -245,7 +246,7 @@ func (h *simHealth) heldThenReset(t testing.TB, i int, recovery time.Duration) {
 	// recovery period plus one interval for the monitor's timer.
 	n := int(recovery/h.sampler.Interval()) + 3
 	base := h.recoveryActionSeen(t)
-	waitFor(t, time.Minute+time.Duration(n)*h.sampler.Interval(), fmt.Sprintf("%d more sampling cycles", n), func() bool {
+	testutil.WaitForWithin(t, time.Minute+time.Duration(n)*h.sampler.Interval(), fmt.Sprintf("%d more sampling cycles", n), func() bool {
 		return h.recoveryActionSeen(t) >= base+float64(n)
 	})
 	if h.mon.Healthy(h.gpu(i)) {
@@ -255,17 +256,7 @@ func (h *simHealth) heldThenReset(t testing.TB, i int, recovery time.Duration) {
 	if fit, _ := h.mon.NodeFit(); fit {
 		t.Fatalf("node fit again after a reset-class fault on GPU %d without a reset", i)
 	}
-	simFault(t, h.node, http.MethodPost, fmt.Sprintf(`{"kind":"gpu-reset","gpu":%d}`, i))
-}
-
-// simFault posts or deletes a fault through the simulator's control API.
-func simFault(t testing.TB, n *sim.Node, method, body string) {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	n.ControlHandler().ServeHTTP(rec, httptest.NewRequest(method, "/faults", strings.NewReader(body)))
-	if rec.Code != http.StatusNoContent {
-		t.Fatalf("%s /faults %s: %d %s", method, body, rec.Code, rec.Body.String())
-	}
+	simtest.Fault(t, h.node, http.MethodPost, fmt.Sprintf(`{"kind":"gpu-reset","gpu":%d}`, i))
 }
 
 // startNodeWatch runs the informer of node name on client until the test
@@ -314,7 +305,7 @@ func countedClients(t testing.TB, cfg *rest.Config, counter *apiCounter) kubeapi
 func holdSlots(t testing.TB, clients kubeapi.Clients, cfg kubeapi.TaintConfig, names ...string) {
 	t.Helper()
 	for _, n := range names {
-		d, err := kubeapi.NewSlots(clients.Core, clients.Meta, n, cfg.SafeguardConfig(), discard()).Acquire(context.Background())
+		d, err := safeguard.New(clients.Core, clients.Meta, n, cfg.SafeguardConfig(), discard()).Acquire(context.Background())
 		if err != nil || !d.Held {
 			t.Fatalf("node %s takes a slot: %+v, %v", n, d, err)
 		}
@@ -349,18 +340,6 @@ func runTainter(t testing.TB, tainter *kubeapi.Tainter, mon kubeapi.Health) (sto
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(stop)
 	return stop
-}
-
-// waitFor polls cond every 20ms until it holds, failing after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // nodeWatch watches one Node and re-opens the watch when the API server
@@ -442,7 +421,7 @@ func nodeEvents(t testing.TB, c kubernetes.Interface, node, reason string) []cor
 func awaitEvent(t testing.TB, c kubernetes.Interface, node, reason string) corev1.Event {
 	t.Helper()
 	var evs []corev1.Event
-	waitFor(t, 30*time.Second, "event "+reason+" on node "+node, func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "event "+reason+" on node "+node, func() bool {
 		evs = nodeEvents(t, c, node, reason)
 		return len(evs) > 0
 	})
