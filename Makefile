@@ -40,7 +40,7 @@ STATICCHECK_VERSION ?= v0.8.2
 export CGO_ENABLED := 1
 export CGO_CFLAGS  ?= -Wno-deprecated-declarations
 
-.PHONY: help deps build build-sim test test-no-sim check-dockerfile check-no-sim vet fmt-check lint demo e2e image clean
+.PHONY: help deps build build-sim test test-no-sim check-dockerfile check-no-sim check-layers vet fmt-check lint demo e2e image clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -72,7 +72,7 @@ fmt-check: ## fail when any Go file (all modules) needs gofmt
 # test compiles, so a fresh clone (as CI makes) reuses the build cache
 # instead of compiling every package of the module again with -race (no
 # test reads its own source path).
-test: vet fmt-check check-dockerfile check-no-sim deps-prometheus test-alerts ## go vet, gofmt check, the Dockerfile-flags and no-simulator checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
+test: vet fmt-check check-dockerfile check-no-sim check-layers deps-prometheus test-alerts ## go vet, gofmt check, the Dockerfile-flags, no-simulator and import-layer checks, the alerting rules' promtool tests, and go test -race for the root module with the simulator tag, then cmd/ without it (the metrics test scrapes with a real prometheus)
 	$(GO) test -race -trimpath -tags 'simulator $(PRODUCT_TAGS)' ./...
 	$(MAKE) --no-print-directory test-no-sim
 
@@ -96,6 +96,11 @@ check-no-sim: ## fail if bin/gpu-node-agent (no tag) depends on the simulator or
 	bad=$$(for p in $(NO_SIM_PKGS); do echo "$$deps" | grep -E "^$$p(/|$$)" || true; done); \
 	if [ -n "$$bad" ]; then echo "gpu-node-agent (no simulator tag) depends on:"; echo "$$bad"; exit 1; fi; \
 	echo "check-no-sim: gpu-node-agent links no simulator package"
+
+# The import directions docs/architecture.md gives (its ```layers block),
+# over the product build's imports; the checker has its own tests.
+check-layers: ## fail, naming the import, if a package imports against docs/architecture.md's layers
+	cd test && $(GO) test -count=1 ./cmd/checklayers && $(GO) run ./cmd/checklayers -root .. -doc ../docs/architecture.md
 
 lint: vet fmt-check ## vet, gofmt and staticcheck (built through the Go module proxy)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags 'simulator $(PRODUCT_TAGS)' ./...
