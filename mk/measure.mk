@@ -1,4 +1,4 @@
-# Measurements quoted in the README and issue notes.
+# Measurements quoted in docs/performance.md.
 
 RSS_PROFILE ?= dgx-h100
 RSS_WAIT    ?= 5

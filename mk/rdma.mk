@@ -1,5 +1,5 @@
 # RDMA: package tests (real netlink in a test network namespace when run
-# as root) and the port-down-to-ListAndWatch latency quoted in issue 7's note.
+# as root) and the port-down-to-ListAndWatch latency (docs/performance.md).
 
 .PHONY: test-rdma measure-rdma-port-down
 

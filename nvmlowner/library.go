@@ -6,7 +6,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
-// The NVML the owner calls: 59 methods of go-nvml's 540-odd, defined in
+// The NVML the owner calls: 60 methods of go-nvml's 540-odd, defined in
 // nvmlapi (see there why a package of its own).
 type (
 	// Library is the library-wide calls: Init, Shutdown, DeviceGetCount,
