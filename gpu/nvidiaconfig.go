@@ -33,7 +33,7 @@ type NVIDIAConfig struct {
 const nvidiaVersion = "v1"
 
 // MPSRefused says why sharing.mps is refused, in either config file.
-const MPSRefused = "sharing.mps: MPS is not supported (no MPS control daemon is run; see the README's GPU sharing section); use sharing.timeSlicing"
+const MPSRefused = "sharing.mps: MPS is not supported (no MPS control daemon is run; see docs/sharing.md); use sharing.timeSlicing"
 
 // ParseNVIDIAConfig reads NVIDIA's device-plugin config file (YAML or
 // JSON). Every key is known: a key NVIDIA's v1 format does not have is an

@@ -184,7 +184,7 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 // it matches only the agent's service account, fails closed, is bound with
 // Deny, and follows the taint keys and condition types the agent is
 // configured with (the health taint's and the preflight's). Its rules run
-// against a real kube-apiserver in test/health
+// against a real kube-apiserver in test/apiserver
 // (TestAdmissionPolicyNodeScoped).
 func TestAdmissionPolicy(t *testing.T) {
 	files := render(t, map[string]any{
@@ -719,7 +719,7 @@ const (
 	modeRealReset   = "real GPUs resetting GPUs" // remediation.reset
 )
 
-// allowedCaps is the README's "Privileges" table as an allow-list: the
+// allowedCaps is docs/install.md's "Privileges" table as an allow-list: the
 // capabilities each mode may add to an otherwise empty set.
 var allowedCaps = map[string][]corev1.Capability{
 	modeReal:        nil,                   // none, as NVIDIA's device plugin
@@ -731,7 +731,7 @@ var allowedCaps = map[string][]corev1.Capability{
 }
 
 // privilegeViolations lists what the DaemonSet asks for beyond the
-// README's "Privileges" table: privileged, privilege escalation allowed or
+// "Privileges" table of docs/install.md: privileged, privilege escalation allowed or
 // unset, a capability outside the mode's allow-list, a writable root
 // filesystem, no RuntimeDefault seccomp profile, host IPC, host PID
 // unless the GPU process check runs on real GPUs (gpuProcesses), host
@@ -800,7 +800,7 @@ func privilegeViolations(ds *appsv1.DaemonSet, mode string, gpuProcesses bool) [
 		for _, add := range caps.Add {
 			// The API takes both "MKNOD" and "CAP_MKNOD".
 			if !slices.Contains(allowedCaps[mode], corev1.Capability(strings.TrimPrefix(string(add), "CAP_"))) {
-				out = append(out, fmt.Sprintf("container %s adds %s; %s allows %v (chart README)", c.Name, add, mode, allowedCaps[mode]))
+				out = append(out, fmt.Sprintf("container %s adds %s; %s allows %v (docs/install.md, Privileges)", c.Name, add, mode, allowedCaps[mode]))
 			}
 		}
 	}
@@ -808,7 +808,7 @@ func privilegeViolations(ds *appsv1.DaemonSet, mode string, gpuProcesses bool) [
 }
 
 // TestLeastPrivilege: the DaemonSet, in each mode and with the optional
-// features on, asks for nothing beyond the README's "Privileges" table.
+// features on, asks for nothing beyond docs/install.md's "Privileges" table.
 func TestLeastPrivilege(t *testing.T) {
 	noMIG := map[string]any{"mig-strategy": "none"}
 	noCheck := map[string]any{"mig-strategy": "none", "health": map[string]any{"disabledChecks": []any{"gpu-processes"}}}
@@ -855,8 +855,8 @@ func TestLeastPrivilege(t *testing.T) {
 }
 
 // TestLeastPrivilegeCatchesOverrides makes sure privilegeViolations bites:
-// each case overrides one value to ask for something the README does not
-// allow.
+// each case overrides one value to ask for something docs/install.md's
+// "Privileges" table does not allow.
 func TestLeastPrivilegeCatchesOverrides(t *testing.T) {
 	base := map[string]any{
 		"runAsUser": 0, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
@@ -983,7 +983,7 @@ func draRules(t *testing.T, files map[string]string) (core, resource map[string]
 // resourceclaims (core rules unchanged), and the admission policy matches
 // ResourceSlice creates, updates and deletes and confines them to the
 // token's node and the agent's driver, before and after the write; with
-// dra.enabled=false none of it renders. test/health's
+// dra.enabled=false none of it renders. test/apiserver's
 // TestAdmissionPolicyResourceSlices runs the rules on a real API server.
 func TestDRARBACAndPolicy(t *testing.T) {
 	const driver = "dra.gpu-node-agent.io"

@@ -74,7 +74,7 @@ func TestRollingUpdateWithSurge(t *testing.T) {
 		deadline := time.Now().Add(waitTimeout)
 		for len(kl.Allocatable()["nvidia.com/gpu"]) != 0 {
 			if time.Now().After(deadline) {
-				t.Fatalf("kubelet %s still offers %s after the old agent stopped; it used to drop the new agent's plugin: update the README's \"Rolling updates\" and the chart", kubeletVersion, fmtCounts(counts(kl.Allocatable())))
+				t.Fatalf("kubelet %s still offers %s after the old agent stopped; it used to drop the new agent's plugin: update \"Rolling updates\" in docs/install.md and the chart", kubeletVersion, fmtCounts(counts(kl.Allocatable())))
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
