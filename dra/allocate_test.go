@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -30,12 +32,16 @@ func docClaims(t *testing.T) map[string]*resourceapi.ResourceClaim {
 	}
 	out := map[string]*resourceapi.ResourceClaim{}
 	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(text, -1) {
+		var kind metav1.TypeMeta
+		if err := yaml.Unmarshal(m[1], &kind); err != nil {
+			t.Fatalf("docs/dra.md example: %v\n%s", err, m[1])
+		}
+		if kind.Kind != "ResourceClaim" {
+			continue
+		}
 		var c resourceapi.ResourceClaim
 		if err := yaml.UnmarshalStrict(m[1], &c); err != nil {
 			t.Fatalf("docs/dra.md example: %v\n%s", err, m[1])
-		}
-		if c.Kind != "ResourceClaim" {
-			continue
 		}
 		c.UID = types.UID("uid-" + c.Name)
 		// What the API server's defaulting does to a stored claim
@@ -80,25 +86,26 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, fmt.Errorf("deviceclass %s not found", name)
 }
 
+// chartClasses are the chart's DeviceClasses: one per kind, and one per
+// MIG profile of the simulator's A100 and H100 layouts (the chart lists
+// NVIDIA's).
 func chartClasses(t *testing.T) classLister {
 	t.Helper()
-	text, err := os.ReadFile(chartDeviceClasses)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindSubmatch(text)
-	if m == nil {
-		t.Fatalf("%s: no selector", chartDeviceClasses)
-	}
+	kindSel, profileSel := chartSelectors(t)
 	l := classLister{}
-	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
-		name := kind + "." + DriverName
+	class := func(name, expr string) {
 		l[name] = &resourceapi.DeviceClass{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
-				CEL: &resourceapi.CELDeviceSelector{Expression: strings.ReplaceAll(string(m[1]), "{{ $kind }}", kind)},
+				CEL: &resourceapi.CELDeviceSelector{Expression: expr},
 			}}},
 		}
+	}
+	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
+		class(kind+"."+DriverName, strings.ReplaceAll(kindSel, "{{ $kind }}", kind))
+	}
+	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "2g.20gb", "3g.40gb"} {
+		class("mig-"+p+"."+DriverName, strings.ReplaceAll(profileSel, "{{ $profile }}", p))
 	}
 	return l
 }
@@ -129,7 +136,10 @@ func resourceSlices(devs []resourceapi.Device) []*resourceapi.ResourceSlice {
 // node's slices; nil when the claim cannot be satisfied.
 func allocate(t *testing.T, devs []resourceapi.Device, claim *resourceapi.ResourceClaim, allocated ...string) []resourceapi.DeviceRequestAllocationResult {
 	t.Helper()
-	features := structured.Features{DeviceTaints: true, PrioritizedList: true}
+	// The features on by default in Kubernetes 1.37 (GA or beta), which
+	// select the allocator the 1.37 scheduler runs.
+	features := structured.Features{AdminAccess: true, ConsumableCapacity: true, DeviceBindingAndStatus: true,
+		DeviceTaints: true, PartitionableDevices: true, PrioritizedList: true}
 	state := structured.AllocatedState{AllocatedDevices: sets.New[structured.DeviceID]()}
 	for _, d := range allocated {
 		state.AllocatedDevices.Insert(structured.MakeDeviceID(DriverName, nodeName, d))
@@ -274,4 +284,92 @@ func nvlinked(n *topology.Node, a, b int) bool {
 		}
 	}
 	return false
+}
+
+// extendedClaim is the claim the scheduler builds for a container asking
+// for count of an extended resource that class serves (KEP-5004, as
+// k8s.io/kubernetes v1.37.2's dynamicresources plugin writes it: one
+// exact request per container and resource, no selectors, no
+// tolerations, no constraints).
+func extendedClaim(class string, count int64) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "pod-extended-resources-x", UID: "uid-extended",
+			Annotations: map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "container-0-request-0",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class,
+				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count},
+		}}}},
+	}
+}
+
+// TestExtendedResourceClaims: the scheduler's allocator serves a plain
+// nvidia.com/gpu or nvidia.com/mig-<profile> request through the chart's
+// classes from the published slices. It takes the first free devices in
+// slice order, which is GPU index order: on NVIDIA's DGX layouts the
+// lowest indices of an NVLink domain come first, so an unfragmented node
+// gives a request the GPUs the device plugin would. Nothing else steers
+// it: the claim carries no constraint, so on a fragmented node it takes
+// GPUs the device plugin's preferred allocation would not.
+func TestExtendedResourceClaims(t *testing.T) {
+	gpuClass := TypeGPU + "." + DriverName
+	indices := func(t *testing.T, devs map[string]resourceapi.Device, got []resourceapi.DeviceRequestAllocationResult) []int {
+		t.Helper()
+		var out []int
+		for _, r := range got {
+			d := devs[r.Device]
+			if str(d, AttrType) != TypeGPU {
+				t.Fatalf("%s is a %s, want a GPU", r.Device, str(d, AttrType))
+			}
+			out = append(out, int(*d.Attributes[AttrIndex].IntValue))
+		}
+		return out
+	}
+
+	t.Run("two GPUs of a DGX H100", func(t *testing.T) {
+		model, res := buildSim(t, "dgx-h100")
+		got := indices(t, byName(res.Devices), allocate(t, res.Devices, extendedClaim(gpuClass, 2)))
+		if !slices.Equal(got, []int{0, 1}) || !nvlinked(model, got[0], got[1]) {
+			t.Fatalf("allocated GPUs %v, want 0 and 1 (NVLinked)", got)
+		}
+	})
+	t.Run("four GPUs of a DGX-1V are one quad", func(t *testing.T) {
+		model, res := buildSim(t, "dgx-1v")
+		got := indices(t, byName(res.Devices), allocate(t, res.Devices, extendedClaim(gpuClass, 4)))
+		if !slices.Equal(got, []int{0, 1, 2, 3}) {
+			t.Fatalf("allocated GPUs %v, want the quad 0-3", got)
+		}
+		for i := range got {
+			for j := i + 1; j < len(got); j++ {
+				if !nvlinked(model, got[i], got[j]) {
+					t.Errorf("GPUs %d and %d of the quad have no NVLink", got[i], got[j])
+				}
+			}
+		}
+	})
+	t.Run("a fragmented DGX-1V cannot be steered", func(t *testing.T) {
+		model, res := buildSim(t, "dgx-1v")
+		// Free: 1 (whose quad is otherwise busy) and 4-7. The device
+		// plugin would pick two of 4-7; first fit takes 1 and 4.
+		got := indices(t, byName(res.Devices), allocate(t, res.Devices, extendedClaim(gpuClass, 2), "gpu-0", "gpu-2", "gpu-3"))
+		if !slices.Equal(got, []int{1, 4}) {
+			t.Fatalf("allocated GPUs %v, want 1 and 4 (first fit)", got)
+		}
+		if nvlinked(model, 1, 4) {
+			t.Fatal("GPUs 1 and 4 are NVLinked in the model: this case no longer shows the limit")
+		}
+	})
+	t.Run("a MIG profile", func(t *testing.T) {
+		_, res := buildSim(t, "dgx-a100", sim.WithMIG(1, "3g.20gb", "2g.10gb", "1g.5gb"))
+		devs := byName(res.Devices)
+		for _, profile := range []string{"3g.20gb", "2g.10gb", "1g.5gb"} {
+			got := allocate(t, res.Devices, extendedClaim("mig-"+profile+"."+DriverName, 1))
+			if len(got) != 1 || str(devs[got[0].Device], AttrType) != TypeMIG || str(devs[got[0].Device], AttrProfile) != profile {
+				t.Errorf("nvidia.com/mig-%s: allocated %v", profile, got)
+			}
+		}
+		if got := allocate(t, res.Devices, extendedClaim("mig-1g.5gb."+DriverName, 2)); got != nil {
+			t.Errorf("two 1g.5gb of a layout with one: allocated %v", got)
+		}
+	})
 }

@@ -13,24 +13,19 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 )
 
-// chartDeviceClasses is the chart's DeviceClass template; its selector is
-// written once with {{ $kind }} for the device type.
+// chartDeviceClasses is the chart's DeviceClass template: a selector
+// written once with {{ $kind }} for the device type, and one with
+// {{ $profile }} for the MIG-profile classes of extended resources.
 const chartDeviceClasses = "../deploy/chart/gpu-node-agent/templates/deviceclasses.yaml"
 
 // TestChartDeviceClasses compiles the chart's DeviceClass selector with the
 // DRA CEL library (what the scheduler runs) for each kind and checks that,
 // over the golden slices, it selects exactly the devices of that kind and
-// of this driver, and nothing of another driver with the same attributes.
+// of this driver, and nothing of another driver with the same attributes;
+// the MIG-profile template, instantiated with each golden MIG profile,
+// selects exactly that profile's devices.
 func TestChartDeviceClasses(t *testing.T) {
-	text, err := os.ReadFile(chartDeviceClasses)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindAllSubmatch(text, -1)
-	if len(m) != 1 {
-		t.Fatalf("%s: %d selector expressions, want the one template", chartDeviceClasses, len(m))
-	}
-	template := string(m[0][1])
+	template, profileTemplate := chartSelectors(t)
 	var devs []resourceapi.Device
 	for _, tc := range goldenCases {
 		b, err := os.ReadFile(filepath.Join("testdata", tc.name+".json"))
@@ -73,4 +68,58 @@ func TestChartDeviceClasses(t *testing.T) {
 			}
 		})
 	}
+	profiles := map[string]bool{}
+	for _, d := range devs {
+		if str(d, AttrType) == TypeMIG {
+			profiles[str(d, AttrProfile)] = true
+		}
+	}
+	if len(profiles) == 0 {
+		t.Fatal("no MIG device in the golden slices")
+	}
+	for profile := range profiles {
+		t.Run("mig-"+profile, func(t *testing.T) {
+			expr := strings.ReplaceAll(profileTemplate, "{{ $profile }}", profile)
+			res := cel.GetCompiler(cel.Features{}).CompileCELExpression(expr, cel.Options{})
+			if res.Error != nil {
+				t.Fatalf("compile %q: %v", expr, res.Error)
+			}
+			for _, d := range devs {
+				for _, driver := range []string{DriverName, "gpu.nvidia.com"} {
+					got, _, err := res.DeviceMatches(context.Background(), cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity})
+					if err != nil {
+						t.Fatalf("%s on %s: %v", expr, d.Name, err)
+					}
+					want := driver == DriverName && str(d, AttrType) == TypeMIG && str(d, AttrProfile) == profile
+					if got != want {
+						t.Errorf("%s (driver %s, type %s, profile %s): selected %v", d.Name, driver, str(d, AttrType), str(d, AttrProfile), got)
+					}
+				}
+			}
+		})
+	}
+}
+
+// chartSelectors are the chart's two selector templates: by kind, and by
+// MIG profile.
+func chartSelectors(t *testing.T) (kind, profile string) {
+	t.Helper()
+	text, err := os.ReadFile(chartDeviceClasses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindAllSubmatch(text, -1) {
+		switch e := string(m[1]); {
+		case strings.Contains(e, "{{ $kind }}") && kind == "":
+			kind = e
+		case strings.Contains(e, "{{ $profile }}") && profile == "":
+			profile = e
+		default:
+			t.Fatalf("%s: selector %q is neither the kind's nor the profile's template, or a second one", chartDeviceClasses, e)
+		}
+	}
+	if kind == "" || profile == "" {
+		t.Fatalf("%s: kind selector %q, profile selector %q; want both", chartDeviceClasses, kind, profile)
+	}
+	return kind, profile
 }

@@ -909,47 +909,130 @@ func TestLeastPrivilegeCatchesOverrides(t *testing.T) {
 
 // TestDeviceClassesAreOptional: the DRA DeviceClasses render only with
 // dra.enabled (the agent does not serve DRA by default), one per device
-// kind, each selecting the agent's driver and its kind's "type" attribute.
-// The dra package's TestChartDeviceClasses evaluates the selectors.
+// kind, each selecting the agent's driver and its kind's "type" attribute,
+// and with dra.extendedResources (on by default) the gpu class and one
+// class per listed MIG profile name the extended resource the device
+// plugin would serve, each name once. The dra package's
+// TestChartDeviceClasses evaluates the selectors.
 func TestDeviceClassesAreOptional(t *testing.T) {
 	if _, ok := render(t, nil)["deviceclasses.yaml"]; ok {
 		t.Fatal("deviceclasses.yaml rendered by default; DRA must be opt-in")
 	}
-	files := render(t, map[string]any{"dra": map[string]any{"enabled": true}})
-	text, ok := files["deviceclasses.yaml"]
-	if !ok {
-		t.Fatalf("deviceclasses.yaml not rendered with dra.enabled (have %v)", keys(files))
-	}
-	got := map[string]string{}
-	for _, d := range docs(text) {
-		var dc resourcev1.DeviceClass
-		if err := yaml.UnmarshalStrict([]byte(d), &dc); err != nil {
-			t.Fatalf("decode DeviceClass: %v\n%s", err, d)
-		}
-		if dc.APIVersion != "resource.k8s.io/v1" || dc.Kind != "DeviceClass" {
-			t.Errorf("%s: %s %s", dc.Name, dc.APIVersion, dc.Kind)
-		}
-		if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil {
-			t.Fatalf("%s: selectors %+v, want one CEL selector", dc.Name, dc.Spec.Selectors)
-		}
-		got[dc.Name] = dc.Spec.Selectors[0].CEL.Expression
-	}
-	for _, kind := range []string{"gpu", "mig", "nic"} {
-		name := kind + ".dra.gpu-node-agent.io"
-		expr, ok := got[name]
+	classes := func(values map[string]any) map[string]resourcev1.DeviceClass {
+		t.Helper()
+		files := render(t, values)
+		text, ok := files["deviceclasses.yaml"]
 		if !ok {
-			t.Errorf("DeviceClass %s missing (have %v)", name, got)
-			continue
+			t.Fatalf("deviceclasses.yaml not rendered with dra.enabled (have %v)", keys(files))
 		}
-		for _, want := range []string{`device.driver == "dra.gpu-node-agent.io"`, `.type == "` + kind + `"`} {
-			if !strings.Contains(expr, want) {
-				t.Errorf("%s: selector %q lacks %q", name, expr, want)
+		got := map[string]resourcev1.DeviceClass{}
+		for _, d := range docs(text) {
+			var dc resourcev1.DeviceClass
+			if err := yaml.UnmarshalStrict([]byte(d), &dc); err != nil {
+				t.Fatalf("decode DeviceClass: %v\n%s", err, d)
+			}
+			if dc.APIVersion != "resource.k8s.io/v1" || dc.Kind != "DeviceClass" {
+				t.Errorf("%s: %s %s", dc.Name, dc.APIVersion, dc.Kind)
+			}
+			if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil {
+				t.Fatalf("%s: selectors %+v, want one CEL selector", dc.Name, dc.Spec.Selectors)
+			}
+			got[dc.Name] = dc
+		}
+		return got
+	}
+	kindClasses := func(t *testing.T, got map[string]resourcev1.DeviceClass) {
+		t.Helper()
+		for _, kind := range []string{"gpu", "mig", "nic"} {
+			name := kind + ".dra.gpu-node-agent.io"
+			dc, ok := got[name]
+			if !ok {
+				t.Errorf("DeviceClass %s missing (have %v)", name, keysOf(got))
+				continue
+			}
+			expr := dc.Spec.Selectors[0].CEL.Expression
+			for _, want := range []string{`device.driver == "dra.gpu-node-agent.io"`, `.type == "` + kind + `"`} {
+				if !strings.Contains(expr, want) {
+					t.Errorf("%s: selector %q lacks %q", name, expr, want)
+				}
 			}
 		}
 	}
-	if len(got) != 3 {
-		t.Errorf("%d DeviceClasses, want 3: %v", len(got), got)
+	extended := func(dc resourcev1.DeviceClass) string {
+		if dc.Spec.ExtendedResourceName == nil {
+			return ""
+		}
+		return *dc.Spec.ExtendedResourceName
 	}
+
+	t.Run("extended resources off", func(t *testing.T) {
+		got := classes(map[string]any{"dra": map[string]any{"enabled": true, "extendedResources": map[string]any{"enabled": false}}})
+		kindClasses(t, got)
+		if len(got) != 3 {
+			t.Errorf("%d DeviceClasses, want 3: %v", len(got), keysOf(got))
+		}
+		for name, dc := range got {
+			if e := extended(dc); e != "" {
+				t.Errorf("%s names extended resource %s with extendedResources off", name, e)
+			}
+		}
+	})
+	t.Run("extended resources on", func(t *testing.T) {
+		profiles := []any{"1g.10gb", "1g.10gb+me", "7g.80gb"}
+		got := classes(map[string]any{"dra": map[string]any{"enabled": true, "extendedResources": map[string]any{"migProfiles": profiles}}})
+		kindClasses(t, got)
+		want := map[string]string{
+			"gpu.dra.gpu-node-agent.io":            "nvidia.com/gpu",
+			"mig.dra.gpu-node-agent.io":            "",
+			"nic.dra.gpu-node-agent.io":            "",
+			"mig-1g.10gb.dra.gpu-node-agent.io":    "nvidia.com/mig-1g.10gb",
+			"mig-1g.10gb.me.dra.gpu-node-agent.io": "nvidia.com/mig-1g.10gb.me",
+			"mig-7g.80gb.dra.gpu-node-agent.io":    "nvidia.com/mig-7g.80gb",
+		}
+		if len(got) != len(want) {
+			t.Errorf("DeviceClasses %v, want %v", keysOf(got), keysOf(want))
+		}
+		for name, res := range want {
+			dc, ok := got[name]
+			if !ok {
+				t.Errorf("DeviceClass %s missing", name)
+				continue
+			}
+			if e := extended(dc); e != res {
+				t.Errorf("%s: extendedResourceName %q, want %q", name, e, res)
+			}
+			if p, ok := strings.CutPrefix(name, "mig-"); ok {
+				profile := profiles[slices.IndexFunc(profiles, func(v any) bool {
+					return strings.ReplaceAll(v.(string), "+", ".")+".dra.gpu-node-agent.io" == p
+				})].(string)
+				expr := dc.Spec.Selectors[0].CEL.Expression
+				for _, w := range []string{`.type == "mig"`, `.profile == "` + profile + `"`} {
+					if !strings.Contains(expr, w) {
+						t.Errorf("%s: selector %q lacks %q", name, expr, w)
+					}
+				}
+			}
+		}
+	})
+	t.Run("default profiles name each resource once", func(t *testing.T) {
+		got := classes(map[string]any{"dra": map[string]any{"enabled": true}})
+		seen := map[string]string{}
+		for name, dc := range got {
+			e := extended(dc)
+			if e == "" {
+				continue
+			}
+			if other, dup := seen[e]; dup {
+				t.Errorf("%s and %s both name %s: the scheduler would pick one", name, other, e)
+			}
+			seen[e] = name
+		}
+		for _, e := range []string{"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.71gb", "nvidia.com/mig-1g.23gb.me"} {
+			if _, ok := seen[e]; !ok {
+				t.Errorf("no default DeviceClass names %s (have %v)", e, keysOf(seen))
+			}
+		}
+	})
 }
 
 // draRules is the ClusterRole's verbs by resource, for the core group

@@ -57,6 +57,9 @@ const draRescan = 10 * time.Second
 //     simulated topology;
 //   - a claim for 2 GPUs with matchAttribute nvlinkIsland gets an
 //     NVLink-connected pair;
+//   - an unchanged pod asking for nvidia.com/gpu: 2 is served by DRA
+//     through the gpu class's extendedResourceName: the scheduler's claim,
+//     the GPUs in the container, the pod's metrics attribution;
 //   - no ResourceSlice write while nothing changes;
 //   - the agent's pod deleted while a claim is prepared: the claim's pod
 //     keeps running (same container), and after its deletion the new
@@ -123,6 +126,9 @@ func TestDRA(t *testing.T) {
 
 	// (b) 2 GPUs on one NVLink island.
 	twoGPUs := runTwoGPUClaim(ctx, t, node, devs)
+
+	// (f) An unchanged pod asking for nvidia.com/gpu: 2, served by DRA.
+	runExtendedResourcePod(ctx, t, a, node)
 
 	// (e) Nothing changed since the slices settled: claims, pods, health
 	// polls (e2ePollInterval) and at least one rescan (draRescan) later,
@@ -812,6 +818,69 @@ type gpuPod struct {
 
 // runTwoGPUClaim: (b) a claim for 2 GPUs with matchAttribute nvlinkIsland
 // gets two GPUs the model links by NVLink, and its pod sees both.
+// runExtendedResourcePod runs a pod that asks for nvidia.com/gpu: 2 as it
+// would on a device-plugin node. The node's allocatable no longer carries
+// the resource, so the scheduler serves it through the DeviceClass naming
+// it (KEP-5004): it creates a claim of its own for the pod, the agent
+// prepares it like any claim, and the kubelet gives the container that
+// claim's CDI devices. The pod is deleted at the end and its claim must go
+// with it, so that the scenario's restore finds nothing allocated.
+func runExtendedResourcePod(ctx context.Context, t *testing.T, a *agentdeploy.Agent, node *topology.Node) {
+	const name = "dra-extended-gpus"
+	start := time.Now()
+	workloadPod(t, name, map[string]int64{"nvidia.com/gpu": 2})
+	pod := waitPodRunning(t, name, 2*time.Minute)
+	running := time.Since(start)
+	st := pod.Status.ExtendedResourceClaimStatus
+	if st == nil || st.ResourceClaimName == "" {
+		t.Fatalf("pod %s runs without an extended-resource claim (status %+v): served by something other than DRA", name, st)
+	}
+	claim := getClaim(ctx, t, st.ResourceClaimName)
+	if claim.Annotations[resourcev1.ExtendedResourceClaimAnnotation] != "true" {
+		t.Errorf("claim %s lacks %s=true: %v", claim.Name, resourcev1.ExtendedResourceClaimAnnotation, claim.Annotations)
+	}
+	alloc := allocation(t, claim)
+	if len(alloc) != 1 || len(st.RequestMappings) != 1 || st.RequestMappings[0].ResourceName != "nvidia.com/gpu" {
+		t.Fatalf("claim %s allocated %v for mappings %+v, want one request for nvidia.com/gpu", claim.Name, alloc, st.RequestMappings)
+	}
+	gpus := alloc[st.RequestMappings[0].RequestName]
+	var uuids []string
+	for _, d := range gpus {
+		if dra.TypeOf(d) != dra.TypeGPU {
+			t.Errorf("claim %s: %s is not a whole GPU", claim.Name, d)
+		}
+		uuids = append(uuids, gpuByName(t, node, d).UUID)
+	}
+	if len(gpus) != 2 {
+		t.Fatalf("claim %s allocated %v, want two GPUs", claim.Name, gpus)
+	}
+	sort.Strings(uuids)
+	got := strings.Split(podEnv(t, name)["NVIDIA_VISIBLE_DEVICES"], ",")
+	sort.Strings(got)
+	if !slices.Equal(got, uuids) {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES %v, want %v", got, uuids)
+	}
+	nodes, _ := claimSpec(t, claim)
+	if gn := slices.Sorted(maps.Keys(nodes)); !slices.Equal(gn, gpus) {
+		t.Errorf("CDI spec devices %v, want %v", gn, gpus)
+	}
+	checkContainerDevices(t, name, nodes)
+	checkPodAttribution(t, a, pod, uuids)
+	t.Logf("pod %s (nvidia.com/gpu: 2, no claim of its own) Running after %s on %v through the scheduler's claim %s; NVIDIA_VISIBLE_DEVICES and the metrics' pod labels follow",
+		name, running.Round(time.Millisecond), gpus, claim.Name)
+
+	deletePod(t, name)
+	gctx, gcancel := context.WithTimeout(ctx, time.Minute)
+	defer gcancel()
+	err := poll(gctx, func(ctx context.Context) (bool, error) {
+		_, err := shared.Client.ResourceV1().ResourceClaims(testNamespace).Get(ctx, claim.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("claim %s of the deleted pod %s still exists: %v", claim.Name, name, err)
+	}
+}
+
 func runTwoGPUClaim(ctx context.Context, t *testing.T, node *topology.Node, devs map[string]resourcev1.Device) gpuPod {
 	const name = "dra-two-gpus"
 	island := resourcev1.FullyQualifiedName(nvlinkIsland)
