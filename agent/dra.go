@@ -47,6 +47,11 @@ type DRAConfig struct {
 	// device to a JSON file and a CDI spec that mounts it read-only at
 	// /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json.
 	DeviceMetadata bool `json:"deviceMetadata,omitempty"`
+	// Sharing publishes the GPUs and MIG devices the time-slicing section
+	// shares as shared devices (dra.Options.Shares): several claims hold
+	// one at once, each one of its replicas' shares by default. Off, DRA
+	// serves every device exclusively whatever time-slicing says.
+	Sharing bool `json:"sharing,omitempty"`
 }
 
 // Validate checks the section, naming the field: known kinds, absolute
@@ -83,11 +88,15 @@ type draServer struct {
 	plugin *dra.KubeletPlugin
 	// root resolves the standard pcieRoot attribute, cached per bus ID.
 	root *pcieRootCache
+	// sharing is the time-slicing section when DRAConfig.Sharing is on.
+	sharing *gpu.TimeSlicing
 
 	mu sync.Mutex
 	// offered are the monitor IDs of the devices last published healthy.
 	offered map[string]bool
 	lastErr string
+	// shareErr is why the time-slicing section was last not applied.
+	shareErr string
 }
 
 // publish hands the reconciler's state to DRA: the devices of the kinds
@@ -112,7 +121,21 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 			faults[id] = f
 		}
 	}
-	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults})
+	shares, err := s.sharing.Shares(st.node)
+	if err != nil {
+		// As the device plugin refuses the resource: nothing is shared
+		// (every device exclusive, which never over-commits one).
+		shares = nil
+	}
+	s.mu.Lock()
+	if msg := errString(err); msg != s.shareErr {
+		if err != nil {
+			s.log.Error("DRA devices published exclusive: the time-slicing section does not fit the node", "err", err)
+		}
+		s.shareErr = msg
+	}
+	s.mu.Unlock()
+	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults, Shares: shares})
 	if err != nil {
 		s.mu.Lock()
 		if err.Error() != s.lastErr {
@@ -280,6 +303,9 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 		devPrefix = hostRoot // the simulated node's device nodes live there
 	}
 	s := &draServer{log: log, split: a.split, root: &pcieRootCache{resolve: dra.SysfsPCIeRoot(hostRoot)}}
+	if cfg.DRA.Sharing {
+		s.sharing = cfg.GPU.TimeSlicing
+	}
 	var err error
 	s.prep, err = dra.NewPreparer(dra.PreparerConfig{
 		NodeName: cfg.NodeName, HostRoot: hostRoot, CDIDir: cfg.DRA.CDIDir, StateDir: cfg.Health.StateDir,
@@ -346,4 +372,12 @@ func (c *clientsOnce) get() (kubeapi.Clients, error) {
 	}
 	c.clients = &cl
 	return cl, nil
+}
+
+// errString is err's message, "" for nil.
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

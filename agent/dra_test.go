@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -15,9 +16,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
@@ -251,4 +254,59 @@ func sliceWrites(client *fake.Clientset, verb string) int {
 		}
 	}
 	return n
+}
+
+// TestAgentDRASharing: with dra.sharing, the GPU the time-slicing section
+// shares is published shared with its replicas as shares, and two claims
+// holding shares of it both prepare, each with its share ID; without
+// dra.sharing the same section leaves every device exclusive.
+func TestAgentDRASharing(t *testing.T) {
+	ts := &gpu.TimeSlicing{Resources: []gpu.SharedResource{{Name: gpu.ResourceGPU, Replicas: 3, Devices: gpu.SharedDevices{Count: 1}}}}
+	for _, sharing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sharing %v", sharing), func(t *testing.T) {
+			dir := testutil.ShortTempDir(t)
+			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
+			kubeapitest.GenerateNames(client)
+			cfg := draTestConfig(t, dir, client, "gpu", "mig", "nic")
+			cfg.DRA.Sharing = sharing
+			cfg.GPU.TimeSlicing = ts
+			a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			startAgent(t, a)
+			var devs map[string]resourceapi.Device
+			testutil.WaitFor(t, "the GPUs in the ResourceSlices", func() bool {
+				devs = publishedDevices(t, client)
+				return len(devs) > 0 && devs["gpu-0"].Name != ""
+			})
+			for name, d := range devs {
+				isShared := d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations
+				if want := sharing && name == "gpu-0"; isShared != want {
+					t.Errorf("%s published shared: %v, want %v", name, isShared, want)
+				}
+			}
+			if !sharing {
+				return
+			}
+			if n := devs["gpu-0"].Capacity[dra.CapShares]; n.Value.Value() != 3 {
+				t.Errorf("gpu-0 has %s shares, want 3", n.Value.String())
+			}
+			var claims []*resourceapi.ResourceClaim
+			for i, share := range []types.UID{"share-a", "share-b"} {
+				claims = append(claims, &resourceapi.ResourceClaim{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("c%d", i), UID: types.UID(fmt.Sprintf("claim-uid-%d", i))},
+					Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+						Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: "gpu-node-1", Device: "gpu-0", ShareID: &share}}}}},
+				})
+			}
+			res := a.dra.prep.Prepare(claims)
+			for i, c := range claims {
+				r := res[string(c.UID)]
+				if r.Err != nil || len(r.Devices) != 1 || r.Devices[0].ShareID != string(*c.Status.Allocation.Devices.Results[0].ShareID) {
+					t.Errorf("claim %d: %+v", i, r)
+				}
+			}
+		})
+	}
 }

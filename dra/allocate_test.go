@@ -6,11 +6,11 @@ import (
 	"os"
 	"regexp"
 	"slices"
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -19,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -88,10 +89,11 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 
 // chartClasses are the chart's DeviceClasses: one per kind, and one per
 // MIG profile of the simulator's A100 and H100 layouts (the chart lists
-// NVIDIA's).
-func chartClasses(t *testing.T) classLister {
+// NVIDIA's); with sharing (dra.sharing.enabled) the kind and profile
+// classes select exclusive devices and the shared classes the others.
+func chartClasses(t *testing.T, sharing bool) classLister {
 	t.Helper()
-	kindSel, profileSel := chartSelectors(t)
+	kindSel, profileSel, sharedSel := chartSelectors(t)
 	l := classLister{}
 	class := func(name, expr string) {
 		l[name] = &resourceapi.DeviceClass{
@@ -102,10 +104,15 @@ func chartClasses(t *testing.T) classLister {
 		}
 	}
 	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
-		class(kind+"."+DriverName, strings.ReplaceAll(kindSel, "{{ $kind }}", kind))
+		class(kind+"."+DriverName, instantiate(kindSel, kind, "", sharing))
 	}
 	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "2g.20gb", "3g.40gb"} {
-		class("mig-"+p+"."+DriverName, strings.ReplaceAll(profileSel, "{{ $profile }}", p))
+		class("mig-"+p+"."+DriverName, instantiate(profileSel, "", p, sharing))
+	}
+	if sharing {
+		for _, kind := range []string{TypeGPU, TypeMIG} {
+			class(kind+"-shared."+DriverName, instantiate(sharedSel, kind, "", sharing))
+		}
 	}
 	return l
 }
@@ -136,6 +143,13 @@ func resourceSlices(devs []resourceapi.Device) []*resourceapi.ResourceSlice {
 // node's slices; nil when the claim cannot be satisfied.
 func allocate(t *testing.T, devs []resourceapi.Device, claim *resourceapi.ResourceClaim, allocated ...string) []resourceapi.DeviceRequestAllocationResult {
 	t.Helper()
+	return allocateWith(t, devs, chartClasses(t, false), nil, claim, allocated...)
+}
+
+// allocateWith is allocate with the given classes and, for shared
+// devices, the claims already allocated (their consumed capacity).
+func allocateWith(t *testing.T, devs []resourceapi.Device, classes classLister, prior []*resourceapi.ResourceClaim, claim *resourceapi.ResourceClaim, allocated ...string) []resourceapi.DeviceRequestAllocationResult {
+	t.Helper()
 	// The features on by default in Kubernetes 1.37 (GA or beta), which
 	// select the allocator the 1.37 scheduler runs.
 	features := structured.Features{AdminAccess: true, ConsumableCapacity: true, DeviceBindingAndStatus: true,
@@ -144,7 +158,22 @@ func allocate(t *testing.T, devs []resourceapi.Device, claim *resourceapi.Resour
 	for _, d := range allocated {
 		state.AllocatedDevices.Insert(structured.MakeDeviceID(DriverName, nodeName, d))
 	}
-	a, err := structured.NewAllocator(context.Background(), features, state, chartClasses(t), resourceSlices(devs), cel.NewCache(10, cel.Features{}))
+	for _, c := range prior {
+		for _, r := range c.Status.Allocation.Devices.Results {
+			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+			if r.ShareID == nil {
+				state.AllocatedDevices.Insert(id)
+				continue
+			}
+			if state.AllocatedSharedDeviceIDs == nil {
+				state.AllocatedSharedDeviceIDs = sets.New[structured.SharedDeviceID]()
+				state.AggregatedCapacity = structured.NewConsumedCapacityCollection()
+			}
+			state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+			state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+		}
+	}
+	a, err := structured.NewAllocator(context.Background(), features, state, classes, resourceSlices(devs), cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,4 +401,102 @@ func TestExtendedResourceClaims(t *testing.T) {
 			t.Errorf("two 1g.5gb of a layout with one: allocated %v", got)
 		}
 	})
+}
+
+// sharedClaim is a claim of one device of class, asking for the given
+// capacity (nil: the devices' defaults).
+func sharedClaim(name, class string, capacity map[resourceapi.QualifiedName]resource.Quantity) *resourceapi.ResourceClaim {
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+	if capacity != nil {
+		req.Capacity = &resourceapi.CapacityRequirements{Requests: capacity}
+	}
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name)},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}},
+	}
+}
+
+// TestSharedDevices: a device the time-slicing section shares is published
+// for several claims at once, each holding one of its shares (and an equal
+// part of its memory) unless it asks for more, so that the scheduler's
+// allocator gives it to at most `replicas` claims; with the chart's
+// sharing classes, the exclusive classes never hand it out and the shared
+// class hands out nothing else.
+func TestSharedDevices(t *testing.T) {
+	model, root := simNode(t, "dgx-h100")
+	g := model.GPUs[2]
+	res, err := Build(model, Options{PCIeRoot: SysfsPCIeRoot(root), Shares: map[string]gpu.Share{g.UUID: {Replicas: 2, ServedAs: "nvidia.com/gpu.shared"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := byName(res.Devices)
+	d := devs[GPUName(g.Index)]
+	if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+		t.Fatalf("%s: allowMultipleAllocations %v, want true", d.Name, d.AllowMultipleAllocations)
+	}
+	shares, mem := d.Capacity[CapShares], d.Capacity[CapMemory]
+	if shares.Value.Value() != 2 || shares.RequestPolicy == nil || shares.RequestPolicy.Default.Value() != 1 {
+		t.Errorf("%s shares %+v, want 2 with a default of 1", d.Name, shares)
+	}
+	if want := int64(g.MemoryMiB) * 1024 * 1024 / 2; mem.RequestPolicy == nil || mem.RequestPolicy.Default.Value() != want {
+		t.Errorf("%s memory %+v, want a default of half of %d MiB", d.Name, mem, g.MemoryMiB)
+	}
+	for _, o := range res.Devices {
+		if o.Name != d.Name && o.AllowMultipleAllocations != nil {
+			t.Errorf("%s is published shared; only %s is", o.Name, d.Name)
+		}
+	}
+
+	classes := chartClasses(t, true)
+	sharedClass, gpuClass := "gpu-shared."+DriverName, TypeGPU+"."+DriverName
+	// The exclusive class: every GPU but the shared one.
+	whole := 0
+	for _, x := range model.GPUs {
+		if !x.MIGEnabled {
+			whole++
+		}
+	}
+	if got := allocateWith(t, res.Devices, classes, nil, extendedClaim(gpuClass, int64(whole))); got != nil {
+		t.Errorf("%d GPUs of the exclusive class allocated, but one of the %d is shared: %v", whole, whole, got)
+	}
+	got := allocateWith(t, res.Devices, classes, nil, extendedClaim(gpuClass, int64(whole-1)))
+	for _, r := range got {
+		if r.Device == d.Name {
+			t.Errorf("the exclusive class handed out the shared %s", d.Name)
+		}
+	}
+
+	// Two claims share it, a third finds no share left.
+	var prior []*resourceapi.ResourceClaim
+	shareIDs := map[types.UID]bool{}
+	for _, name := range []string{"a", "b"} {
+		c := sharedClaim(name, sharedClass, nil)
+		got := allocateWith(t, res.Devices, classes, prior, c)
+		if len(got) != 1 || got[0].Device != d.Name || got[0].ShareID == nil {
+			t.Fatalf("claim %s: allocated %+v, want a share of %s", name, got, d.Name)
+		}
+		if c := got[0].ConsumedCapacity[CapShares]; c.Value() != 1 {
+			t.Errorf("claim %s consumed %s shares, want 1", name, c.String())
+		}
+		shareIDs[*got[0].ShareID] = true
+		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: got}}
+		prior = append(prior, c)
+	}
+	if len(shareIDs) != 2 {
+		t.Errorf("share IDs %v, want two", shareIDs)
+	}
+	if got := allocateWith(t, res.Devices, classes, prior, sharedClaim("c", sharedClass, nil)); got != nil {
+		t.Errorf("a third claim got %+v of a device with two shares", got)
+	}
+	// A claim may ask for every share: the device is then its alone.
+	all := map[resourceapi.QualifiedName]resource.Quantity{CapShares: resource.MustParse("2")}
+	got = allocateWith(t, res.Devices, classes, nil, sharedClaim("whole", sharedClass, all))
+	if len(got) != 1 || got[0].Device != d.Name {
+		t.Fatalf("a claim of both shares: allocated %+v", got)
+	}
+	whole1 := sharedClaim("whole", sharedClass, all)
+	whole1.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: got}}
+	if got := allocateWith(t, res.Devices, classes, []*resourceapi.ResourceClaim{whole1}, sharedClaim("d", sharedClass, nil)); got != nil {
+		t.Errorf("a claim got %+v of a device whose shares another holds all of", got)
+	}
 }

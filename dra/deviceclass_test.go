@@ -25,7 +25,7 @@ const chartDeviceClasses = "../deploy/chart/gpu-node-agent/templates/deviceclass
 // the MIG-profile template, instantiated with each golden MIG profile,
 // selects exactly that profile's devices.
 func TestChartDeviceClasses(t *testing.T) {
-	template, profileTemplate := chartSelectors(t)
+	template, profileTemplate, _ := chartSelectors(t)
 	var devs []resourceapi.Device
 	for _, tc := range goldenCases {
 		b, err := os.ReadFile(filepath.Join("testdata", tc.name+".json"))
@@ -42,7 +42,7 @@ func TestChartDeviceClasses(t *testing.T) {
 	}
 	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
 		t.Run(kind, func(t *testing.T) {
-			expr := strings.ReplaceAll(template, "{{ $kind }}", kind)
+			expr := instantiate(template, kind, "", false)
 			res := cel.GetCompiler(cel.Features{}).CompileCELExpression(expr, cel.Options{})
 			if res.Error != nil {
 				t.Fatalf("compile %q: %v", expr, res.Error)
@@ -79,7 +79,7 @@ func TestChartDeviceClasses(t *testing.T) {
 	}
 	for profile := range profiles {
 		t.Run("mig-"+profile, func(t *testing.T) {
-			expr := strings.ReplaceAll(profileTemplate, "{{ $profile }}", profile)
+			expr := instantiate(profileTemplate, "", profile, false)
 			res := cel.GetCompiler(cel.Features{}).CompileCELExpression(expr, cel.Options{})
 			if res.Error != nil {
 				t.Fatalf("compile %q: %v", expr, res.Error)
@@ -100,9 +100,9 @@ func TestChartDeviceClasses(t *testing.T) {
 	}
 }
 
-// chartSelectors are the chart's two selector templates: by kind, and by
-// MIG profile.
-func chartSelectors(t *testing.T) (kind, profile string) {
+// chartSelectors are the chart's selector templates: by kind, by MIG
+// profile, and of the shared classes.
+func chartSelectors(t *testing.T) (kind, profile, shared string) {
 	t.Helper()
 	text, err := os.ReadFile(chartDeviceClasses)
 	if err != nil {
@@ -110,16 +110,34 @@ func chartSelectors(t *testing.T) (kind, profile string) {
 	}
 	for _, m := range regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindAllSubmatch(text, -1) {
 		switch e := string(m[1]); {
-		case strings.Contains(e, "{{ $kind }}") && kind == "":
-			kind = e
 		case strings.Contains(e, "{{ $profile }}") && profile == "":
 			profile = e
+		case strings.Contains(e, "{{ $kind }}") && strings.Contains(e, "{{ $exclusive }}") && kind == "":
+			kind = e
+		case strings.Contains(e, "{{ $kind }}") && strings.HasSuffix(e, "device.allowMultipleAllocations") && shared == "":
+			shared = e
 		default:
-			t.Fatalf("%s: selector %q is neither the kind's nor the profile's template, or a second one", chartDeviceClasses, e)
+			t.Fatalf("%s: selector %q is none of the kind's, the profile's or the shared classes' template, or a second one", chartDeviceClasses, e)
 		}
 	}
-	if kind == "" || profile == "" {
-		t.Fatalf("%s: kind selector %q, profile selector %q; want both", chartDeviceClasses, kind, profile)
+	if kind == "" || profile == "" || shared == "" {
+		t.Fatalf("%s: kind selector %q, profile selector %q, shared selector %q; want all three", chartDeviceClasses, kind, profile, shared)
 	}
-	return kind, profile
+	return kind, profile, shared
+}
+
+// instantiate fills a selector template as the chart renders it for kind
+// and profile, with dra.sharing.enabled or not.
+func instantiate(tmpl, kind, profile string, sharing bool) string {
+	exclusive := ""
+	if sharing {
+		exclusive = " && !device.allowMultipleAllocations"
+	}
+	if kind == TypeNIC {
+		exclusive = ""
+	}
+	return strings.NewReplacer(
+		"{{ $kind }}", kind, "{{ $profile }}", profile, `{{ if ne $kind "nic" }}`, "", "{{ end }}", "",
+		"{{ $exclusive }}", exclusive,
+	).Replace(tmpl)
 }

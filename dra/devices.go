@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
+	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
@@ -63,6 +64,8 @@ const (
 	CapEncoders        resourceapi.QualifiedName = "encoders"
 	CapJPEGEngines     resourceapi.QualifiedName = "jpegEngines"
 	CapOFAEngines      resourceapi.QualifiedName = "ofaEngines"
+	// CapShares is a shared device's count of shares (Options.Shares).
+	CapShares resourceapi.QualifiedName = "shares"
 )
 
 // Options is what Build needs beside the node model.
@@ -76,6 +79,12 @@ type Options struct {
 	// device taint. The monitor's status already folds the parent GPU's
 	// and the node's health into a MIG device's, so Build does not.
 	Unhealthy map[string]Fault
+	// Shares are the devices, by GPU or MIG UUID, that more than one
+	// claim may hold at once (gpu.TimeSlicing.Shares): each is published
+	// with allowMultipleAllocations and consumable capacity (KEP-5075) of
+	// Replicas shares, one by default, and its memory, an equal part of
+	// it by default. Nil: every device is exclusive.
+	Shares map[string]gpu.Share
 }
 
 // Result is the node's devices as ResourceSlices publish them.
@@ -111,7 +120,9 @@ func Build(n *topology.Node, opts Options) (Result, error) {
 		if g.MIGEnabled {
 			continue
 		}
-		b.add(b.gpu(g), healthID(g))
+		d := b.gpu(g)
+		b.share(&d, g.UUID)
+		b.add(d, healthID(g))
 	}
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
@@ -119,7 +130,9 @@ func Build(n *topology.Node, opts Options) (Result, error) {
 			continue
 		}
 		for _, m := range g.MIG {
-			b.add(b.mig(g, m), m.UUID)
+			d := b.mig(g, m)
+			b.share(&d, m.UUID)
+			b.add(d, m.UUID)
 		}
 	}
 	for _, nic := range n.NICs {
@@ -300,6 +313,43 @@ func pcieSwitch(path []string) string {
 		return ""
 	}
 	return topology.NormalizeBusID(path[len(path)-3])
+}
+
+// share makes d, the device of uuid, a shared one when Options.Shares
+// says so: several claims may hold it at once (allowMultipleAllocations),
+// each consuming, unless it asks for more, one of the Replicas shares
+// and an equal part of the memory, so that at most Replicas claims hold
+// it. The memory is the scheduler's accounting only: nothing on the GPU
+// enforces it, as nothing does for time-slicing's replicas.
+func (b *builder) share(d *resourceapi.Device, uuid string) {
+	s, ok := b.opts.Shares[uuid]
+	if !ok || uuid == "" || s.Replicas < 2 {
+		return
+	}
+	d.AllowMultipleAllocations = new(true)
+	if d.Capacity == nil {
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+	}
+	one := resource.NewQuantity(1, resource.DecimalSI)
+	n := resource.NewQuantity(int64(s.Replicas), resource.DecimalSI)
+	d.Capacity[CapShares] = resourceapi.DeviceCapacity{Value: *n, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+		Default: one, ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: one, Max: n, Step: one},
+	}}
+	mem, ok := d.Capacity[CapMemory]
+	if !ok {
+		return
+	}
+	const miB = 1024 * 1024
+	part := mem.Value.Value() / int64(s.Replicas) / miB * miB
+	if part < miB {
+		return
+	}
+	step := resource.NewQuantity(miB, resource.BinarySI)
+	mem.RequestPolicy = &resourceapi.CapacityRequestPolicy{
+		Default:    resource.NewQuantity(part, resource.BinarySI),
+		ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: step, Step: step},
+	}
+	d.Capacity[CapMemory] = mem
 }
 
 func mib(n uint64) resourceapi.DeviceCapacity {

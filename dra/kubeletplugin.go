@@ -280,6 +280,10 @@ func (p *KubeletPlugin) PrepareResourceClaims(_ context.Context, claims []*resou
 			dev := kubeletplugin.Device{
 				Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs,
 			}
+			if d.ShareID != "" {
+				id := types.UID(d.ShareID)
+				dev.ShareID = &id
+			}
 			if a, ok := attrs[d.Device]; ok && d.Pool == p.cfg.NodeName {
 				dev.Metadata = &kubeletplugin.DeviceMetadata{Attributes: a}
 			}

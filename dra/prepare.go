@@ -61,6 +61,9 @@ type PreparedDevice struct {
 	Pool         string   `json:"pool"`
 	Device       string   `json:"device"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// ShareID is the allocation's share of a shared device (empty for an
+	// exclusive one); the kubelet reports it in pod-resources.
+	ShareID string `json:"shareID,omitempty"`
 }
 
 // PrepareResult is the answer for one claim: its devices or why not.
@@ -248,17 +251,25 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		}
 		cdiDev := cdispec.Device{Name: ref.UID + "-" + r.Device}
 		cdiDev.ContainerEdits.DeviceNodes = deviceNodes(nodes)
-		spec.Devices = append(spec.Devices, cdiDev)
+		// Two requests of one claim may hold shares of one shared
+		// device: its device nodes are one CDI device.
+		if !slices.ContainsFunc(spec.Devices, func(x cdispec.Device) bool { return x.Name == cdiDev.Name }) {
+			spec.Devices = append(spec.Devices, cdiDev)
+		}
 		// A sub-request ("gpus/large") answers its parent request.
 		req, _, _ := strings.Cut(r.Request, "/")
 		if _, seen := reqDevs[req]; !seen {
 			reqOrder = append(reqOrder, req)
 		}
 		reqDevs[req] = append(reqDevs[req], d)
-		devs = append(devs, PreparedDevice{
+		pd := PreparedDevice{
 			Requests: []string{req}, Pool: r.Pool, Device: r.Device,
 			CDIDeviceIDs: []string{parser.QualifiedName(CDIVendor, CDIClass, cdiDev.Name)},
-		})
+		}
+		if r.ShareID != nil {
+			pd.ShareID = string(*r.ShareID)
+		}
+		devs = append(devs, pd)
 	}
 	// The environment describes all devices of a request together
 	// (NVIDIA_VISIBLE_DEVICES lists every GPU of it), so it is one CDI

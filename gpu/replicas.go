@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // maxResourceDevices bounds one resource's devices, replicas included: the
@@ -127,4 +129,62 @@ func (d SharedDevices) choose(devs []device) ([]bool, error) {
 // shared reports whether the resource serves replicas.
 func (r *resource) shared() bool {
 	return slices.ContainsFunc(r.devices, func(d device) bool { return d.replicas > 0 })
+}
+
+// Share is how the time-slicing configuration shares one device.
+type Share struct {
+	// Replicas is how many holders the device may have at once.
+	Replicas int
+	// ServedAs is the resource its replicas are served as by the device
+	// plugin (SharedResource.ServedName).
+	ServedAs string
+}
+
+// Shares is, by GPU or MIG UUID, the devices t shares and how: whole GPUs
+// (GPUs not in MIG mode) of nvidia.com/gpu and MIG devices of
+// nvidia.com/mig-<profile>, each resource's devices chosen as the device
+// plugin chooses them (SharedDevices). This is the whole-GPU and
+// per-profile naming the DRA driver serves; it fails, as Resources does,
+// when a resource's devices names devices the node does not have. Nil
+// when nothing is shared.
+func (t *TimeSlicing) Shares(node *topology.Node) (map[string]Share, error) {
+	if t == nil || len(t.Resources) == 0 || node == nil {
+		return nil, nil
+	}
+	groups := map[string][]device{}
+	for _, g := range node.GPUs {
+		if !g.MIGEnabled {
+			if g.UUID != "" {
+				groups[ResourceGPU] = append(groups[ResourceGPU], device{uuid: g.UUID, index: strconv.Itoa(g.Index)})
+			}
+			continue
+		}
+		for _, m := range g.MIG {
+			name, err := migResourceName(m.Profile)
+			if err != nil || m.UUID == "" {
+				continue
+			}
+			groups[name] = append(groups[name], device{uuid: m.UUID, index: fmt.Sprintf("%d:%d", g.Index, m.Index)})
+		}
+	}
+	out := map[string]Share{}
+	for i, r := range t.Resources {
+		devs := groups[r.Name]
+		if len(devs) == 0 {
+			continue
+		}
+		chosen, err := r.Devices.choose(devs)
+		if err != nil {
+			return nil, fmt.Errorf("%s.resources[%d].devices: %w", timeSlicingPath, i, err)
+		}
+		for j, d := range devs {
+			if chosen[j] {
+				out[d.uuid] = Share{Replicas: r.Replicas, ServedAs: r.ServedName(t.RenameByDefault)}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -485,5 +486,51 @@ func TestReplicaIDs(t *testing.T) {
 		if got := SharedUUID(id); got != want {
 			t.Errorf("SharedUUID(%q) = %q, want %q", id, got, want)
 		}
+	}
+}
+
+// TestShares: the devices the DRA driver publishes as shared, by UUID,
+// chosen as the device plugin chooses its replicated devices.
+func TestShares(t *testing.T) {
+	mig1g := []string{"MIG-00000000-0001-0000-0000-000000000000", "MIG-00000000-0002-0000-0000-000000000000", "MIG-00000000-0003-0000-0000-000000000000"}
+	tests := []struct {
+		name    string
+		fixture string
+		ts      *TimeSlicing
+		want    map[string]Share
+		wantErr string
+	}{
+		{name: "nothing shared", fixture: "h100-no-mig.json", ts: nil},
+		{name: "a count of GPUs, renamed by default", fixture: "h100-no-mig.json",
+			ts:   &TimeSlicing{RenameByDefault: true, Resources: []SharedResource{{Name: ResourceGPU, Replicas: 3, Devices: SharedDevices{Count: 2}}}},
+			want: map[string]Share{uuidOf(0): {3, "nvidia.com/gpu.shared"}, uuidOf(1): {3, "nvidia.com/gpu.shared"}}},
+		{name: "a list, not renamed", fixture: "h100-no-mig.json",
+			ts:   shared(SharedResource{Name: ResourceGPU, Replicas: 2, Devices: SharedDevices{List: []string{uuidOf(5), "1"}}}),
+			want: map[string]Share{uuidOf(1): {2, ResourceGPU}, uuidOf(5): {2, ResourceGPU}}},
+		{name: "a MIG device by index; GPUs in MIG mode are never whole", fixture: "h100-mig-mixed.json",
+			ts: &TimeSlicing{RenameByDefault: true, Resources: []SharedResource{
+				{Name: "nvidia.com/mig-1g.10gb", Replicas: 2, Devices: SharedDevices{List: []string{"0:2"}}},
+				{Name: ResourceGPU, Replicas: 4, Devices: SharedDevices{Count: 1}},
+			}},
+			want: map[string]Share{mig1g[1]: {2, "nvidia.com/mig-1g.10gb.shared"}, uuidOf(2): {4, "nvidia.com/gpu.shared"}}},
+		{name: "a GPU the node does not have", fixture: "h100-no-mig.json", ts: shared(SharedResource{Name: ResourceGPU, Replicas: 2, Devices: SharedDevices{List: []string{"8"}}}),
+			wantErr: "sharing.timeSlicing.resources[0].devices: 8 is not a device of the resource on this node"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.ts.Shares(loadNode(t, tc.fixture))
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("shares %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

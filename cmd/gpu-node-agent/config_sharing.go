@@ -117,8 +117,8 @@ func (c *Config) applyNVIDIAConfig(path string, fileKeys map[string]json.RawMess
 }
 
 // validateSharing checks what the time-slicing section cannot know alone:
-// sharing is served by the device plugin only, so a kind DRA serves cannot
-// be shared.
+// a kind DRA serves is shared only with dra.sharing (consumable capacity),
+// never silently left unshared.
 func (c *Config) validateSharing() []error {
 	ts := c.Sharing.TimeSlicing
 	if ts == nil {
@@ -130,8 +130,8 @@ func (c *Config) validateSharing() []error {
 		if gpu.IsMIGResource(r.Name) {
 			kind = dra.TypeMIG
 		}
-		if slices.Contains(c.DRA.Kinds, kind) {
-			errs = append(errs, fmt.Errorf("sharing.timeSlicing.resources[%d].name: %s cannot be shared: dra.devices serves %s devices through DRA, and sharing is device-plugin only", i, r.Name, kind))
+		if slices.Contains(c.DRA.Kinds, kind) && !c.DRA.Sharing {
+			errs = append(errs, fmt.Errorf("sharing.timeSlicing.resources[%d].name: %s cannot be shared: dra.devices serves %s devices through DRA, which shares them only with dra.sharing", i, r.Name, kind))
 		}
 	}
 	return errs

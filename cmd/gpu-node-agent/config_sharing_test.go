@@ -135,7 +135,13 @@ func TestSharingConfigValidate(t *testing.T) {
 			c.NodeName = "node-a"
 			c.DRA.Kinds = []string{"gpu", "mig"}
 			c.Sharing.TimeSlicing = ts(gpu.ResourceGPU)
-		}, wantErr: "sharing.timeSlicing.resources[0].name: nvidia.com/gpu cannot be shared: dra.devices serves gpu devices through DRA, and sharing is device-plugin only"},
+		}, wantErr: "sharing.timeSlicing.resources[0].name: nvidia.com/gpu cannot be shared: dra.devices serves gpu devices through DRA, which shares them only with dra.sharing"},
+		{name: "GPUs shared through DRA with dra.sharing", mutate: func(c *Config) {
+			c.NodeName = "node-a"
+			c.DRA.Kinds = []string{"gpu", "mig"}
+			c.DRA.Sharing = true
+			c.Sharing.TimeSlicing = ts(gpu.ResourceGPU)
+		}},
 		{name: "MIG shared while DRA serves MIG", mutate: func(c *Config) {
 			c.NodeName = "node-a"
 			c.MIGStrategy = "mixed"

@@ -1014,6 +1014,38 @@ func TestDeviceClassesAreOptional(t *testing.T) {
 			}
 		}
 	})
+	t.Run("sharing", func(t *testing.T) {
+		got := classes(map[string]any{"dra": map[string]any{"enabled": true, "sharing": map[string]any{"enabled": true},
+			"extendedResources": map[string]any{"migProfiles": []any{"1g.10gb"}}}})
+		kindClasses(t, got)
+		exclusive := "!device.allowMultipleAllocations"
+		for name, wantExclusive := range map[string]bool{
+			"gpu.dra.gpu-node-agent.io": true, "mig.dra.gpu-node-agent.io": true, "mig-1g.10gb.dra.gpu-node-agent.io": true,
+			"nic.dra.gpu-node-agent.io": false,
+		} {
+			if expr := got[name].Spec.Selectors[0].CEL.Expression; strings.Contains(expr, exclusive) != wantExclusive {
+				t.Errorf("%s: selector %q; want exclusive devices only: %v", name, expr, wantExclusive)
+			}
+		}
+		for name, res := range map[string]string{"gpu-shared.dra.gpu-node-agent.io": "nvidia.com/gpu.shared", "mig-shared.dra.gpu-node-agent.io": ""} {
+			dc, ok := got[name]
+			if !ok {
+				t.Errorf("DeviceClass %s missing (have %v)", name, keysOf(got))
+				continue
+			}
+			expr := dc.Spec.Selectors[0].CEL.Expression
+			if !strings.HasSuffix(expr, "&& device.allowMultipleAllocations") || strings.Contains(expr, exclusive) {
+				t.Errorf("%s: selector %q, want shared devices only", name, expr)
+			}
+			if e := extended(dc); e != res {
+				t.Errorf("%s: extendedResourceName %q, want %q", name, e, res)
+			}
+		}
+		cfg := render(t, map[string]any{"dra": map[string]any{"enabled": true, "sharing": map[string]any{"enabled": true}}})["configmap.yaml"]
+		if !strings.Contains(cfg, "sharing: true") {
+			t.Errorf("the agent's config lacks dra.sharing: true:\n%s", cfg)
+		}
+	})
 	t.Run("default profiles name each resource once", func(t *testing.T) {
 		got := classes(map[string]any{"dra": map[string]any{"enabled": true}})
 		seen := map[string]string{}
