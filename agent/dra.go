@@ -90,6 +90,10 @@ type draServer struct {
 	root *pcieRootCache
 	// sharing is the time-slicing section when DRAConfig.Sharing is on.
 	sharing *gpu.TimeSlicing
+	// nics are the node's RDMA devices now, and rdmaResources the
+	// configured RDMA resources: which one each NIC stands for.
+	nics          func() []rdma.Device
+	rdmaResources []rdma.ResourceConfig
 
 	mu sync.Mutex
 	// offered are the monitor IDs of the devices last published healthy.
@@ -135,7 +139,11 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 		s.shareErr = msg
 	}
 	s.mu.Unlock()
-	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults, Shares: shares})
+	var nicRes map[string]string
+	if s.nics != nil {
+		nicRes = rdma.ExclusiveResourceOf(s.nics(), s.rdmaResources)
+	}
+	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults, Shares: shares, NICResources: nicRes})
 	if err != nil {
 		s.mu.Lock()
 		if err.Error() != s.lastErr {
@@ -306,6 +314,7 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	if cfg.DRA.Sharing {
 		s.sharing = cfg.GPU.TimeSlicing
 	}
+	s.nics, s.rdmaResources = a.nics.Devices, cfg.RDMA.Resources
 	var err error
 	s.prep, err = dra.NewPreparer(dra.PreparerConfig{
 		NodeName: cfg.NodeName, HostRoot: hostRoot, CDIDir: cfg.DRA.CDIDir, StateDir: cfg.Health.StateDir,

@@ -26,6 +26,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
+	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 )
 
 // draTestConfig is a simulated DGX H100 agent with a node name and a fake
@@ -176,6 +177,7 @@ func TestAgentDRAKindsOnly(t *testing.T) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
 	kubeapitest.GenerateNames(client)
 	cfg := draTestConfig(t, dir, client, "nic")
+	cfg.RDMA.Resources = []rdma.ResourceConfig{{Name: "ib", Selectors: rdma.Selectors{LinkTypes: []string{"infiniband"}}}}
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -186,9 +188,13 @@ func TestAgentDRAKindsOnly(t *testing.T) {
 		devs = publishedDevices(t, client)
 		return len(devs) == 8
 	})
-	for name := range devs {
+	for name, d := range devs {
 		if dra.TypeOf(name) != dra.TypeNIC {
 			t.Errorf("%s published with only nic on DRA", name)
+		}
+		// Each NIC stands for the rdma/ib its ports would be served as.
+		if r := d.Attributes[dra.AttrRDMAResource].StringValue; r == nil || *r != "rdma/ib" {
+			t.Errorf("%s: rdmaResource %v, want rdma/ib", name, r)
 		}
 	}
 	testutil.WaitFor(t, "nvidia.com/gpu served by the device plugin", func() bool {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,7 +94,8 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 // classes select exclusive devices and the shared classes the others.
 func chartClasses(t *testing.T, sharing bool) classLister {
 	t.Helper()
-	kindSel, profileSel, sharedSel := chartSelectors(t)
+	sel := chartSelectors(t)
+	kindSel, profileSel, sharedSel := sel.kind, sel.profile, sel.shared
 	l := classLister{}
 	class := func(name, expr string) {
 		l[name] = &resourceapi.DeviceClass{
@@ -109,6 +111,7 @@ func chartClasses(t *testing.T, sharing bool) classLister {
 	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "2g.20gb", "3g.40gb"} {
 		class("mig-"+p+"."+DriverName, instantiate(profileSel, "", p, sharing))
 	}
+	class("rdma-ib."+DriverName, strings.ReplaceAll(sel.rdma, "{{ $r.name }}", "ib"))
 	if sharing {
 		for _, kind := range []string{TypeGPU, TypeMIG} {
 			class(kind+"-shared."+DriverName, instantiate(sharedSel, kind, "", sharing))
@@ -386,6 +389,32 @@ func TestExtendedResourceClaims(t *testing.T) {
 		}
 		if nvlinked(model, 1, 4) {
 			t.Fatal("GPUs 1 and 4 are NVLinked in the model: this case no longer shows the limit")
+		}
+	})
+	t.Run("an RDMA resource", func(t *testing.T) {
+		model, root := simNode(t, "dgx-h100")
+		// Half the NICs stand for rdma/ib (as if its selectors chose
+		// them); the others for none.
+		nicRes := map[string]string{}
+		for _, n := range model.NICs[:len(model.NICs)/2] {
+			nicRes[n.Name] = "rdma/ib"
+		}
+		res, err := Build(model, Options{PCIeRoot: SysfsPCIeRoot(root), NICResources: nicRes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs := byName(res.Devices)
+		got := allocate(t, res.Devices, extendedClaim("rdma-ib."+DriverName, int64(len(nicRes))))
+		if len(got) != len(nicRes) {
+			t.Fatalf("rdma/ib: %d: allocated %v", len(nicRes), got)
+		}
+		for _, r := range got {
+			if d := devs[r.Device]; str(d, AttrType) != TypeNIC || nicRes[str(d, AttrRDMADevice)] != "rdma/ib" {
+				t.Errorf("rdma/ib got %s, which stands for none", r.Device)
+			}
+		}
+		if got := allocate(t, res.Devices, extendedClaim("rdma-ib."+DriverName, int64(len(nicRes)+1))); got != nil {
+			t.Errorf("rdma/ib: one more than there are: allocated %v", got)
 		}
 	})
 	t.Run("a MIG profile", func(t *testing.T) {

@@ -25,7 +25,8 @@ const chartDeviceClasses = "../deploy/chart/gpu-node-agent/templates/deviceclass
 // the MIG-profile template, instantiated with each golden MIG profile,
 // selects exactly that profile's devices.
 func TestChartDeviceClasses(t *testing.T) {
-	template, profileTemplate, _ := chartSelectors(t)
+	st := chartSelectors(t)
+	template, profileTemplate := st.kind, st.profile
 	var devs []resourceapi.Device
 	for _, tc := range goldenCases {
 		b, err := os.ReadFile(filepath.Join("testdata", tc.name+".json"))
@@ -100,30 +101,35 @@ func TestChartDeviceClasses(t *testing.T) {
 	}
 }
 
-// chartSelectors are the chart's selector templates: by kind, by MIG
-// profile, and of the shared classes.
-func chartSelectors(t *testing.T) (kind, profile, shared string) {
+// selectorTemplates are the chart's selector templates: by kind, by MIG
+// profile, of the shared classes and of the RDMA-resource classes.
+type selectorTemplates struct{ kind, profile, shared, rdma string }
+
+func chartSelectors(t *testing.T) selectorTemplates {
 	t.Helper()
 	text, err := os.ReadFile(chartDeviceClasses)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var st selectorTemplates
 	for _, m := range regexp.MustCompile(`(?m)^\s*expression: (.*)$`).FindAllSubmatch(text, -1) {
 		switch e := string(m[1]); {
-		case strings.Contains(e, "{{ $profile }}") && profile == "":
-			profile = e
-		case strings.Contains(e, "{{ $kind }}") && strings.Contains(e, "{{ $exclusive }}") && kind == "":
-			kind = e
-		case strings.Contains(e, "{{ $kind }}") && strings.HasSuffix(e, "device.allowMultipleAllocations") && shared == "":
-			shared = e
+		case strings.Contains(e, "{{ $profile }}") && st.profile == "":
+			st.profile = e
+		case strings.Contains(e, "{{ $r.name }}") && st.rdma == "":
+			st.rdma = e
+		case strings.Contains(e, "{{ $kind }}") && strings.Contains(e, "{{ $exclusive }}") && st.kind == "":
+			st.kind = e
+		case strings.Contains(e, "{{ $kind }}") && strings.HasSuffix(e, "device.allowMultipleAllocations") && st.shared == "":
+			st.shared = e
 		default:
-			t.Fatalf("%s: selector %q is none of the kind's, the profile's or the shared classes' template, or a second one", chartDeviceClasses, e)
+			t.Fatalf("%s: selector %q is none of the kind's, the profile's, the shared or the RDMA classes' template, or a second one", chartDeviceClasses, e)
 		}
 	}
-	if kind == "" || profile == "" || shared == "" {
-		t.Fatalf("%s: kind selector %q, profile selector %q, shared selector %q; want all three", chartDeviceClasses, kind, profile, shared)
+	if st.kind == "" || st.profile == "" || st.shared == "" || st.rdma == "" {
+		t.Fatalf("%s: selector templates %+v; want all four", chartDeviceClasses, st)
 	}
-	return kind, profile, shared
+	return st
 }
 
 // instantiate fills a selector template as the chart renders it for kind

@@ -56,6 +56,9 @@ const (
 	AttrRDMADevice   resourceapi.QualifiedName = "rdmaDevice"
 	AttrNetDev       resourceapi.QualifiedName = "netdev"
 	AttrLinkLayer    resourceapi.QualifiedName = "linkLayer"
+	// AttrRDMAResource is the device plugin's resource a NIC stands for
+	// (rdma/<name>, Options.NICResources).
+	AttrRDMAResource resourceapi.QualifiedName = "rdmaResource"
 
 	CapMemory          resourceapi.QualifiedName = "memory"
 	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
@@ -85,6 +88,11 @@ type Options struct {
 	// Replicas shares, one by default, and its memory, an equal part of
 	// it by default. Nil: every device is exclusive.
 	Shares map[string]gpu.Share
+	// NICResources names, by RDMA device, the exclusive RDMA resource a
+	// NIC stands for (rdma.ExclusiveResourceOf), published as its
+	// rdmaResource attribute so that a DeviceClass can serve that
+	// extended resource. Nil: none.
+	NICResources map[string]string
 }
 
 // Result is the node's devices as ResourceSlices publish them.
@@ -299,6 +307,9 @@ func (b *builder) nic(nic topology.NIC) resourceapi.Device {
 		a.str(AttrNetDev, nic.NetDevs[0])
 	}
 	a.str(AttrLinkLayer, nic.LinkLayer)
+	if r := b.opts.NICResources[nic.Name]; r != "" {
+		a.str(AttrRDMAResource, r)
+	}
 	b.pci(a, name, nic.PCIBusID, nic.PCIPath, nic.NUMANode)
 	return resourceapi.Device{Name: name, Attributes: a}
 }

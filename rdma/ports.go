@@ -53,3 +53,35 @@ func matchPorts(devs []Device, cfg ResourceConfig) []portRef {
 	}
 	return refs
 }
+
+// ExclusiveResourceOf names, by RDMA device (Device.Name), the exclusive
+// resource ("rdma/<name>") that selects every port of the device, the
+// first such in cfgs: the extended resource a whole NIC stands for when
+// DRA serves it. A device no exclusive resource selects whole is left
+// out, as is every device of a shared resource (a shared resource's slots
+// are not devices). Nil when none.
+func ExclusiveResourceOf(devs []Device, cfgs []ResourceConfig) map[string]string {
+	var out map[string]string
+	for _, cfg := range cfgs {
+		if cfg.mode() != ModeExclusive {
+			continue
+		}
+		for di := range devs {
+			d := &devs[di]
+			if _, done := out[d.Name]; done || len(d.Ports) == 0 {
+				continue
+			}
+			all := true
+			for _, p := range d.Ports {
+				all = all && cfg.Selectors.Match(*d, p)
+			}
+			if all {
+				if out == nil {
+					out = map[string]string{}
+				}
+				out[d.Name] = ResourcePrefix + cfg.Name
+			}
+		}
+	}
+	return out
+}

@@ -36,3 +36,35 @@ func TestResourcePorts(t *testing.T) {
 		t.Errorf("ports (-want +got):\n%s", diff)
 	}
 }
+
+// TestExclusiveResourceOf: a whole NIC stands for the first exclusive
+// resource selecting all its ports; a shared resource's NICs and a NIC
+// whose ports two resources split stand for none.
+func TestExclusiveResourceOf(t *testing.T) {
+	devs := fixtureDevices(t, "portdown", "multiport", "roce")
+	tests := []struct {
+		name string
+		cfgs []ResourceConfig
+		want map[string]string
+	}{
+		{name: "ib exclusive, roce shared", cfgs: []ResourceConfig{
+			{Name: "ib", Selectors: Selectors{LinkTypes: []string{"ib"}, Vendors: []string{"15b3"}}},
+			{Name: "roce", Mode: ModeShared, Selectors: Selectors{LinkTypes: []string{"ethernet"}}},
+		}, want: map[string]string{"mlx5_0": "rdma/ib", "mlx5_1": "rdma/ib", "mlx4_0": "rdma/ib"}},
+		{name: "the first resource wins", cfgs: []ResourceConfig{
+			{Name: "all"},
+			{Name: "ib", Selectors: Selectors{LinkTypes: []string{"ib"}}},
+		}, want: map[string]string{"mlx5_0": "rdma/all", "mlx5_1": "rdma/all", "mlx4_0": "rdma/all", "mlx5_4": "rdma/all"}},
+		{name: "by driver: the mlx4 NIC stands for none", cfgs: []ResourceConfig{
+			{Name: "mlx5", Selectors: Selectors{Drivers: []string{"mlx5_core"}}},
+		}, want: map[string]string{"mlx5_0": "rdma/mlx5", "mlx5_1": "rdma/mlx5", "mlx5_4": "rdma/mlx5"}},
+		{name: "none", cfgs: nil, want: nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, ExclusiveResourceOf(devs, tc.cfgs)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -37,7 +37,8 @@ const slicesPath = "/apis/resource.k8s.io/v1/resourceslices"
 const otherDriver = "gpu.nvidia.com"
 
 // draCluster is a real kube-apiserver with the chart's service account,
-// RBAC, admission policy and DeviceClasses rendered with dra.enabled=true,
+// RBAC, admission policy and DeviceClasses (every form: the API server
+// validates them) rendered with dra.enabled=true,
 // nodes A and B, and the agent's credential for node A.
 type draCluster struct {
 	c          *cluster.Cluster
@@ -61,7 +62,15 @@ func startDRACluster(t *testing.T) *draCluster {
 	ctx := t.Context()
 	d := &draCluster{c: c, admin: c.Client}
 
-	rendered, err := agentdeploy.Render("gpu-node-agent", agentNamespace, map[string]any{"dra": map[string]any{"enabled": true}})
+	// Every DeviceClass the chart can render, so that the API server
+	// validates each form (CEL of the shared and RDMA classes, the
+	// extended resource names): sharing on and an RDMA resource.
+	rendered, err := agentdeploy.Render("gpu-node-agent", agentNamespace, map[string]any{
+		"dra": map[string]any{"enabled": true, "sharing": map[string]any{"enabled": true}},
+		"config": map[string]any{"rdma": map[string]any{"resources": []any{
+			map[string]any{"name": "ib", "selectors": map[string]any{"linkTypes": []any{"infiniband"}}},
+		}}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,8 +101,17 @@ func startDRACluster(t *testing.T) *draCluster {
 		}
 		objs = append(objs, obj)
 	}
-	if d.sa == nil || d.sa.Namespace != agentNamespace || d.policyName == "" || len(classes) != 3 {
-		t.Fatalf("chart with dra.enabled lacks the service account in %s, the policy or the 3 DeviceClasses (%d)", agentNamespace, len(classes))
+	names := map[string]bool{}
+	for _, dc := range classes {
+		names[dc.Name] = true
+	}
+	for _, want := range []string{"gpu", "mig", "nic", "gpu-shared", "mig-shared", "rdma-ib", "mig-1g.10gb", "mig-1g.10gb.me"} {
+		if !names[want+"."+dra.DriverName] {
+			t.Errorf("chart with dra.enabled lacks DeviceClass %s.%s (has %d)", want, dra.DriverName, len(classes))
+		}
+	}
+	if d.sa == nil || d.sa.Namespace != agentNamespace || d.policyName == "" {
+		t.Fatalf("chart with dra.enabled lacks the service account in %s or the policy", agentNamespace)
 	}
 	apply(t, d.admin, objs)
 	for _, dc := range classes {

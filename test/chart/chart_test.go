@@ -1014,6 +1014,31 @@ func TestDeviceClassesAreOptional(t *testing.T) {
 			}
 		}
 	})
+	t.Run("RDMA resources", func(t *testing.T) {
+		got := classes(map[string]any{"dra": map[string]any{"enabled": true, "extendedResources": map[string]any{"migProfiles": []any{}}},
+			"config": map[string]any{"rdma": map[string]any{"resources": []any{
+				map[string]any{"name": "ib", "selectors": map[string]any{"linkTypes": []any{"infiniband"}}},
+				map[string]any{"name": "roce_shared", "mode": "shared", "slots": 10},
+			}}}})
+		dc, ok := got["rdma-ib.dra.gpu-node-agent.io"]
+		if !ok {
+			t.Fatalf("no class for rdma/ib (have %v)", keysOf(got))
+		}
+		if e := extended(dc); e != "rdma/ib" {
+			t.Errorf("rdma-ib: extendedResourceName %q, want rdma/ib", e)
+		}
+		if expr := dc.Spec.Selectors[0].CEL.Expression; !strings.Contains(expr, `.type == "nic"`) || !strings.Contains(expr, `.rdmaResource == "rdma/ib"`) {
+			t.Errorf("rdma-ib: selector %q", expr)
+		}
+		for name := range got {
+			if strings.Contains(name, "roce") {
+				t.Errorf("class %s for a shared RDMA resource (its slots are not devices)", name)
+			}
+		}
+		if len(got) != 4 {
+			t.Errorf("classes %v, want the three kinds and rdma-ib", keysOf(got))
+		}
+	})
 	t.Run("sharing", func(t *testing.T) {
 		got := classes(map[string]any{"dra": map[string]any{"enabled": true, "sharing": map[string]any{"enabled": true},
 			"extendedResources": map[string]any{"migProfiles": []any{"1g.10gb"}}}})

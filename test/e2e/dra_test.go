@@ -57,9 +57,10 @@ const draRescan = 10 * time.Second
 //     simulated topology;
 //   - a claim for 2 GPUs with matchAttribute nvlinkIsland gets an
 //     NVLink-connected pair;
-//   - an unchanged pod asking for nvidia.com/gpu: 2 is served by DRA
-//     through the gpu class's extendedResourceName: the scheduler's claim,
-//     the GPUs in the container, the pod's metrics attribution;
+//   - an unchanged pod asking for nvidia.com/gpu: 2 and rdma/ib: 1 is
+//     served by DRA through the classes' extendedResourceName: the
+//     scheduler's claim, the GPUs and the NIC in the container, the pod's
+//     metrics attribution;
 //   - no ResourceSlice write while nothing changes;
 //   - the agent's pod deleted while a claim is prepared: the claim's pod
 //     keeps running (same container), and after its deletion the new
@@ -127,7 +128,8 @@ func TestDRA(t *testing.T) {
 	// (b) 2 GPUs on one NVLink island.
 	twoGPUs := runTwoGPUClaim(ctx, t, node, devs)
 
-	// (f) An unchanged pod asking for nvidia.com/gpu: 2, served by DRA.
+	// (f) An unchanged pod asking for nvidia.com/gpu: 2 and rdma/ib: 1,
+	// served by DRA.
 	runExtendedResourcePod(ctx, t, a, node)
 
 	// (e) Nothing changed since the slices settled: claims, pods, health
@@ -818,17 +820,18 @@ type gpuPod struct {
 
 // runTwoGPUClaim: (b) a claim for 2 GPUs with matchAttribute nvlinkIsland
 // gets two GPUs the model links by NVLink, and its pod sees both.
-// runExtendedResourcePod runs a pod that asks for nvidia.com/gpu: 2 as it
-// would on a device-plugin node. The node's allocatable no longer carries
-// the resource, so the scheduler serves it through the DeviceClass naming
-// it (KEP-5004): it creates a claim of its own for the pod, the agent
-// prepares it like any claim, and the kubelet gives the container that
-// claim's CDI devices. The pod is deleted at the end and its claim must go
-// with it, so that the scenario's restore finds nothing allocated.
+// runExtendedResourcePod runs a pod that asks for nvidia.com/gpu: 2 and
+// rdma/ib: 1 as it would on a device-plugin node. The node's allocatable
+// no longer carries either, so the scheduler serves both through the
+// DeviceClasses naming them (KEP-5004): it creates a claim of its own for
+// the pod, the agent prepares it like any claim, and the kubelet gives the
+// container that claim's CDI devices. The pod is deleted at the end and
+// its claim must go with it, so that the scenario's restore finds nothing
+// allocated.
 func runExtendedResourcePod(ctx context.Context, t *testing.T, a *agentdeploy.Agent, node *topology.Node) {
 	const name = "dra-extended-gpus"
 	start := time.Now()
-	workloadPod(t, name, map[string]int64{"nvidia.com/gpu": 2})
+	workloadPod(t, name, map[string]int64{"nvidia.com/gpu": 2, "rdma/ib": 1})
 	pod := waitPodRunning(t, name, 2*time.Minute)
 	running := time.Since(start)
 	st := pod.Status.ExtendedResourceClaimStatus
@@ -840,10 +843,14 @@ func runExtendedResourcePod(ctx context.Context, t *testing.T, a *agentdeploy.Ag
 		t.Errorf("claim %s lacks %s=true: %v", claim.Name, resourcev1.ExtendedResourceClaimAnnotation, claim.Annotations)
 	}
 	alloc := allocation(t, claim)
-	if len(alloc) != 1 || len(st.RequestMappings) != 1 || st.RequestMappings[0].ResourceName != "nvidia.com/gpu" {
-		t.Fatalf("claim %s allocated %v for mappings %+v, want one request for nvidia.com/gpu", claim.Name, alloc, st.RequestMappings)
+	byResource := map[string][]string{}
+	for _, m := range st.RequestMappings {
+		byResource[m.ResourceName] = alloc[m.RequestName]
 	}
-	gpus := alloc[st.RequestMappings[0].RequestName]
+	gpus, nics := byResource["nvidia.com/gpu"], byResource["rdma/ib"]
+	if len(alloc) != 2 || len(gpus) != 2 || len(nics) != 1 {
+		t.Fatalf("claim %s allocated %v for mappings %+v, want two GPUs for nvidia.com/gpu and a NIC for rdma/ib", claim.Name, alloc, st.RequestMappings)
+	}
 	var uuids []string
 	for _, d := range gpus {
 		if dra.TypeOf(d) != dra.TypeGPU {
@@ -851,23 +858,25 @@ func runExtendedResourcePod(ctx context.Context, t *testing.T, a *agentdeploy.Ag
 		}
 		uuids = append(uuids, gpuByName(t, node, d).UUID)
 	}
-	if len(gpus) != 2 {
-		t.Fatalf("claim %s allocated %v, want two GPUs", claim.Name, gpus)
-	}
+	nic := nicByName(t, node, nics[0])
 	sort.Strings(uuids)
-	got := strings.Split(podEnv(t, name)["NVIDIA_VISIBLE_DEVICES"], ",")
+	env := podEnv(t, name)
+	got := strings.Split(env["NVIDIA_VISIBLE_DEVICES"], ",")
 	sort.Strings(got)
 	if !slices.Equal(got, uuids) {
 		t.Errorf("NVIDIA_VISIBLE_DEVICES %v, want %v", got, uuids)
 	}
+	if hca := env["NCCL_IB_HCA"]; !strings.Contains(hca, nic.Name) {
+		t.Errorf("NCCL_IB_HCA %q, want the allocated NIC %s", hca, nic.Name)
+	}
 	nodes, _ := claimSpec(t, claim)
-	if gn := slices.Sorted(maps.Keys(nodes)); !slices.Equal(gn, gpus) {
-		t.Errorf("CDI spec devices %v, want %v", gn, gpus)
+	if gn := slices.Sorted(maps.Keys(nodes)); !slices.Equal(gn, slices.Sorted(slices.Values(append(slices.Clone(gpus), nics...)))) {
+		t.Errorf("CDI spec devices %v, want %v and %v", gn, gpus, nics)
 	}
 	checkContainerDevices(t, name, nodes)
 	checkPodAttribution(t, a, pod, uuids)
-	t.Logf("pod %s (nvidia.com/gpu: 2, no claim of its own) Running after %s on %v through the scheduler's claim %s; NVIDIA_VISIBLE_DEVICES and the metrics' pod labels follow",
-		name, running.Round(time.Millisecond), gpus, claim.Name)
+	t.Logf("pod %s (nvidia.com/gpu: 2, rdma/ib: 1, no claim of its own) Running after %s on %v and %s through the scheduler's claim %s; NVIDIA_VISIBLE_DEVICES, NCCL_IB_HCA=%s and the metrics' pod labels follow",
+		name, running.Round(time.Millisecond), gpus, nics[0], claim.Name, env["NCCL_IB_HCA"])
 
 	deletePod(t, name)
 	gctx, gcancel := context.WithTimeout(ctx, time.Minute)
