@@ -22,6 +22,35 @@ import (
 // nvidia.com/gpu.
 const sharedResource = "nvidia.com/gpu.shared"
 
+// sharedGPU is the GPU the sharing scenarios share: the first whole GPU of
+// the demo node (GPUs 0 and 1 are in MIG mode).
+const sharedGPU = 2
+
+// timeSliced is values with the agent's time-slicing section sharing
+// sharedGPU: 2 replicas, served as sharedResource.
+func timeSliced(values map[string]any) map[string]any {
+	return withConfig(values, "sharing", map[string]any{"timeSlicing": map[string]any{
+		"resources": []any{map[string]any{"name": "nvidia.com/gpu", "replicas": 2, "rename": sharedResource, "devices": []any{sharedGPU}}},
+	}})
+}
+
+// gpuIndexes is the simulated node's GPU index by UUID.
+func gpuIndexes(t *testing.T, a *agentdeploy.Agent) map[string]int {
+	index := map[string]int{}
+	for i, uuid := range simState(t, a) {
+		index[uuid] = i
+	}
+	return index
+}
+
+// sharer is a pod of a sharing scenario and its simulated process's use
+// of the shared GPU.
+type sharer struct {
+	name      string
+	memoryMiB uint64
+	smUtil    uint32
+}
+
 // TestSharedGPU: with time-slicing configured for one GPU (2 replicas),
 // two pods each asking for one replica share that GPU; each pod's
 // simulated process on it shows in the agent's per-pod series with its own
@@ -34,19 +63,12 @@ func TestSharedGPU(t *testing.T) {
 	requireNoDevicePluginPods(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	index := map[string]int{}
-	for i, uuid := range simState(t, a) {
-		index[uuid] = i
-	}
-	// The first whole GPU of the demo node (GPUs 0 and 1 are in MIG mode).
-	const sharedGPU = 2
+	index := gpuIndexes(t, a)
 
 	defaults := a.Options
 	restoreAtEnd(t, a, nil)
 	opts := defaults
-	opts.Values = withConfig(defaults.Values, "sharing", map[string]any{"timeSlicing": map[string]any{
-		"resources": []any{map[string]any{"name": "nvidia.com/gpu", "replicas": 2, "rename": sharedResource, "devices": []any{sharedGPU}}},
-	}})
+	opts.Values = timeSliced(defaults.Values)
 	start := time.Now()
 	if _, err := a.Reinstall(ctx, shared, opts); err != nil {
 		t.Fatalf("reinstall the agent with time-slicing: %v\nagent log:\n%s", err, agentLog(a))
@@ -59,11 +81,6 @@ func TestSharedGPU(t *testing.T) {
 	}
 	t.Logf("agent reinstalled with GPU %d time-sliced (2 replicas as %s) in %s", sharedGPU, sharedResource, time.Since(start).Round(time.Millisecond))
 
-	type sharer struct {
-		name      string
-		memoryMiB uint64
-		smUtil    uint32
-	}
 	sharers := []sharer{{"share-a", 1024, 30}, {"share-b", 3072, 60}}
 	for _, s := range sharers {
 		workloadPod(t, s.name, map[string]int64{sharedResource: 1})
@@ -198,21 +215,14 @@ func TestDRASharedGPU(t *testing.T) {
 	requireNoDevicePluginPods(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	index := map[string]int{}
-	for i, uuid := range simState(t, a) {
-		index[uuid] = i
-	}
-	// The first whole GPU of the demo node (GPUs 0 and 1 are in MIG mode).
-	const sharedGPU = 2
+	index := gpuIndexes(t, a)
 
 	defaults := a.Options
 	// Registered first, so it runs last: after the pods' cleanups.
 	t.Cleanup(func() { restoreDeviceplugin(t, a, defaults) })
 	opts := defaults
 	opts.DRA = draKinds
-	opts.Values = withConfig(defaults.Values, "sharing", map[string]any{"timeSlicing": map[string]any{
-		"resources": []any{map[string]any{"name": "nvidia.com/gpu", "replicas": 2, "rename": sharedResource, "devices": []any{sharedGPU}}},
-	}})
+	opts.Values = timeSliced(defaults.Values)
 	opts.Values["dra"] = map[string]any{"sharing": map[string]any{"enabled": true}}
 	start := time.Now()
 	if _, err := a.Reinstall(ctx, shared, opts); err != nil {
@@ -234,11 +244,6 @@ func TestDRASharedGPU(t *testing.T) {
 	shares := devs[sharedDev].Capacity[dra.CapShares]
 	t.Logf("agent reinstalled with DRA sharing: %s published shared with %s shares after %s", sharedDev, shares.Value.String(), time.Since(start).Round(time.Millisecond))
 
-	type sharer struct {
-		name      string
-		memoryMiB uint64
-		smUtil    uint32
-	}
 	sharers := []sharer{{"dra-share-a", 1024, 30}, {"dra-share-b", 3072, 60}}
 	for _, s := range sharers {
 		workloadPod(t, s.name, map[string]int64{sharedResource: 1})
