@@ -12,10 +12,12 @@ import (
 )
 
 // Census is what every method of the agent's NVML (package nvmlapi:
-// Library, Device, GpuInstance, EventSet) answered on one node, call by
-// call: on every GPU and every MIG device, with the arguments the agent
-// uses or that nvml.h defines. It is read-only: every call is a getter,
-// and the event sets it creates are its own and freed. Calls go through
+// Library, Device, GpuInstance, ComputeInstance, EventSet) answered on one
+// node, call by call: on every GPU and every MIG device, with the
+// arguments the agent uses or that nvml.h defines. It is read-only: every
+// call is a getter (the calls that make and destroy GPU and compute
+// instances, CensusMutators, are never made), and the event sets it
+// creates are its own and freed. Calls go through
 // the owner's lanes, so each is bounded by the call timeout and a hung GPU
 // costs its own calls one timeout and delays no other GPU.
 type Census struct {
@@ -111,6 +113,13 @@ type CensusOptions struct {
 	// when zero), capped at half the call timeout so the wait itself is
 	// never taken for a hang.
 	EventWait time.Duration
+}
+
+// CensusMutators are the nvmlapi methods a census never calls, as the
+// census names them: they make and destroy MIG GPU and compute instances
+// (MakeMIG, UnmakeMIG).
+var CensusMutators = []string{
+	"CreateGpuInstanceWithPlacement", "GpuInstance.CreateComputeInstance", "GpuInstance.Destroy", "ComputeInstance.Destroy",
 }
 
 // DefaultCensusEventWait is CensusOptions.EventWait's default.
@@ -379,6 +388,9 @@ func (g *gpuCensus) run(all []*gpuCensus) {
 	})
 	migs := whole.every(all)
 	var gis []int
+	// cis are the compute instance IDs of each GPU instance's MIG
+	// devices.
+	cis := map[int][]int{}
 	for _, m := range migs {
 		md := &deviceCensus{g: g, lane: lane, mig: m.handle, calls: []CensusCall{}}
 		dev := CensusDevice{Index: m.index, Parent: &g.index}
@@ -395,11 +407,15 @@ func (g *gpuCensus) run(all []*gpuCensus) {
 		if md.gi != nil && !slices.Contains(gis, *md.gi) {
 			gis = append(gis, *md.gi)
 		}
+		if md.gi != nil && md.ci != nil {
+			cis[*md.gi] = append(cis[*md.gi], *md.ci)
+		}
 	}
-	// The GPU instances of the GPU's MIG devices, on the GPU.
+	// The GPU instances of the GPU's MIG devices, on the GPU, with their
+	// compute instances.
 	slices.Sort(gis)
 	for _, gi := range gis {
-		whole.gpuInstance(gi)
+		whole.gpuInstance(gi, cis[gi])
 	}
 	g.devices[0].Calls = whole.calls
 }
@@ -473,7 +489,8 @@ func (d *deviceCensus) identity() {
 // handles (0..GetMaxMigDeviceCount-1, or index 0 alone when that count
 // is unknown or zero, to record the answer), the GPU instance profiles
 // (nvml.h: NVML_GPU_INSTANCE_PROFILE_* from 0 to
-// NVML_GPU_INSTANCE_PROFILE_COUNT-1) and, on a MIG device, its own GPU
+// NVML_GPU_INSTANCE_PROFILE_COUNT-1), for each profile answered its
+// placements and GPU instances, and, on a MIG device, its own GPU
 // instance.
 func (d *deviceCensus) migCalls() []migHandle {
 	d.call("GetMigMode", nil, func(dev Device) (any, nvml.Return) {
@@ -506,22 +523,57 @@ func (d *deviceCensus) migCalls() []migHandle {
 		}
 	}
 	for p := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		var info nvml.GpuInstanceProfileInfo
 		c := d.call("GetGpuInstanceProfileInfo", []any{gpuInstanceProfileName(p)}, func(dev Device) (any, nvml.Return) {
-			return dev.GetGpuInstanceProfileInfo(p)
+			i, ret := dev.GetGpuInstanceProfileInfo(p)
+			info = i
+			return i, ret
 		})
 		if !c.answered() {
 			break
 		}
+		if c.is(nvml.SUCCESS) && !d.gpuInstanceProfile(p, info) {
+			break
+		}
 	}
 	if d.mig != nil && d.gi != nil {
-		d.gpuInstance(*d.gi)
+		d.gpuInstance(*d.gi, nil)
 	}
 	return migs
 }
 
+// gpuInstanceProfile calls GetGpuInstancePossiblePlacements and
+// GetGpuInstances for GPU instance profile p (info, as
+// GetGpuInstanceProfileInfo answered it); GetGpuInstances only for a
+// profile that allows an instance (go-nvml sizes its buffer by the
+// instance count). It says whether NVML answered.
+func (d *deviceCensus) gpuInstanceProfile(p int, info nvml.GpuInstanceProfileInfo) bool {
+	args := []any{gpuInstanceProfileName(p)}
+	c := d.call("GetGpuInstancePossiblePlacements", args, func(dev Device) (any, nvml.Return) {
+		own := info
+		pls, ret := dev.GetGpuInstancePossiblePlacements(&own)
+		return nonNil(pls), ret
+	})
+	if !c.answered() {
+		return false
+	}
+	if info.InstanceCount == 0 {
+		return true
+	}
+	c = d.call("GetGpuInstances", args, func(dev Device) (any, nvml.Return) {
+		own := info
+		gis, ret := dev.GetGpuInstances(&own)
+		return map[string]int{"count": len(gis)}, ret
+	})
+	return c.answered()
+}
+
 // gpuInstance calls GetGpuInstanceById(id) and, if it answers, the GPU
-// instance's GetInfo.
-func (d *deviceCensus) gpuInstance(id int) {
+// instance's GetInfo, its compute instance profiles
+// (NVML_COMPUTE_INSTANCE_PROFILE_* from 0 to
+// NVML_COMPUTE_INSTANCE_PROFILE_COUNT-1, shared engines, the one engine
+// profile nvml.h defines) and its compute instances cis with their info.
+func (d *deviceCensus) gpuInstance(id int, cis []int) {
 	var gi GpuInstance
 	c := d.call("GetGpuInstanceById", []any{id}, func(dev Device) (any, nvml.Return) {
 		h, ret := dev.GetGpuInstanceById(id)
@@ -531,7 +583,33 @@ func (d *deviceCensus) gpuInstance(id int) {
 	if !c.is(nvml.SUCCESS) || gi == nil {
 		return
 	}
-	d.call("GpuInstance.GetInfo", nil, func(Device) (any, nvml.Return) { return gi.GetInfo() })
+	if c := d.call("GpuInstance.GetInfo", nil, func(Device) (any, nvml.Return) { return gi.GetInfo() }); !c.answered() {
+		return
+	}
+	for p := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
+		c := d.call("GpuInstance.GetComputeInstanceProfileInfo", []any{computeInstanceProfileName(p), "COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED"},
+			func(Device) (any, nvml.Return) {
+				return gi.GetComputeInstanceProfileInfo(p, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+			})
+		if !c.answered() {
+			return
+		}
+	}
+	for _, id := range cis {
+		var ci ComputeInstance
+		c := d.call("GpuInstance.GetComputeInstanceById", []any{id}, func(Device) (any, nvml.Return) {
+			h, ret := gi.GetComputeInstanceById(id)
+			ci = h
+			return nil, ret
+		})
+		if !c.answered() {
+			return
+		}
+		if !c.is(nvml.SUCCESS) || ci == nil {
+			continue
+		}
+		d.call("ComputeInstance.GetInfo", nil, func(Device) (any, nvml.Return) { return ci.GetInfo() })
+	}
 }
 
 // topology calls GetTopologyCommonAncestor with every other GPU (on a MIG

@@ -149,6 +149,22 @@ var gpuInstanceProfileNames = map[int]string{
 
 func gpuInstanceProfileName(p int) any { return named(gpuInstanceProfileNames, p) }
 
+// computeInstanceProfileNames: nvml.h's NVML_COMPUTE_INSTANCE_PROFILE_*
+// values below NVML_COMPUTE_INSTANCE_PROFILE_COUNT.
+var computeInstanceProfileNames = map[int]string{
+	nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE:      "COMPUTE_INSTANCE_PROFILE_1_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE:      "COMPUTE_INSTANCE_PROFILE_2_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE:      "COMPUTE_INSTANCE_PROFILE_3_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE:      "COMPUTE_INSTANCE_PROFILE_4_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE:      "COMPUTE_INSTANCE_PROFILE_7_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE:      "COMPUTE_INSTANCE_PROFILE_8_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE:      "COMPUTE_INSTANCE_PROFILE_6_SLICE",
+	nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1: "COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1",
+	nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL:  "COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL",
+}
+
+func computeInstanceProfileName(p int) any { return named(computeInstanceProfileNames, p) }
+
 // eventTypeNames: nvml.h's nvmlEventType* bits.
 var eventTypeNames = []struct {
 	name string

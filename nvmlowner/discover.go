@@ -41,8 +41,30 @@ type Discoverer struct {
 	hostRoot string
 	log      *slog.Logger
 
-	// run serialises discoveries.
-	run sync.Mutex
+	// run serialises discoveries, and guards opts.
+	run  sync.Mutex
+	opts DiscoverOptions
+}
+
+// DiscoverOptions says what a discovery reads beyond what it always reads.
+// The zero value reads nothing more.
+type DiscoverOptions struct {
+	// MIGProfiles fills GPU.MIGProfiles of every GPU in MIG mode: each GPU
+	// instance profile the GPU offers (nvmlDeviceGetGpuInstanceProfileInfo
+	// over NVML_GPU_INSTANCE_PROFILE_*) with every placement the driver
+	// allows for it (nvmlDeviceGetGpuInstancePossiblePlacements_v2), what
+	// a DRA driver making MIG devices on demand publishes. nvml.h calls
+	// the profile information "immutable throughout the lifetime of a MIG
+	// mode", so a GPU that stays in MIG mode keeps the profiles of the
+	// previous discovery; about two calls per profile otherwise.
+	MIGProfiles bool
+}
+
+// SetOptions sets what the next discoveries read beyond the default.
+func (x *Discoverer) SetOptions(opts DiscoverOptions) {
+	x.run.Lock()
+	defer x.run.Unlock()
+	x.opts = opts
 }
 
 // NewDiscoverer returns a Discoverer over o (initialised) and the sysfs
@@ -81,7 +103,7 @@ func (x *Discoverer) Discover(ctx context.Context, previous *topology.Node) (*to
 		// count is not read after a timeout: the call may still write it.
 		return nil, fmt.Errorf("discover gpus: device count: %w", err)
 	}
-	d := &discovery{x: x, ctx: ctx, node: &topology.Node{GPUs: make([]topology.GPU, count)}}
+	d := &discovery{x: x, ctx: ctx, opts: x.opts, previous: previous, node: &topology.Node{GPUs: make([]topology.GPU, count)}}
 	var wg sync.WaitGroup
 	for i := range count {
 		wg.Go(func() { d.node.GPUs[i] = d.gpu(i) })
@@ -121,7 +143,10 @@ func sameGPUs(a, b []topology.GPU) bool {
 type discovery struct {
 	x    *Discoverer
 	ctx  context.Context
-	node *topology.Node
+	opts DiscoverOptions
+	// previous is the last discovery's node, or nil (read only).
+	previous *topology.Node
+	node     *topology.Node
 
 	// unread collects Node.Unread from every GPU's goroutine.
 	mu     sync.Mutex
@@ -317,6 +342,8 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 type migRead struct {
 	capable, enabled bool
 	devices          []topology.MIGDevice
+	// profiles are the GPU instance profiles (DiscoverOptions.MIGProfiles).
+	profiles []topology.MIGProfile
 	// lost is the call that reported the GPU lost, if one did.
 	lost string
 	// unread are the calls that failed otherwise (Node.Unread).
@@ -326,8 +353,12 @@ type migRead struct {
 // mig reads MIG mode and, when enabled, the MIG devices, in one batch on
 // the GPU's lane.
 func (d *discovery) mig(g *topology.GPU, parentMemory uint64) {
+	var known []topology.MIGProfile
+	if d.opts.MIGProfiles {
+		known = d.previousMIGProfiles(g.UUID)
+	}
 	r, err := call(d, g.UUID, "MIG mode and devices", func(dev Device) (migRead, nvml.Return) {
-		return d.readMIG(g.Index, dev, parentMemory), nvml.SUCCESS
+		return d.readMIG(g.Index, dev, parentMemory, known), nvml.SUCCESS
 	})
 	if !finished(err) {
 		d.lost(g, timeoutReason(err))
@@ -338,7 +369,7 @@ func (d *discovery) mig(g *topology.GPU, parentMemory uint64) {
 		d.check(g, "MIG mode and devices", err)
 		return
 	}
-	g.MIGCapable, g.MIGEnabled, g.MIG = r.capable, r.enabled, r.devices
+	g.MIGCapable, g.MIGEnabled, g.MIG, g.MIGProfiles = r.capable, r.enabled, r.devices, r.profiles
 	if r.lost != "" {
 		d.lost(g, r.lost)
 	}
@@ -347,8 +378,28 @@ func (d *discovery) mig(g *topology.GPU, parentMemory uint64) {
 	}
 }
 
+// previousMIGProfiles are the MIG profiles the previous discovery read for
+// GPU uuid while it was in MIG mode, or nil.
+func (d *discovery) previousMIGProfiles(uuid string) []topology.MIGProfile {
+	if d.previous == nil {
+		return nil
+	}
+	for _, g := range d.previous.GPUs {
+		if g.UUID == uuid && g.MIGEnabled && len(g.MIGProfiles) > 0 {
+			out := slices.Clone(g.MIGProfiles)
+			for i := range out {
+				out[i].Placements = slices.Clone(out[i].Placements)
+			}
+			return out
+		}
+	}
+	return nil
+}
+
 // readMIG runs on the GPU's lane and touches nothing but its result.
-func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead {
+// known are the GPU's MIG profiles from the previous discovery, if it was
+// in MIG mode then (DiscoverOptions.MIGProfiles).
+func (d *discovery) readMIG(index int, dev Device, parentMemory uint64, known []topology.MIGProfile) migRead {
 	var r migRead
 	current, _, ret := dev.GetMigMode()
 	if ret != nvml.SUCCESS {
@@ -399,7 +450,79 @@ func (d *discovery) readMIG(index int, dev Device, parentMemory uint64) migRead 
 		}
 		r.devices = append(r.devices, m)
 	}
+	if !d.opts.MIGProfiles {
+		return r
+	}
+	if known != nil {
+		r.profiles = known
+		return r
+	}
+	var unread []string
+	r.profiles, r.lost, unread = readMIGProfiles(dev, parentMemory)
+	r.unread = append(r.unread, unread...)
 	return r
+}
+
+// readMIGProfiles reads the GPU instance profiles of a GPU in MIG mode, in
+// NVML_GPU_INSTANCE_PROFILE_* order (nvml.h: enumerate "on profile values
+// starting from 0"; NOT_SUPPORTED "If device doesn't have MIG mode enabled
+// or profile isn't supported", INVALID_ARGUMENT for a profile the driver
+// does not know: the GPU lacks it), each named as its MIG devices are
+// named and with every placement the driver allows
+// (nvmlDeviceGetGpuInstancePossiblePlacements_v2 "returns all the possible
+// placements for the given profile", occupied or not). A name already
+// taken (a profile only another's twin) keeps the first. A profile whose
+// placements cannot be read is kept without them. lost is the call that
+// reported the GPU lost; unread the calls that failed otherwise.
+func readMIGProfiles(dev Device, parentMemory uint64) (profiles []topology.MIGProfile, lost string, unread []string) {
+	seen := map[string]bool{}
+	for p := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := dev.GetGpuInstanceProfileInfo(p)
+		switch {
+		case ret == nvml.ERROR_NOT_SUPPORTED, ret == nvml.ERROR_INVALID_ARGUMENT, ret == nvml.ERROR_NO_PERMISSION:
+			continue
+		case ret == nvml.ERROR_GPU_IS_LOST:
+			return nil, "GetGpuInstanceProfileInfo: " + ret.Error(), unread
+		case ret != nvml.SUCCESS:
+			unread = append(unread, fmt.Sprintf("GetGpuInstanceProfileInfo(%d): %s", p, ret.Error()))
+			continue
+		}
+		slices := int(info.SliceCount)
+		name, err := topology.MIGProfileNameOf(p, slices, slices, info.MemorySizeMB, parentMemory)
+		if err != nil || seen[name] {
+			continue
+		}
+		seen[name] = true
+		prof := topology.MIGProfile{
+			Name:      name,
+			ID:        p,
+			MemoryMiB: info.MemorySizeMB,
+			Instances: info.InstanceCount,
+			Attributes: topology.MIGAttributes{
+				Multiprocessors:       info.MultiprocessorCount,
+				GPUInstanceSlices:     info.SliceCount,
+				ComputeInstanceSlices: info.SliceCount,
+				CopyEngines:           info.CopyEngineCount,
+				Decoders:              info.DecoderCount,
+				Encoders:              info.EncoderCount,
+				JPEGs:                 info.JpegCount,
+				OFAs:                  info.OfaCount,
+			},
+		}
+		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
+		switch {
+		case ret == nvml.SUCCESS:
+			for _, pl := range placements {
+				prof.Placements = append(prof.Placements, topology.MIGPlacement{Start: pl.Start, Size: pl.Size})
+			}
+		case ret == nvml.ERROR_GPU_IS_LOST:
+			return nil, "GetGpuInstancePossiblePlacements: " + ret.Error(), unread
+		case !noData(ret):
+			unread = append(unread, fmt.Sprintf("GetGpuInstancePossiblePlacements(%s): %s", name, ret.Error()))
+		}
+		profiles = append(profiles, prof)
+	}
+	return profiles, "", unread
 }
 
 type directLink struct {

@@ -30,10 +30,11 @@ func migDevice(parent, md Device, idx int, parentMemory uint64) (topology.MIGDev
 	if ret != nvml.SUCCESS {
 		return m, fmt.Errorf("mig device %s: GetAttributes: %w", m.UUID, ret)
 	}
-	profile, err := migGPUInstanceProfile(parent, m.GPUInstance)
+	profile, placement, err := migGPUInstanceProfile(parent, m.GPUInstance)
 	if err != nil {
 		return m, fmt.Errorf("mig device %s: %w", m.UUID, err)
 	}
+	m.Placement = placement
 	m.MemoryMiB = attrs.MemorySizeMB
 	m.Attributes = topology.MIGAttributes{
 		Multiprocessors:       attrs.MultiprocessorCount,
@@ -54,8 +55,10 @@ func migDevice(parent, md Device, idx int, parentMemory uint64) (topology.MIGDev
 }
 
 // migGPUInstanceProfile returns the GPU_INSTANCE_PROFILE_* value of GPU
-// instance giID on parent: the attributes a MIG device reports (slices,
-// memory) do not tell a "+me" or "+gfx" profile from the plain one.
+// instance giID on parent, and where the instance sits
+// (nvmlGpuInstanceInfo_t.placement): the attributes a MIG device reports
+// (slices, memory) do not tell a "+me" or "+gfx" profile from the plain
+// one.
 //
 // nvmlGpuInstanceInfo_t.profileId is a per-device profile ID (19 for
 // 1g.10gb on an H100, 20 for 1g.10gb+me), not the enum, so like go-nvlib's
@@ -63,23 +66,34 @@ func migDevice(parent, md Device, idx int, parentMemory uint64) (topology.MIGDev
 // nvmlDeviceGetGpuInstanceProfileInfo reports for each enum value;
 // NOT_SUPPORTED or INVALID_ARGUMENT there means the GPU lacks that profile
 // (nvml.h).
-func migGPUInstanceProfile(parent Device, giID int) (int, error) {
+func migGPUInstanceProfile(parent Device, giID int) (int, topology.MIGPlacement, error) {
 	gi, ret := parent.GetGpuInstanceById(giID)
 	if ret != nvml.SUCCESS {
-		return 0, fmt.Errorf("GetGpuInstanceById(%d): %w", giID, ret)
+		return 0, topology.MIGPlacement{}, fmt.Errorf("GetGpuInstanceById(%d): %w", giID, ret)
 	}
 	if gi == nil {
-		return 0, fmt.Errorf("GetGpuInstanceById(%d): no gpu instance", giID)
+		return 0, topology.MIGPlacement{}, fmt.Errorf("GetGpuInstanceById(%d): no gpu instance", giID)
 	}
 	info, ret := gi.GetInfo()
 	if ret != nvml.SUCCESS {
-		return 0, fmt.Errorf("gpu instance %d: GetInfo: %w", giID, ret)
+		return 0, topology.MIGPlacement{}, fmt.Errorf("gpu instance %d: GetInfo: %w", giID, ret)
 	}
+	at := topology.MIGPlacement{Start: info.Placement.Start, Size: info.Placement.Size}
+	p, err := gpuInstanceProfileOf(parent, info.ProfileId)
+	if err != nil {
+		return 0, topology.MIGPlacement{}, fmt.Errorf("gpu instance %d: %w", giID, err)
+	}
+	return p, at, nil
+}
+
+// gpuInstanceProfileOf finds the GPU_INSTANCE_PROFILE_* value whose
+// per-device profile ID (nvmlDeviceGetGpuInstanceProfileInfo) is id.
+func gpuInstanceProfileOf(parent Device, id uint32) (int, error) {
 	for p := 0; p < nvml.GPU_INSTANCE_PROFILE_COUNT; p++ {
 		pi, ret := parent.GetGpuInstanceProfileInfo(p)
 		switch ret {
 		case nvml.SUCCESS:
-			if pi.Id == info.ProfileId {
+			if pi.Id == id {
 				return p, nil
 			}
 		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT:
@@ -87,6 +101,5 @@ func migGPUInstanceProfile(parent Device, giID int) (int, error) {
 			return 0, fmt.Errorf("GetGpuInstanceProfileInfo(%d): %w", p, ret)
 		}
 	}
-	return 0, fmt.Errorf("gpu instance %d: profile id %d is none of the GPU's %d known gpu instance profiles",
-		giID, info.ProfileId, nvml.GPU_INSTANCE_PROFILE_COUNT)
+	return 0, fmt.Errorf("profile id %d is none of the GPU's %d known gpu instance profiles", id, nvml.GPU_INSTANCE_PROFILE_COUNT)
 }

@@ -423,8 +423,17 @@ func TestDiscoverRealDumpWithMIG(t *testing.T) {
 		if i == 0 && g.MIG[0].Attributes.Multiprocessors != 14 {
 			t.Errorf("gpu 0 mig 0 attributes %+v, want the A100 1g.5gb's 14 SMs", g.MIG[0].Attributes)
 		}
+		// Nor placements: the simulator places the instances where their
+		// GPU instance IDs say (A100: 1g GI 9 at slice 2, 3g GI 2 at 4),
+		// and the GI's info answers them; a model without placement
+		// tables (GH200) has none.
+		wantPlaced := map[int][]topology.MIGPlacement{0: {{Start: 2, Size: 1}, {Start: 4, Size: 4}}, 1: {{}}}[i]
 		for k := range g.MIG {
+			if g.MIG[k].Placement != wantPlaced[k] {
+				t.Errorf("gpu %d mig %d placement %+v, want %+v", i, k, g.MIG[k].Placement, wantPlaced[k])
+			}
 			g.MIG[k].Attributes = topology.MIGAttributes{}
+			g.MIG[k].Placement = topology.MIGPlacement{}
 		}
 		if !reflect.DeepEqual(g.MIG, want.MIG) {
 			t.Errorf("gpu %d mig:\n got  %+v\n want %+v", i, g.MIG, want.MIG)

@@ -30,6 +30,8 @@ type Hardware struct {
 	warned bool
 	// disc discovers through owner; created once NVML is initialised.
 	disc *Discoverer
+	// opts are disc's options (SetDiscoverOptions).
+	opts DiscoverOptions
 	// last is the last discovered node (nil until one succeeds, and after
 	// a failed discovery): the links of the next discovery start from it,
 	// and the gpu-missing check compares with it.
@@ -104,6 +106,7 @@ func (h *Hardware) Discover() (*topology.Node, error) {
 	}
 	if h.disc == nil {
 		h.disc = NewDiscoverer(h.owner, h.hostRoot, h.log.With("component", "discovery"))
+		h.disc.SetOptions(h.opts)
 	}
 	n, err := h.disc.Discover(context.Background(), h.last)
 	if err != nil {
@@ -112,6 +115,18 @@ func (h *Hardware) Discover() (*topology.Node, error) {
 	}
 	h.last = n
 	return n, nil
+}
+
+// SetDiscoverOptions sets what the next discoveries read beyond the
+// default (MIG profiles for a DRA driver that makes MIG devices on
+// demand). The agent finds it by interface assertion.
+func (h *Hardware) SetDiscoverOptions(opts DiscoverOptions) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.opts = opts
+	if h.disc != nil {
+		h.disc.SetOptions(opts)
+	}
 }
 
 // LastNode is the last discovered node, nil if the last discovery failed.

@@ -6,7 +6,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner/nvmlapi"
 )
 
-// The NVML the owner calls: 60 methods of go-nvml's 540-odd, defined in
+// The NVML the owner calls: 69 methods of go-nvml's 540-odd, defined in
 // nvmlapi (see there why a package of its own).
 type (
 	// Library is the library-wide calls: Init, Shutdown, DeviceGetCount,
@@ -15,8 +15,12 @@ type (
 	Library = nvmlapi.Library
 	// Device is the calls on a GPU or MIG device handle.
 	Device = nvmlapi.Device
-	// GpuInstance is the call on a MIG GPU instance (GetInfo).
+	// GpuInstance is the calls on a MIG GPU instance (GetInfo, and the
+	// compute instance calls of MIG devices made on demand).
 	GpuInstance = nvmlapi.GpuInstance
+	// ComputeInstance is the calls on a MIG compute instance (GetInfo,
+	// Destroy).
+	ComputeInstance = nvmlapi.ComputeInstance
 	// EventSet is an NVML event set (Wait, Free).
 	EventSet = nvmlapi.EventSet
 	// EventData is one event from EventSet.Wait.

@@ -5,8 +5,9 @@ import (
 )
 
 // callCounts counts the NVML calls made through a node's handles, by
-// method: one atomic counter per method of nvmlapi.Library, nvmlapi.Device
-// and nvmlapi.EventSet (direct.go increments them), so counting costs an
+// method: one atomic counter per method of nvmlapi.Library, nvmlapi.Device,
+// nvmlapi.GpuInstance, nvmlapi.ComputeInstance and nvmlapi.EventSet
+// (direct.go and mig_handles.go increment them), so counting costs an
 // atomic add and its memory is fixed however long the agent runs.
 type callCounts struct {
 	lib [numLibCalls]atomic.Uint64
@@ -86,6 +87,18 @@ const (
 	devGetCurrentClocksEventReasons
 	devGetCurrentClocksThrottleReasons
 	devGetBrand
+	devGetGpuInstancePossiblePlacements
+	devCreateGpuInstanceWithPlacement
+	devGetGpuInstances
+	// The calls on GPU and compute instance handles, which pass their
+	// GPU's gate too.
+	giGetInfo
+	giGetComputeInstanceProfileInfo
+	giCreateComputeInstance
+	giGetComputeInstanceById
+	giDestroy
+	ciGetInfo
+	ciDestroy
 	numDeviceCalls
 )
 
@@ -102,6 +115,9 @@ var deviceCallNames = [numDeviceCalls]string{
 	"GetGridLicensableFeatures", "GetComputeRunningProcesses", "GetGraphicsRunningProcesses", "GetProcessUtilization",
 	"GetCurrPcieLinkGeneration", "GetCurrPcieLinkWidth", "GetMaxPcieLinkGeneration", "GetMaxPcieLinkWidth",
 	"GetPersistenceMode", "GetCurrentClocksEventReasons", "GetCurrentClocksThrottleReasons", "GetBrand",
+	"GetGpuInstancePossiblePlacements", "CreateGpuInstanceWithPlacement", "GetGpuInstances",
+	"GpuInstanceGetInfo", "GpuInstanceGetComputeInstanceProfileInfo", "GpuInstanceCreateComputeInstance",
+	"GpuInstanceGetComputeInstanceById", "GpuInstanceDestroy", "ComputeInstanceGetInfo", "ComputeInstanceDestroy",
 }
 
 // count counts one call of library method k (an index into libCallNames).
@@ -169,8 +185,9 @@ func (g *gpuGate) setHang(on bool) {
 // NVML since New, by method name, for measurements: library calls under
 // their nvml.Interface names (DeviceGetCount, EventSetWait, ...), device
 // calls, of GPUs and MIG devices alike, under their nvml.Device names
-// (GetUUID, GetMemoryInfo, ...). Methods never called are left out. GPU
-// instance methods (go-nvml's own mock objects) are not counted.
+// (GetUUID, GetMemoryInfo, ...), and GPU and compute instance calls under
+// their nvml.Interface names (GpuInstanceGetInfo, ComputeInstanceDestroy,
+// ...). Methods never called are left out.
 func (n *Node) NVMLCalls() map[string]uint64 {
 	out := map[string]uint64{}
 	for k := range n.calls.lib {

@@ -50,12 +50,22 @@ type Fault struct {
 	// "command-slow" (default DefaultCommandDelay).
 	ExitCode int `json:"exitCode,omitempty"`
 	Seconds  int `json:"seconds,omitempty"`
+	// Call is the NVML call a "mig-create-fails" fault makes fail:
+	// CreateGpuInstanceWithPlacement (default) or CreateComputeInstance;
+	// Ret what it answers, by nvml.h name without "NVML_" (default
+	// ERROR_INSUFFICIENT_RESOURCES).
+	Call string `json:"call,omitempty"`
+	Ret  string `json:"ret,omitempty"`
 }
 
 // migRequest is the body of POST /mig.
 type migRequest struct {
 	GPU      *int     `json:"gpu"`
 	Profiles []string `json:"profiles"`
+	// MIGMode, when given, sets MIG mode: true with no profiles is MIG on
+	// with no instance (EnableMIG); false needs no profiles. Without it,
+	// an empty list turns MIG off.
+	MIGMode *bool `json:"migMode,omitempty"`
 }
 
 // maxControlBody bounds request bodies; real ones are a few hundred bytes.
@@ -64,6 +74,7 @@ const maxControlBody = 1 << 16
 // ControlHandler serves the simulator's control API:
 //
 //	POST   /mig     {"gpu":1,"profiles":["3g.40gb","3g.40gb"]}  (empty list: MIG off)
+//	POST   /mig     {"gpu":1,"migMode":true,"profiles":[]}      (MIG on, no instance)
 //	POST   /faults  a Fault
 //	DELETE /faults  a Fault
 //	GET    /state   the current layout as NVML lists it (topology.Node JSON)
@@ -103,7 +114,15 @@ func (n *Node) handleMIG(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, err)
 		return
 	}
-	if err := n.SetMIGLayout(*req.GPU, req.Profiles); err != nil {
+	on := len(req.Profiles) > 0
+	if req.MIGMode != nil {
+		if !*req.MIGMode && on {
+			httpError(w, http.StatusBadRequest, errors.New("migMode: false, but profiles are given (MIG devices need MIG mode on)"))
+			return
+		}
+		on = *req.MIGMode
+	}
+	if err := n.setMIG(*req.GPU, on, req.Profiles); err != nil {
 		httpError(w, http.StatusBadRequest, fmt.Errorf("profiles: %w", err))
 		return
 	}

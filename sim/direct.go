@@ -313,20 +313,45 @@ func (d device) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 	return d.m.GetAttributesFunc()
 }
 
-// GetGpuInstanceById answers with go-nvml's mock GPU instance, which is a
-// nvmlapi.GpuInstance as it is.
+// GetGpuInstanceById wraps the simulator's GPU instance (mig_devices.go)
+// in a handle that shares this GPU's gate (mig_handles.go).
 func (d device) GetGpuInstanceById(id int) (nvmlapi.GpuInstance, nvml.Return) {
 	d.g.enter(devGetGpuInstanceById)
 	gi, ret := d.m.GetGpuInstanceByIdFunc(id)
-	if gi == nil {
-		return nil, ret
-	}
-	return gi, ret
+	return giHandleOf(gi, d.g), ret
 }
 
 func (d device) GetGpuInstanceProfileInfo(p int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 	d.g.enter(devGetGpuInstanceProfileInfo)
 	return d.m.GetGpuInstanceProfileInfoFunc(p)
+}
+
+func (d device) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+	d.g.enter(devGetGpuInstancePossiblePlacements)
+	return d.m.GetGpuInstancePossiblePlacementsFunc(info)
+}
+
+// CreateGpuInstanceWithPlacement makes a GPU instance (mig_make.go) and
+// hands back its handle.
+func (d device) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, at *nvml.GpuInstancePlacement) (nvmlapi.GpuInstance, nvml.Return) {
+	d.g.enter(devCreateGpuInstanceWithPlacement)
+	gi, ret := d.m.CreateGpuInstanceWithPlacementFunc(info, at)
+	return giHandleOf(gi, d.g), ret
+}
+
+func (d device) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvmlapi.GpuInstance, nvml.Return) {
+	d.g.enter(devGetGpuInstances)
+	gis, ret := d.m.GetGpuInstancesFunc(info)
+	if gis == nil {
+		return nil, ret
+	}
+	out := make([]nvmlapi.GpuInstance, 0, len(gis))
+	for _, gi := range gis {
+		if h := giHandleOf(gi, d.g); h != nil {
+			out = append(out, h)
+		}
+	}
+	return out, ret
 }
 
 // RegisterEvents hands the mock the simulated set (faults.go); a set of

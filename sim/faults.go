@@ -31,6 +31,7 @@ const (
 	FaultHang            = "hang"                  // every NVML call on the GPU blocks until cleared (calls.go)
 	FaultGPUMissing      = "gpu-missing"           // on the PCI bus but not listed by NVML (missing.go)
 	FaultFabricNotReady  = "fabric-not-ready"      // NVLink fabric registration in progress (fabric.go)
+	FaultMIGCreateFails  = "mig-create-fails"      // Fault.Call (default CreateGpuInstanceWithPlacement) answers Fault.Ret (default ERROR_INSUFFICIENT_RESOURCES) (mig_make.go)
 	// The preflight's faults (preflight.go).
 	FaultPCIeDegraded   = "pcie-degraded"        // PCIe link trained below its maximum: Fault.PCIeGen/PCIeWidth (default one generation down, half width)
 	FaultECCDisabled    = "ecc-disabled"         // ECC mode off, current and pending
@@ -45,6 +46,7 @@ const (
 var faultKinds = []string{
 	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
 	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultResetFail, FaultResetHang, FaultHang, FaultGPUMissing, FaultFabricNotReady,
+	FaultMIGCreateFails,
 	FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver,
 	FaultCommandFail, FaultCommandSlow,
 }
@@ -79,6 +81,8 @@ type gpuFaults struct {
 	fabricNotReady bool
 	// resetFail and resetHang are the outcome of the GPU's resets.
 	resetFail, resetHang bool
+	// migCreate is a mig-create-fails fault, nil without one.
+	migCreate *migFault
 }
 
 // pageAddress is the hardware address the simulator gives the k-th page
@@ -500,6 +504,19 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		if err := n.applyPreflightFault(f, on); err != nil {
 			return err
 		}
+	case FaultMIGCreateFails:
+		if !n.gpus[gpu].migCapable {
+			g := n.gpus[gpu]
+			return fmt.Errorf("kind: fault %q on gpu %d: %s does not support MIG", f.Kind, gpu, g.cfg.Name)
+		}
+		var mf *migFault
+		if on {
+			var err error
+			if mf, err = parseMIGFault(f); err != nil {
+				return err
+			}
+		}
+		setGPU(func(g *gpuFaults) { g.migCreate = mf })
 	case FaultFabricNotReady:
 		if !n.onFabric(gpu) {
 			g := n.gpus[gpu]
@@ -519,4 +536,42 @@ func (n *Node) applyFault(f Fault, on bool) error {
 	}
 	n.log.Info("simulated fault "+state, "kind", f.Kind, "gpu", gpu, "xid", f.XID, "link", f.Link, "mig", f.MIG, "gi", gi)
 	return nil
+}
+
+// migFaultReturns are the returns a "mig-create-fails" fault may give, by
+// nvml.h's name without "NVML_": those nvml.h lists for
+// nvmlDeviceCreateGpuInstanceWithPlacement and
+// nvmlGpuInstanceCreateComputeInstance, and ERROR_UNKNOWN.
+var migFaultReturns = map[string]nvml.Return{
+	"ERROR_INSUFFICIENT_RESOURCES": nvml.ERROR_INSUFFICIENT_RESOURCES,
+	"ERROR_NO_PERMISSION":          nvml.ERROR_NO_PERMISSION,
+	"ERROR_NOT_SUPPORTED":          nvml.ERROR_NOT_SUPPORTED,
+	"ERROR_INVALID_ARGUMENT":       nvml.ERROR_INVALID_ARGUMENT,
+	"ERROR_UNINITIALIZED":          nvml.ERROR_UNINITIALIZED,
+	"ERROR_UNKNOWN":                nvml.ERROR_UNKNOWN,
+}
+
+// parseMIGFault reads a "mig-create-fails" fault's call and return.
+func parseMIGFault(f Fault) (*migFault, error) {
+	mf := &migFault{call: f.Call, ret: nvml.ERROR_INSUFFICIENT_RESOURCES}
+	switch f.Call {
+	case "":
+		mf.call = callCreateGpuInstance
+	case callCreateGpuInstance, callCreateComputeInstance:
+	default:
+		return nil, fmt.Errorf("call: %q is not %s or %s", f.Call, callCreateGpuInstance, callCreateComputeInstance)
+	}
+	if f.Ret != "" {
+		r, ok := migFaultReturns[f.Ret]
+		if !ok {
+			names := make([]string, 0, len(migFaultReturns))
+			for name := range migFaultReturns {
+				names = append(names, name)
+			}
+			slices.Sort(names)
+			return nil, fmt.Errorf("ret: %q is not one of %s", f.Ret, strings.Join(names, ", "))
+		}
+		mf.ret = r
+	}
+	return mf, nil
 }

@@ -14,10 +14,13 @@ import (
 )
 
 // migProfile is one GPU instance profile a GPU model offers, with the compute
-// instance profile that spans the whole GPU instance (the only kind the
-// simulator creates, as the NVIDIA device plugin expects).
+// instance profile that spans the whole GPU instance (the only kind a
+// layout makes, as the NVIDIA device plugin expects).
 type migProfile struct {
 	name string
+	// enum is the GPU_INSTANCE_PROFILE_* value (nvml.h) the profile is
+	// asked for by: the key of the model's tables.
+	enum int
 	gi   nvml.GpuInstanceProfileInfo
 	ci   nvml.ComputeInstanceProfileInfo
 }
@@ -46,7 +49,7 @@ func migProfilesOf(cfg gpus.Config) []migProfile {
 			continue
 		}
 		seen[name] = true
-		out = append(out, migProfile{name: name, gi: gi, ci: ci})
+		out = append(out, migProfile{name: name, enum: id, gi: gi, ci: ci})
 	}
 	return out
 }
@@ -102,14 +105,14 @@ func planMIG(cfg gpus.Config, parentUUID string, generation int, names []string)
 			return nil, fmt.Errorf("mig profile %q: %s allows at most %d instances", name, cfg.Name, known[j].gi.InstanceCount)
 		}
 	}
-	starts, ok := placeMIG(cfg, chosen)
+	places, ok := placeLayout(cfg, chosen, nil, nil)
 	if !ok {
 		return nil, fmt.Errorf("mig layout %v does not fit the slices of %s", names, cfg.Name)
 	}
 	used := map[int]bool{}
 	out := make([]topology.MIGDevice, len(chosen))
 	for i, p := range chosen {
-		gi := giIDFor(int(p.gi.SliceCount), starts[i], used)
+		gi := giIDFor(int(p.gi.SliceCount), int(places[i].Start), used)
 		out[i] = topology.MIGDevice{
 			UUID:            deterministicUUID("MIG", parentUUID, generation, i, p.name),
 			Profile:         p.name,
@@ -118,14 +121,29 @@ func planMIG(cfg gpus.Config, parentUUID string, generation int, names []string)
 			MemoryMiB:       p.gi.MemorySizeMB,
 			Index:           i,
 			Attributes:      migAttributes(p.gi, p.ci),
+			Placement:       topology.MIGPlacement{Start: places[i].Start, Size: places[i].Size},
 		}
 	}
 	return out, nil
 }
 
-// placeMIG finds a start slice for every chosen profile among the model's
-// legal placements without overlap (largest first, backtracking).
-func placeMIG(cfg gpus.Config, chosen []migProfile) ([]int, bool) {
+// slicesOf is the mask of the memory slices placement pl occupies (a size
+// of 0 taken as one slice).
+func slicesOf(pl nvml.GpuInstancePlacement) uint64 {
+	size := max(pl.Size, 1)
+	if pl.Start >= 64 || size >= 64 {
+		return 0
+	}
+	return (uint64(1)<<size - 1) << pl.Start
+}
+
+// placeLayout finds a placement for every chosen profile among the model's
+// legal ones (nvmlDeviceGetGpuInstancePossiblePlacements) so that none
+// overlaps another or taken: largest first, backtracking, and for each
+// profile the placements prefer approves first (nil: the table's order).
+// A profile the model has no placements for cannot be placed.
+func placeLayout(cfg gpus.Config, chosen []migProfile, taken []nvml.GpuInstancePlacement,
+	prefer func(i int, pl nvml.GpuInstancePlacement) bool) ([]nvml.GpuInstancePlacement, bool) {
 	order := make([]int, len(chosen))
 	for i := range order {
 		order[i] = i
@@ -133,31 +151,69 @@ func placeMIG(cfg gpus.Config, chosen []migProfile) ([]int, bool) {
 	sort.SliceStable(order, func(a, b int) bool {
 		return chosen[order[a]].gi.SliceCount > chosen[order[b]].gi.SliceCount
 	})
-	starts := make([]int, len(chosen))
-	var try func(k int, used uint32) bool
-	try = func(k int, used uint32) bool {
+	var busy uint64
+	for _, pl := range taken {
+		busy |= slicesOf(pl)
+	}
+	places := make([]nvml.GpuInstancePlacement, len(chosen))
+	var try func(k int, used uint64) bool
+	try = func(k int, used uint64) bool {
 		if k == len(order) {
 			return true
 		}
 		i := order[k]
-		for _, pl := range cfg.MIGProfiles.GpuInstancePlacements[int(chosen[i].gi.Id)] {
-			size := pl.Size
-			if size == 0 {
-				size = 1
-			}
-			mask := uint32(1)<<size - 1
-			mask <<= pl.Start
-			if used&mask != 0 {
+		candidates := slices.Clone(cfg.MIGProfiles.GpuInstancePlacements[chosen[i].enum])
+		if prefer != nil {
+			sort.SliceStable(candidates, func(a, b int) bool { return prefer(i, candidates[a]) && !prefer(i, candidates[b]) })
+		}
+		for _, pl := range candidates {
+			mask := slicesOf(pl)
+			if mask == 0 || used&mask != 0 {
 				continue
 			}
-			starts[i] = int(pl.Start)
+			places[i] = pl
 			if try(k+1, used|mask) {
 				return true
 			}
 		}
 		return false
 	}
-	return starts, try(0, 0)
+	return places, try(0, busy)
+}
+
+// placeSpecLayout fills in the placements a spec's MIG layout (a snapshot
+// made before placements were recorded, or written by hand) leaves out, so
+// that GPU instances made later collide with its instances as they would
+// on the GPU: for each device the legal placement its GPU instance ID
+// stands for (giIDFor) if one fits, else any that fits. Placements the
+// spec gives are kept. A layout that cannot be placed at all (a model
+// without placement tables, or instances that do not fit them) keeps its
+// placements unknown; nothing then collides with those instances.
+func placeSpecLayout(cfg gpus.Config, profiles []migProfile, infos []topology.MIGDevice) bool {
+	var chosen []migProfile
+	var at []int
+	var taken []nvml.GpuInstancePlacement
+	for k, m := range infos {
+		if m.Placement.Size > 0 {
+			taken = append(taken, nvml.GpuInstancePlacement{Start: m.Placement.Start, Size: m.Placement.Size})
+			continue
+		}
+		chosen = append(chosen, profiles[k])
+		at = append(at, k)
+	}
+	if len(chosen) == 0 {
+		return true
+	}
+	places, ok := placeLayout(cfg, chosen, taken, func(i int, pl nvml.GpuInstancePlacement) bool {
+		return giIDFor(int(chosen[i].gi.SliceCount), int(pl.Start), map[int]bool{}) == infos[at[i]].GPUInstance
+	})
+	if !ok {
+		return false
+	}
+	for i, k := range at {
+		infos[k].Placement = topology.MIGPlacement{Start: places[i].Start, Size: places[i].Size}
+	}
+	return true
 }
 
 // giIDFor numbers GPU instances the way the driver does on A100/H100 (7g is
@@ -211,6 +267,7 @@ func migProfileFor(cfg gpus.Config, name string) (migProfile, error) {
 	}
 	return migProfile{
 		name: name,
+		enum: int(giID),
 		gi:   nvml.GpuInstanceProfileInfo{Id: giID, SliceCount: uint32(g), InstanceCount: 7, MemorySizeMB: uint64(gb) * 1024},
 		ci:   nvml.ComputeInstanceProfileInfo{Id: ciIDs[g], SliceCount: uint32(g), InstanceCount: 1},
 	}, nil

@@ -340,11 +340,23 @@ func checkDriverVersion(v string) error {
 // SetValue sets the field a --sim-faults entry's "=VALUE" gives for f's
 // kind: pcie-degraded GEN or xWIDTH or GENxWIDTH ("4x8", "x8", "4"),
 // throttle a reason name, old-driver a version, port-down a NIC
-// ("mlx5_3"), nvlink-down a link number, xid the XID. The control API
-// takes the same values as JSON fields (pcieGen, pcieWidth, reason,
-// driverVersion, nic, link, xid).
+// ("mlx5_3"), nvlink-down a link number, xid the XID, mig-create-fails
+// CALL, RET or CALL:RET ("CreateComputeInstance:ERROR_UNKNOWN"). The
+// control API takes the same values as JSON fields (pcieGen, pcieWidth,
+// reason, driverVersion, nic, link, xid, call, ret).
 func (f *Fault) SetValue(v string) error {
 	switch f.Kind {
+	case FaultMIGCreateFails:
+		call, ret, _ := strings.Cut(v, ":")
+		if strings.HasPrefix(call, "ERROR_") && ret == "" {
+			call, ret = "", call
+		}
+		g := *f
+		g.Call, g.Ret = call, ret
+		if _, err := parseMIGFault(g); err != nil || v == "" {
+			return fmt.Errorf("%s=%s: want CALL, RET or CALL:RET such as CreateComputeInstance:ERROR_UNKNOWN", f.Kind, v)
+		}
+		f.Call, f.Ret = call, ret
 	case FaultPortDown:
 		if v == "" {
 			return fmt.Errorf("%s=: want the NIC, e.g. mlx5_3", f.Kind)

@@ -240,6 +240,12 @@ func TestFaultSetValue(t *testing.T) {
 		{kind: FaultCommandFail, value: "256", err: "want an exit status from 1 to 255"},
 		{kind: FaultCommandSlow, value: "90", want: Fault{Kind: FaultCommandSlow, Seconds: 90}},
 		{kind: FaultCommandSlow, value: "1m", err: "want a delay in whole seconds"},
+		{kind: FaultMIGCreateFails, value: "CreateComputeInstance", want: Fault{Kind: FaultMIGCreateFails, Call: "CreateComputeInstance"}},
+		{kind: FaultMIGCreateFails, value: "ERROR_UNKNOWN", want: Fault{Kind: FaultMIGCreateFails, Ret: "ERROR_UNKNOWN"}},
+		{kind: FaultMIGCreateFails, value: "CreateComputeInstance:ERROR_NO_PERMISSION",
+			want: Fault{Kind: FaultMIGCreateFails, Call: "CreateComputeInstance", Ret: "ERROR_NO_PERMISSION"}},
+		{kind: FaultMIGCreateFails, value: "SetMigMode", err: "want CALL, RET or CALL:RET"},
+		{kind: FaultMIGCreateFails, value: "", err: "want CALL, RET or CALL:RET"},
 	} {
 		f := Fault{Kind: tc.kind}
 		err := f.SetValue(tc.value)

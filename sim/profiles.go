@@ -150,6 +150,8 @@ type profileOptions struct {
 // WithMIG enables MIG on GPU gpuIndex with one MIG device per profile name,
 // e.g. WithMIG(0, "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"). The names are
 // checked against the MIG profiles of the GPU model and must fit its slices.
+// Without names the GPU is in MIG mode with no instance, for MIG devices
+// made on demand.
 func WithMIG(gpuIndex int, profiles ...string) ProfileOption {
 	return func(o *profileOptions) error {
 		if o.mig == nil {

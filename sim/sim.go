@@ -69,6 +69,13 @@ type gpuState struct {
 	numa  int
 	links []nvlinkEnd
 
+	// migCapable: the GPU answers MIG calls (its model has MIG profiles,
+	// or a snapshot says so); maxMIG is its GetMaxMigDeviceCount.
+	migCapable bool
+	maxMIG     int
+	// memBytes is the GPU's memory, what MIG profile names are relative to.
+	memBytes uint64
+
 	// guarded by Node.mu
 	lost bool
 	// missing: the driver failed to initialise the GPU (gpu-missing): it is
@@ -76,7 +83,14 @@ type gpuState struct {
 	missing    bool
 	migEnabled bool
 	generation int
-	mig        []*migDevice
+	// gis are the GPU instances, with a compute instance or not yet;
+	// mig the MIG devices (compute instances) in NVML's index order.
+	gis []*gpuInstance
+	mig []*migDevice
+
+	// made counts the compute instances made through NVML, for their
+	// UUIDs; guarded by Node.layoutMu.
+	made int
 }
 
 // nvlinkEnd is the far end of one NVLink of a GPU.
@@ -87,15 +101,39 @@ type nvlinkEnd struct {
 	down bool
 }
 
-// migDevice is one simulated MIG device and the instances behind it.
+// gpuInstance is one GPU instance of a GPU in MIG mode: the
+// nvml.GpuInstance the mock device's functions hand out (go-nvml's mock,
+// its functions answering as the handle does) and what the simulator knows
+// of it. NVML callers reach it through giHandle (mig_handles.go). Fields
+// are fixed once it is published, but destroyed, which Node.mu guards.
+type gpuInstance struct {
+	mock.GpuInstance
+	n   *Node
+	gpu int
+	id  int
+	// profile is the GPU instance profile (and the compute instance
+	// profile that spans it); placement where it sits.
+	profile   migProfile
+	placement nvml.GpuInstancePlacement
+
+	destroyed bool
+}
+
+// migDevice is one simulated MIG device: a compute instance of a GPU
+// instance. Fields are fixed once it is published, but info.Index (NVML
+// renumbers the MIG devices after one that is destroyed) and destroyed,
+// which Node.mu guards.
 type migDevice struct {
 	dev   *mock.Device
 	info  topology.MIGDevice
 	attrs nvml.DeviceAttributes
-	gi    *server.GpuInstance
-	ci    *server.ComputeInstance
-	// profile is the GPU instance profile the device was made from.
-	profile nvml.GpuInstanceProfileInfo
+	gi    *gpuInstance
+	// ci is the compute instance profile, ciPlacement where the compute
+	// instance sits in its GPU instance.
+	ci          nvml.ComputeInstanceProfileInfo
+	ciPlacement nvml.ComputeInstancePlacement
+
+	destroyed bool
 }
 
 // New builds a simulated node from spec (a profile or a snapshot) and writes
@@ -180,11 +218,12 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 		n.devices = append(n.devices, d)
 		n.gates = append(n.gates, &gpuGate{calls: n.calls, gpu: i})
 		n.gpus = append(n.gpus, &gpuState{
-			index: i,
-			cfg:   cfgs[i],
-			busID: busID,
-			numa:  g.NUMANode,
-			lost:  g.Lost,
+			index:    i,
+			cfg:      cfgs[i],
+			busID:    busID,
+			numa:     g.NUMANode,
+			memBytes: d.MemoryInfo.Total,
+			lost:     g.Lost,
 		})
 	}
 	n.wireNVLinks()

@@ -330,12 +330,12 @@ func TestMIGInstancesConsistent(t *testing.T) {
 		if profile.SliceCount != attrs.GpuInstanceSliceCount || profile.MemorySizeMB != attrs.MemorySizeMB {
 			t.Errorf("mig %d: gi profile %d slices/%d MiB, attributes %d/%d", i, profile.SliceCount, profile.MemorySizeMB, attrs.GpuInstanceSliceCount, attrs.MemorySizeMB)
 		}
-		ci, ret := gi.(nvml.GpuInstance).GetComputeInstanceById(ciID)
+		ci, ret := gi.GetComputeInstanceById(ciID)
 		if ret != nvml.SUCCESS {
 			t.Fatalf("mig %d: GetComputeInstanceById(%d) = %v", i, ciID, ret)
 		}
 		ciInfo, _ := ci.GetInfo()
-		if int(ciInfo.Id) != ciID || ciInfo.GpuInstance != gi {
+		if int(ciInfo.Id) != ciID || ciInfo.GpuInstance != gi || ciInfo.Device != m {
 			t.Errorf("mig %d: compute instance info %+v", i, ciInfo)
 		}
 		mem, _ := m.GetMemoryInfo()
@@ -347,6 +347,6 @@ func TestMIGInstancesConsistent(t *testing.T) {
 		t.Errorf("GetMigDeviceHandleByIndex(4) = %v, want ERROR_NOT_FOUND", ret)
 	}
 	if _, ret := mockOf(d).CreateGpuInstance(&nvml.GpuInstanceProfileInfo{}); ret != nvml.ERROR_NOT_SUPPORTED {
-		t.Errorf("CreateGpuInstance = %v; layouts change only through SetMIGLayout", ret)
+		t.Errorf("CreateGpuInstance = %v; instances are made with a placement only", ret)
 	}
 }

@@ -262,21 +262,39 @@ func (n *Node) writeMIGMinors() error {
 // /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<N>[/ci<M>]/access (what
 // the NVIDIA device plugin reads for a MIG device's capability minors) and
 // /dev/nvidia-caps/nvidia-cap<minor> placeholders, dropping those of
-// instances that are gone.
+// instances that are gone. A GPU instance without a compute instance yet
+// has its gi<N> files alone.
 func (n *Node) writeMIGCaps() error {
 	n.mu.RLock()
 	spec := cloneNode(n.spec)
+	gis := make([][]int, len(n.gpus))
+	for i, g := range n.gpus {
+		for _, gi := range g.gis {
+			gis[i] = append(gis[i], gi.id)
+		}
+	}
 	n.mu.RUnlock()
 	caps := filepath.Join(n.hostRoot, "proc", "driver", "nvidia", "capabilities")
 	devCaps := filepath.Join(n.hostRoot, "dev", "nvidia-caps")
 	want := map[string]bool{"nvidia-cap1": true, "nvidia-cap2": true}
-	for _, g := range spec.GPUs {
+	for i, g := range spec.GPUs {
 		migDir := filepath.Join(caps, fmt.Sprintf("gpu%d", g.Minor), "mig")
 		if err := os.RemoveAll(migDir); err != nil {
 			return err
 		}
 		if !g.MIGEnabled {
 			continue
+		}
+		for _, id := range gis[i] {
+			gi := giCapMinor(g.Minor, id)
+			if err := writeCap(filepath.Join(migDir, fmt.Sprintf("gi%d", id), "access"), gi); err != nil {
+				return err
+			}
+			name := fmt.Sprintf("nvidia-cap%d", gi)
+			want[name] = true
+			if err := placeholder(filepath.Join(devCaps, name)); err != nil {
+				return err
+			}
 		}
 		for _, m := range g.MIG {
 			gi := giCapMinor(g.Minor, m.GPUInstance)

@@ -82,6 +82,10 @@ type GPU struct {
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 	// MIG lists the MIG devices configured on this GPU (MIGEnabled only).
 	MIG []MIGDevice `json:"mig,omitempty"`
+	// MIGProfiles are the GPU instance profiles the GPU offers, each with
+	// every placement the driver allows for it, read only while MIG mode
+	// is on and only when asked for (MIG devices made on demand).
+	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
 	// Lost is set when NVML reports the GPU lost or unreachable during
 	// discovery; the GPU stays in the model so it can be reported unhealthy.
 	Lost bool `json:"lost,omitempty"`
@@ -105,6 +109,47 @@ type MIGDevice struct {
 	Index int `json:"index"`
 	// Attributes are the device's nvmlDeviceGetAttributes counts.
 	Attributes MIGAttributes `json:"attributes,omitzero"`
+	// Placement is where its GPU instance sits on the parent
+	// (nvmlGpuInstanceInfo_t.placement); zero when unknown.
+	Placement MIGPlacement `json:"placement,omitzero"`
+}
+
+// MIGPlacement is where a GPU instance sits on its GPU (nvml.h
+// nvmlGpuInstancePlacement_t): its first slice and how many slices it
+// spans, in the units of the GPU's placement table (eight memory slices on
+// A100, H100, H200 and B200). Two GPU instances collide when their ranges
+// overlap.
+type MIGPlacement struct {
+	Start uint32 `json:"start"`
+	Size  uint32 `json:"size"`
+}
+
+// End is one past the placement's last slice.
+func (p MIGPlacement) End() uint32 { return p.Start + p.Size }
+
+// Overlaps reports whether p and q share a slice.
+func (p MIGPlacement) Overlaps(q MIGPlacement) bool {
+	return p.Size > 0 && q.Size > 0 && p.Start < q.End() && q.Start < p.End()
+}
+
+// MIGProfile is one GPU instance profile a GPU in MIG mode offers
+// (nvmlDeviceGetGpuInstanceProfileInfo), with the compute instance that
+// spans the whole GPU instance, and every placement the driver allows for
+// it (nvmlDeviceGetGpuInstancePossiblePlacements).
+type MIGProfile struct {
+	// Name is the canonical profile name, "1g.10gb+me".
+	Name string `json:"name"`
+	// ID is the GPU_INSTANCE_PROFILE_* value the profile is asked for by
+	// (nvml.h), not the per-device profile ID the info carries.
+	ID        int    `json:"id"`
+	MemoryMiB uint64 `json:"memoryMiB,omitempty"`
+	// Instances is how many GPU instances of the profile the GPU holds at
+	// most (nvmlGpuInstanceProfileInfo_t.instanceCount).
+	Instances uint32 `json:"instances,omitempty"`
+	// Attributes are what a MIG device of this profile reports: the
+	// profile's multiprocessors, slices and engines.
+	Attributes MIGAttributes  `json:"attributes,omitzero"`
+	Placements []MIGPlacement `json:"placements,omitempty"`
 }
 
 // MIGAttributes are the counts nvmlDeviceGetAttributes reports for a MIG

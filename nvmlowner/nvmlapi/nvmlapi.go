@@ -1,6 +1,7 @@
-// Package nvmlapi is the part of NVML the agent calls: 60 methods of
-// go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance and nvml.EventSet,
-// with go-nvml's signatures except that handles are of these narrow types.
+// Package nvmlapi is the part of NVML the agent calls: 69 methods of
+// go-nvml's nvml.Interface, nvml.Device, nvml.GpuInstance,
+// nvml.ComputeInstance and nvml.EventSet, with go-nvml's signatures except
+// that handles are of these narrow types.
 // The real library is go-nvml behind Wrap; the simulator (package sim)
 // implements these interfaces and nothing more.
 //
@@ -58,6 +59,13 @@ type Device interface {
 	GetGpuInstanceById(int) (GpuInstance, nvml.Return)
 	GetGpuInstanceProfileInfo(int) (nvml.GpuInstanceProfileInfo, nvml.Return)
 
+	// MIG devices made on demand: every placement of a GPU instance
+	// profile (all of them, occupied or not: nvml.h), a GPU instance made
+	// at one, and the GPU instances of a profile.
+	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)
+	CreateGpuInstanceWithPlacement(*nvml.GpuInstanceProfileInfo, *nvml.GpuInstancePlacement) (GpuInstance, nvml.Return)
+	GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]GpuInstance, nvml.Return)
+
 	// Events.
 	RegisterEvents(uint64, EventSet) nvml.Return
 
@@ -107,11 +115,36 @@ type Device interface {
 	GetProcessUtilization(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return)
 }
 
-// GpuInstance is the one call the agent makes on a MIG GPU instance: its
-// info, to tell the instance's profile. go-nvml's nvml.GpuInstance
-// satisfies it as it is.
+// GpuInstance is the calls the agent makes on a MIG GPU instance: its
+// info (to tell the instance's profile and placement), and making and
+// destroying it with the compute instance that spans it. go-nvml's
+// nvml.GpuInstance returns its compute instances as nvml.ComputeInstance,
+// so Wrap wraps it.
 type GpuInstance interface {
 	GetInfo() (nvml.GpuInstanceInfo, nvml.Return)
+	GetComputeInstanceProfileInfo(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return)
+	CreateComputeInstance(*nvml.ComputeInstanceProfileInfo) (ComputeInstance, nvml.Return)
+	GetComputeInstanceById(int) (ComputeInstance, nvml.Return)
+	Destroy() nvml.Return
+}
+
+// ComputeInstance is a MIG compute instance: its info (the MIG device it
+// is) and its destruction.
+type ComputeInstance interface {
+	GetInfo() (ComputeInstanceInfo, nvml.Return)
+	Destroy() nvml.Return
+}
+
+// ComputeInstanceInfo is nvml.ComputeInstanceInfo (nvml.h,
+// nvmlComputeInstanceInfo_t) with the MIG device and the GPU instance as
+// handles of this package.
+type ComputeInstanceInfo struct {
+	// Device is the compute instance's MIG device.
+	Device      Device
+	GpuInstance GpuInstance
+	Id          uint32
+	ProfileId   uint32
+	Placement   nvml.ComputeInstancePlacement
 }
 
 // EventSet is an NVML event set.

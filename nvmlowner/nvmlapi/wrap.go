@@ -3,23 +3,25 @@ package nvmlapi
 import "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 // Wrap adapts go-nvml's library (nvml.New() in production) to Library.
-// Every method forwards to the one of the same name; handles and event
-// sets are wrapped on the way out and unwrapped on the way in, so one
-// device's handles still compare equal.
+// Every method forwards to the one of the same name; handles (devices, GPU
+// and compute instances) and event sets are wrapped on the way out and
+// unwrapped on the way in, so one device's handles still compare equal.
 func Wrap(lib nvml.Interface) Library { return library{lib} }
 
 type (
-	library  struct{ l nvml.Interface }
-	device   struct{ d nvml.Device }
-	eventSet struct{ s nvml.EventSet }
+	library         struct{ l nvml.Interface }
+	device          struct{ d nvml.Device }
+	gpuInstance     struct{ gi nvml.GpuInstance }
+	computeInstance struct{ ci nvml.ComputeInstance }
+	eventSet        struct{ s nvml.EventSet }
 )
 
 var (
-	_ Library  = library{}
-	_ Device   = device{}
-	_ EventSet = eventSet{}
-	// go-nvml's own GPU instance is already a GpuInstance.
-	_ GpuInstance = nvml.GpuInstance(nil)
+	_ Library         = library{}
+	_ Device          = device{}
+	_ GpuInstance     = gpuInstance{}
+	_ ComputeInstance = computeInstance{}
+	_ EventSet        = eventSet{}
 )
 
 // WrapDevice adapts one go-nvml handle, as Wrap's library hands it out (so
@@ -30,6 +32,22 @@ func WrapDevice(d nvml.Device) Device {
 		return nil
 	}
 	return device{d}
+}
+
+// wrapGpuInstance adapts one go-nvml GPU instance; nil stays nil.
+func wrapGpuInstance(gi nvml.GpuInstance) GpuInstance {
+	if gi == nil {
+		return nil
+	}
+	return gpuInstance{gi}
+}
+
+// wrapComputeInstance adapts one go-nvml compute instance; nil stays nil.
+func wrapComputeInstance(ci nvml.ComputeInstance) ComputeInstance {
+	if ci == nil {
+		return nil
+	}
+	return computeInstance{ci}
 }
 
 func (l library) Init() nvml.Return                  { return l.l.Init() }
@@ -119,14 +137,67 @@ func (d device) GetAttributes() (nvml.DeviceAttributes, nvml.Return) { return d.
 
 func (d device) GetGpuInstanceById(id int) (GpuInstance, nvml.Return) {
 	gi, ret := d.d.GetGpuInstanceById(id)
-	if gi == nil {
-		return nil, ret
-	}
-	return gi, ret
+	return wrapGpuInstance(gi), ret
 }
 
 func (d device) GetGpuInstanceProfileInfo(p int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 	return d.d.GetGpuInstanceProfileInfo(p)
+}
+
+func (d device) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+	return d.d.GetGpuInstancePossiblePlacements(info)
+}
+
+func (d device) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, at *nvml.GpuInstancePlacement) (GpuInstance, nvml.Return) {
+	gi, ret := d.d.CreateGpuInstanceWithPlacement(info, at)
+	return wrapGpuInstance(gi), ret
+}
+
+// GetGpuInstances wraps each instance. go-nvml sizes its buffer by
+// info.InstanceCount and indexes its first element: callers pass the info
+// of a profile that allows at least one instance.
+func (d device) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]GpuInstance, nvml.Return) {
+	gis, ret := d.d.GetGpuInstances(info)
+	if gis == nil {
+		return nil, ret
+	}
+	out := make([]GpuInstance, len(gis))
+	for i, gi := range gis {
+		out[i] = wrapGpuInstance(gi)
+	}
+	return out, ret
+}
+
+func (g gpuInstance) GetInfo() (nvml.GpuInstanceInfo, nvml.Return) { return g.gi.GetInfo() }
+func (g gpuInstance) Destroy() nvml.Return                         { return g.gi.Destroy() }
+
+func (g gpuInstance) GetComputeInstanceProfileInfo(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+	return g.gi.GetComputeInstanceProfileInfo(profile, engProfile)
+}
+
+func (g gpuInstance) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (ComputeInstance, nvml.Return) {
+	ci, ret := g.gi.CreateComputeInstance(info)
+	return wrapComputeInstance(ci), ret
+}
+
+func (g gpuInstance) GetComputeInstanceById(id int) (ComputeInstance, nvml.Return) {
+	ci, ret := g.gi.GetComputeInstanceById(id)
+	return wrapComputeInstance(ci), ret
+}
+
+func (c computeInstance) Destroy() nvml.Return { return c.ci.Destroy() }
+
+// GetInfo wraps the info's MIG device and GPU instance, so the device
+// compares equal to its handle from GetMigDeviceHandleByIndex.
+func (c computeInstance) GetInfo() (ComputeInstanceInfo, nvml.Return) {
+	info, ret := c.ci.GetInfo()
+	return ComputeInstanceInfo{
+		Device:      WrapDevice(info.Device),
+		GpuInstance: wrapGpuInstance(info.GpuInstance),
+		Id:          info.Id,
+		ProfileId:   info.ProfileId,
+		Placement:   info.Placement,
+	}, ret
 }
 
 // RegisterEvents unwraps set; a set that did not come from this adapter is

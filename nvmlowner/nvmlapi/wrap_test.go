@@ -15,6 +15,7 @@ var (
 	deviceType   = reflect.TypeFor[nvmlapi.Device]()
 	eventSetType = reflect.TypeFor[nvmlapi.EventSet]()
 	giType       = reflect.TypeFor[nvmlapi.GpuInstance]()
+	ciType       = reflect.TypeFor[nvmlapi.ComputeInstance]()
 	returnType   = reflect.TypeFor[nvml.Return]()
 )
 
@@ -29,8 +30,17 @@ func goNVML(t reflect.Type) reflect.Type {
 		return reflect.TypeFor[nvml.EventSet]()
 	case giType:
 		return reflect.TypeFor[nvml.GpuInstance]()
+	case ciType:
+		return reflect.TypeFor[nvml.ComputeInstance]()
 	case reflect.TypeFor[nvmlapi.EventData]():
 		return reflect.TypeFor[nvml.EventData]()
+	case reflect.TypeFor[nvmlapi.ComputeInstanceInfo]():
+		return reflect.TypeFor[nvml.ComputeInstanceInfo]()
+	}
+	if t.Kind() == reflect.Slice {
+		if e := goNVML(t.Elem()); e != t.Elem() {
+			return reflect.SliceOf(e)
+		}
 	}
 	return t
 }
@@ -40,7 +50,7 @@ func goNVML(t reflect.Type) reflect.Type {
 // plain forward and the count is what the agent calls.
 func TestSignaturesMirrorGoNVML(t *testing.T) {
 	total := 0
-	for _, narrow := range []reflect.Type{libraryType, deviceType, eventSetType, giType} {
+	for _, narrow := range []reflect.Type{libraryType, deviceType, eventSetType, giType, ciType} {
 		wide := goNVML(narrow)
 		for i := range narrow.NumMethod() {
 			total++
@@ -62,16 +72,27 @@ func TestSignaturesMirrorGoNVML(t *testing.T) {
 			}
 		}
 	}
-	if total != 60 {
-		t.Errorf("%d methods, want 60 (update the package doc and this count together)", total)
+	if total != 69 {
+		t.Errorf("%d methods, want 69 (update the package doc and this count together)", total)
 	}
 }
 
 // theExtensions is what a fake Extensions call answers.
 var theExtensions = &mock.ExtendedInterface{}
 
+// The GPU and compute instances the fake calls answer, told apart from
+// others by their info's ID.
+var (
+	peerGI = &mock.GpuInstance{GetInfoFunc: func() (nvml.GpuInstanceInfo, nvml.Return) {
+		return nvml.GpuInstanceInfo{Id: 42}, nvml.SUCCESS
+	}}
+	peerCI = &mock.ComputeInstance{GetInfoFunc: func() (nvml.ComputeInstanceInfo, nvml.Return) {
+		return nvml.ComputeInstanceInfo{Id: 43}, nvml.SUCCESS
+	}}
+)
+
 // fakeCall makes a mock function of type ft that records its arguments and
-// answers zero values, handle, and ret.
+// answers zero values, handle (or peerGI, peerCI), and ret.
 func fakeCall(ft reflect.Type, handle nvml.Device, ret nvml.Return, got *[]reflect.Value) reflect.Value {
 	return reflect.MakeFunc(ft, func(args []reflect.Value) []reflect.Value {
 		*got = args
@@ -82,6 +103,17 @@ func fakeCall(ft reflect.Type, handle nvml.Device, ret nvml.Return, got *[]refle
 				out[k] = reflect.ValueOf(ret)
 			case reflect.TypeFor[nvml.Device]():
 				out[k] = reflect.ValueOf(&handle).Elem()
+			case reflect.TypeFor[nvml.GpuInstance]():
+				gi := nvml.GpuInstance(peerGI)
+				out[k] = reflect.ValueOf(&gi).Elem()
+			case reflect.TypeFor[[]nvml.GpuInstance]():
+				out[k] = reflect.ValueOf([]nvml.GpuInstance{peerGI})
+			case reflect.TypeFor[nvml.ComputeInstance]():
+				ci := nvml.ComputeInstance(peerCI)
+				out[k] = reflect.ValueOf(&ci).Elem()
+			case reflect.TypeFor[nvml.ComputeInstanceInfo]():
+				out[k] = reflect.ValueOf(nvml.ComputeInstanceInfo{Device: handle, GpuInstance: peerGI, Id: 7, ProfileId: 8,
+					Placement: nvml.ComputeInstancePlacement{Start: 1, Size: 2}})
 			case reflect.TypeFor[nvml.ExtendedInterface]():
 				var ext nvml.ExtendedInterface = theExtensions
 				out[k] = reflect.ValueOf(&ext).Elem()
@@ -93,14 +125,36 @@ func fakeCall(ft reflect.Type, handle nvml.Device, ret nvml.Return, got *[]refle
 	})
 }
 
-// TestWrapForwardsEveryCall: every Device and Library method called through
-// Wrap, over go-nvml's own mocks, calls the mock's function of the same
-// name once, with the caller's arguments (handles and sets unwrapped), and
-// hands back its answer (handles wrapped).
+// isPeerGI says whether gi is peerGI wrapped (its info's ID is 42).
+func isPeerGI(gi nvmlapi.GpuInstance) bool {
+	if gi == nil {
+		return false
+	}
+	info, ret := gi.GetInfo()
+	return ret == nvml.SUCCESS && info.Id == 42
+}
+
+// isPeerCI says whether ci is peerCI wrapped (its info's ID is 43).
+func isPeerCI(ci nvmlapi.ComputeInstance) bool {
+	if ci == nil {
+		return false
+	}
+	info, ret := ci.GetInfo()
+	return ret == nvml.SUCCESS && info.Id == 43
+}
+
+// TestWrapForwardsEveryCall: every Library, Device, GpuInstance and
+// ComputeInstance method called through Wrap, over go-nvml's own mocks,
+// calls the mock's function of the same name once, with the caller's
+// arguments (handles and sets unwrapped), and hands back its answer
+// (handles wrapped).
 func TestWrapForwardsEveryCall(t *testing.T) {
 	const ret = nvml.ERROR_IN_USE // an answer nothing else gives
 	dev, peer := &mock.Device{}, &mock.Device{}
 	mset := &mock.EventSet{}
+	mgi, mci := &mock.GpuInstance{}, &mock.ComputeInstance{}
+	dev.GetGpuInstanceByIdFunc = func(int) (nvml.GpuInstance, nvml.Return) { return mgi, nvml.SUCCESS }
+	mgi.GetComputeInstanceByIdFunc = func(int) (nvml.ComputeInstance, nvml.Return) { return mci, nvml.SUCCESS }
 	mlib := &mock.Interface{
 		DeviceGetHandleByIndexFunc: func(int) (nvml.Device, nvml.Return) { return dev, nvml.SUCCESS },
 		EventSetCreateFunc:         func() (nvml.EventSet, nvml.Return) { return mset, nvml.SUCCESS },
@@ -108,6 +162,8 @@ func TestWrapForwardsEveryCall(t *testing.T) {
 	lib := nvmlapi.Wrap(mlib)
 	d, _ := lib.DeviceGetHandleByIndex(0)
 	set, _ := lib.EventSetCreate()
+	gi, _ := d.GetGpuInstanceById(1)
+	ci, _ := gi.GetComputeInstanceById(0)
 	// The arguments each call is made with, and what the mock must see.
 	arg := func(pt reflect.Type) (given, want reflect.Value) {
 		switch pt {
@@ -127,6 +183,8 @@ func TestWrapForwardsEveryCall(t *testing.T) {
 			v.SetString("GPU-7")
 		case reflect.Slice:
 			v.Set(reflect.MakeSlice(pt, 1, 1))
+		case reflect.Pointer:
+			v.Set(reflect.New(pt.Elem()))
 		}
 		return v, v
 	}
@@ -137,6 +195,8 @@ func TestWrapForwardsEveryCall(t *testing.T) {
 	}{
 		{deviceType, d, dev},
 		{libraryType, lib, mlib},
+		{giType, gi, mgi},
+		{ciType, ci, mci},
 	} {
 		for i := range target.iface.NumMethod() {
 			m := target.iface.Method(i)
@@ -176,8 +236,30 @@ func TestWrapForwardsEveryCall(t *testing.T) {
 					t.Errorf("answers %s: teach this test to check it", last.Type())
 				}
 				for _, o := range out {
-					if o.Type() == deviceType && o.Interface() != nvmlapi.WrapDevice(peer) {
-						t.Errorf("handle %v, want the mock's device wrapped", o)
+					switch o.Type() {
+					case deviceType:
+						if o.Interface() != nvmlapi.WrapDevice(peer) {
+							t.Errorf("handle %v, want the mock's device wrapped", o)
+						}
+					case giType:
+						if g, _ := o.Interface().(nvmlapi.GpuInstance); !isPeerGI(g) {
+							t.Errorf("gpu instance %v, want the mock's wrapped", o)
+						}
+					case reflect.TypeFor[[]nvmlapi.GpuInstance]():
+						gis, _ := o.Interface().([]nvmlapi.GpuInstance)
+						if len(gis) != 1 || !isPeerGI(gis[0]) {
+							t.Errorf("gpu instances %v, want the mock's one wrapped", o)
+						}
+					case ciType:
+						if c, _ := o.Interface().(nvmlapi.ComputeInstance); !isPeerCI(c) {
+							t.Errorf("compute instance %v, want the mock's wrapped", o)
+						}
+					case reflect.TypeFor[nvmlapi.ComputeInstanceInfo]():
+						info, _ := o.Interface().(nvmlapi.ComputeInstanceInfo)
+						if info.Device != nvmlapi.WrapDevice(peer) || !isPeerGI(info.GpuInstance) || info.Id != 7 || info.ProfileId != 8 ||
+							info.Placement != (nvml.ComputeInstancePlacement{Start: 1, Size: 2}) {
+							t.Errorf("compute instance info %+v, want the mock's with its handles wrapped", info)
+						}
 					}
 				}
 			})
@@ -216,11 +298,29 @@ func TestWrapHandles(t *testing.T) {
 		}
 		return nvml.SUCCESS
 	}
+	migDev := &mock.Device{}
+	gpu.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return migDev, nvml.SUCCESS }
+	theGI := &mock.GpuInstance{GetInfoFunc: func() (nvml.GpuInstanceInfo, nvml.Return) {
+		return nvml.GpuInstanceInfo{Device: gpu, Id: 1}, nvml.SUCCESS
+	}}
+	theGI.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) {
+		switch id {
+		case 0:
+			return &mock.ComputeInstance{GetInfoFunc: func() (nvml.ComputeInstanceInfo, nvml.Return) {
+				return nvml.ComputeInstanceInfo{Device: migDev, GpuInstance: theGI}, nvml.SUCCESS
+			}}, nvml.SUCCESS
+		case 1:
+			return &mock.ComputeInstance{GetInfoFunc: func() (nvml.ComputeInstanceInfo, nvml.Return) {
+				return nvml.ComputeInstanceInfo{Id: 1}, nvml.SUCCESS
+			}}, nvml.SUCCESS
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
 	gpu.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
 		if id != 1 {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
-		return &mock.GpuInstance{}, nvml.SUCCESS
+		return theGI, nvml.SUCCESS
 	}
 	lib := nvmlapi.Wrap(mlib)
 	byIndex, _ := lib.DeviceGetHandleByIndex(0)
@@ -243,10 +343,36 @@ func TestWrapHandles(t *testing.T) {
 			gi, ret := byIndex.GetGpuInstanceById(2)
 			return gi == nil && ret == nvml.ERROR_NOT_FOUND
 		}},
-		{"a GPU instance is go-nvml's", func() bool {
+		{"handles of one GPU instance compare equal", func() bool {
+			a, _ := byIndex.GetGpuInstanceById(1)
+			b, ret := byIndex.GetGpuInstanceById(1)
+			return a != nil && a == b && ret == nvml.SUCCESS
+		}},
+		{"a GPU instance is go-nvml's, wrapped", func() bool {
 			gi, ret := byIndex.GetGpuInstanceById(1)
-			_, isMock := gi.(*mock.GpuInstance)
-			return isMock && ret == nvml.SUCCESS
+			info, _ := gi.GetInfo()
+			return ret == nvml.SUCCESS && info.Id == 1
+		}},
+		{"a missing compute instance is nil", func() bool {
+			gi, _ := byIndex.GetGpuInstanceById(1)
+			ci, ret := gi.GetComputeInstanceById(3)
+			return ci == nil && ret == nvml.ERROR_NOT_FOUND
+		}},
+		{"a compute instance's MIG device compares equal to its handle", func() bool {
+			gi, _ := byIndex.GetGpuInstanceById(1)
+			ci, ret := gi.GetComputeInstanceById(0)
+			if ret != nvml.SUCCESS {
+				return false
+			}
+			info, ret := ci.GetInfo()
+			m, _ := byIndex.GetMigDeviceHandleByIndex(0)
+			return ret == nvml.SUCCESS && info.Device == m && info.Device != nil
+		}},
+		{"a compute instance without a device has a nil Device", func() bool {
+			gi, _ := byIndex.GetGpuInstanceById(1)
+			ci, _ := gi.GetComputeInstanceById(1)
+			info, ret := ci.GetInfo()
+			return ret == nvml.SUCCESS && info.Device == nil && info.GpuInstance == nil
 		}},
 		{"GetTopologyCommonAncestor unwraps the other handle", func() bool {
 			lvl, ret := byIndex.GetTopologyCommonAncestor(nvmlapi.WrapDevice(other))
