@@ -17,6 +17,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -52,6 +53,13 @@ type DRAConfig struct {
 	// one at once, each one of its replicas' shares by default. Off, DRA
 	// serves every device exclusively whatever time-slicing says.
 	Sharing bool `json:"sharing,omitempty"`
+	// MIGOnDemand publishes every GPU in MIG mode as partitionable devices
+	// (KEP-4815, dra.Options.OnDemandMIG): every placement of every
+	// profile, whose MIG device is made when a claim for it is prepared
+	// and destroyed when the claim is unprepared. Needs mig among the
+	// devices. MIG mode stays the operator's: a GPU with MIG mode off is
+	// published whole, and MIG devices that exist are left as they are.
+	MIGOnDemand bool `json:"migOnDemand,omitempty"`
 }
 
 // Validate checks the section, naming the field: known kinds, absolute
@@ -73,6 +81,9 @@ func (c DRAConfig) Validate(migStrategy string) error {
 	if slices.Contains(c.Kinds, dra.TypeGPU) != slices.Contains(c.Kinds, dra.TypeMIG) && migStrategy != gpu.MIGStrategyMixed {
 		errs = append(errs, fmt.Errorf("dra.devices: gpu and mig must be listed together unless mig-strategy is %s (it is %s)", gpu.MIGStrategyMixed, migStrategy))
 	}
+	if c.MIGOnDemand && !slices.Contains(c.Kinds, dra.TypeMIG) {
+		errs = append(errs, fmt.Errorf("dra.migOnDemand: MIG devices are made on demand only when DRA serves them: add %s to dra.devices", dra.TypeMIG))
+	}
 	return errors.Join(errs...)
 }
 
@@ -90,6 +101,8 @@ type draServer struct {
 	root *pcieRootCache
 	// sharing is the time-slicing section when DRAConfig.Sharing is on.
 	sharing *gpu.TimeSlicing
+	// migOnDemand is DRAConfig.MIGOnDemand.
+	migOnDemand bool
 	// nics are the node's RDMA devices now, and rdmaResources the
 	// configured RDMA resources: which one each NIC stands for.
 	nics          func() []rdma.Device
@@ -143,7 +156,8 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 	if s.nics != nil {
 		nicRes = rdma.ExclusiveResourceOf(s.nics(), s.rdmaResources)
 	}
-	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults, Shares: shares, NICResources: nicRes})
+	res, err := dra.Build(st.node, dra.Options{PCIeRoot: s.root.resolver(st.node), Unhealthy: faults, Shares: shares,
+		NICResources: nicRes, OnDemandMIG: s.migOnDemand, Made: s.prep.Made()})
 	if err != nil {
 		s.mu.Lock()
 		if err.Error() != s.lastErr {
@@ -178,7 +192,11 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 	}
 	s.offered = offered
 	s.mu.Unlock()
-	s.plugin.SetDevices(devs)
+	var counters []resourceapi.CounterSet
+	if kinds[dra.TypeMIG] {
+		counters = res.CounterSets
+	}
+	s.plugin.SetDevices(devs, counters)
 	s.plugin.SetHealth(hs)
 }
 
@@ -206,7 +224,7 @@ func (s *draServer) offeredIDs() map[string]bool {
 // inventory is what the Preparer resolves device names against: the
 // devices served now, and only the kinds DRA serves.
 func (s *draServer) inventory(rec *reconciler, nics *rdma.NICs) dra.Inventory {
-	return dra.Inventory{Node: rec.current().node, RDMA: nics.Devices(), Kinds: s.split.draKinds()}
+	return dra.Inventory{Node: rec.current().node, RDMA: nics.Devices(), Kinds: s.split.draKinds(), OnDemandMIG: s.migOnDemand}
 }
 
 // pcieRootCache remembers each bus ID's PCIe root for one discovered node:
@@ -314,13 +332,26 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	if cfg.DRA.Sharing {
 		s.sharing = cfg.GPU.TimeSlicing
 	}
+	var mig dra.MIGMaker
+	if cfg.DRA.MIGOnDemand {
+		// The placements are published from the MIG profiles discovery
+		// reads only when asked.
+		d, ok := a.hw.(migProfileReader)
+		if !ok {
+			return nil, fmt.Errorf("dra.migOnDemand: %s cannot read MIG profiles", describe(a.hw))
+		}
+		d.SetDiscoverOptions(nvmlowner.DiscoverOptions{MIGProfiles: true})
+		s.migOnDemand, mig = true, a.hw.Owner()
+	}
 	s.nics, s.rdmaResources = a.nics.Devices, cfg.RDMA.Resources
 	var err error
 	s.prep, err = dra.NewPreparer(dra.PreparerConfig{
 		NodeName: cfg.NodeName, HostRoot: hostRoot, CDIDir: cfg.DRA.CDIDir, StateDir: cfg.Health.StateDir,
 		HostDevPrefix: devPrefix,
 		Inventory:     func() dra.Inventory { return s.inventory(a.rec, a.nics) },
-		Log:           log,
+		// A MIG device made or destroyed changes the node: rediscover.
+		MIG: mig, Changed: a.Rescan,
+		Log: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dra: %w", err)
@@ -336,6 +367,13 @@ func (a *Agent) openDRA(hostRoot string) (*draServer, error) {
 	}
 	a.split.step(true)
 	return s, nil
+}
+
+// migProfileReader is hardware whose discovery can read the MIG profiles
+// of GPUs in MIG mode (nvmlowner.Hardware, and the simulated node through
+// it).
+type migProfileReader interface {
+	SetDiscoverOptions(nvmlowner.DiscoverOptions)
 }
 
 // devicePluginResources are the resources of the kinds the device plugin

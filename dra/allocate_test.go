@@ -108,7 +108,7 @@ func chartClasses(t *testing.T, sharing bool) classLister {
 	for _, kind := range []string{TypeGPU, TypeMIG, TypeNIC} {
 		class(kind+"."+DriverName, instantiate(kindSel, kind, "", sharing))
 	}
-	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "2g.20gb", "3g.40gb"} {
+	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"} {
 		class("mig-"+p+"."+DriverName, instantiate(profileSel, "", p, sharing))
 	}
 	class("rdma-ib."+DriverName, strings.ReplaceAll(sel.rdma, "{{ $r.name }}", "ib"))
@@ -123,21 +123,23 @@ func chartClasses(t *testing.T, sharing bool) classLister {
 const nodeName = "gpu-node"
 
 // resourceSlices is what the kubelet plugin will publish: the node's pool,
-// one ResourceSlice per Split chunk.
-func resourceSlices(devs []resourceapi.Device) []*resourceapi.ResourceSlice {
-	chunks := Split(devs)
+// one ResourceSlice per SplitCounters chunk of counters, then one per
+// Split chunk of devices.
+func resourceSlices(devs []resourceapi.Device, counters ...resourceapi.CounterSet) []*resourceapi.ResourceSlice {
+	var specs []resourceapi.ResourceSliceSpec
+	for _, c := range SplitCounters(counters) {
+		specs = append(specs, resourceapi.ResourceSliceSpec{SharedCounters: c})
+	}
+	for _, c := range Split(devs) {
+		specs = append(specs, resourceapi.ResourceSliceSpec{Devices: c})
+	}
 	var out []*resourceapi.ResourceSlice
-	for i, c := range chunks {
+	for i, spec := range specs {
 		node := nodeName
-		out = append(out, &resourceapi.ResourceSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", nodeName, i)},
-			Spec: resourceapi.ResourceSliceSpec{
-				Driver:   DriverName,
-				Pool:     resourceapi.ResourcePool{Name: nodeName, Generation: 1, ResourceSliceCount: int64(len(chunks))},
-				NodeName: &node,
-				Devices:  c,
-			},
-		})
+		spec.Driver = DriverName
+		spec.Pool = resourceapi.ResourcePool{Name: nodeName, Generation: 1, ResourceSliceCount: int64(len(specs))}
+		spec.NodeName = &node
+		out = append(out, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", nodeName, i)}, Spec: spec})
 	}
 	return out
 }
@@ -152,6 +154,12 @@ func allocate(t *testing.T, devs []resourceapi.Device, claim *resourceapi.Resour
 // allocateWith is allocate with the given classes and, for shared
 // devices, the claims already allocated (their consumed capacity).
 func allocateWith(t *testing.T, devs []resourceapi.Device, classes classLister, prior []*resourceapi.ResourceClaim, claim *resourceapi.ResourceClaim, allocated ...string) []resourceapi.DeviceRequestAllocationResult {
+	t.Helper()
+	return allocateSlices(t, resourceSlices(devs), classes, prior, claim, allocated...)
+}
+
+// allocateSlices is allocateWith on the given slices.
+func allocateSlices(t *testing.T, rs []*resourceapi.ResourceSlice, classes classLister, prior []*resourceapi.ResourceClaim, claim *resourceapi.ResourceClaim, allocated ...string) []resourceapi.DeviceRequestAllocationResult {
 	t.Helper()
 	// The features on by default in Kubernetes 1.37 (GA or beta), which
 	// select the allocator the 1.37 scheduler runs.
@@ -176,7 +184,7 @@ func allocateWith(t *testing.T, devs []resourceapi.Device, classes classLister, 
 			state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
 		}
 	}
-	a, err := structured.NewAllocator(context.Background(), features, state, classes, resourceSlices(devs), cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
+	a, err := structured.NewAllocator(context.Background(), features, state, classes, rs, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		t.Fatal(err)
 	}

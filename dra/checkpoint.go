@@ -33,9 +33,19 @@ var ErrCheckpointCorrupt = errors.New("dra checkpoint unusable")
 //	{"version":1,"claims":{"<uid>":{"namespace":"ns","name":"claim",
 //	  "devices":[{"requests":["gpu"],"pool":"node-1","device":"gpu-0",
 //	  "cdiDeviceIDs":["gpu-node-agent.io/claim=<uid>-gpu-0"]}]}}}
+//
+// A device made on demand adds "mig" (MadeMIG) to its entry, and MIG
+// devices being made are listed in "making" (MIGPlace); both are optional,
+// so a checkpoint without them reads as before.
 type checkpoint struct {
 	Version int                      `json:"version"`
 	Claims  map[string]preparedClaim `json:"claims"`
+	// Making are MIG devices being made for a claim that is not
+	// checkpointed yet: each is recorded before it is made and removed
+	// once its claim is checkpointed or it is destroyed again, so one that
+	// a crash left behind is destroyed by the next call (MIGPlace names
+	// where it is, as nothing else does before the make returns).
+	Making []MIGPlace `json:"making,omitempty"`
 }
 
 // preparedClaim is what the kubelet was told for one claim; a repeated
@@ -74,6 +84,14 @@ func readCheckpoint(path string) (*checkpoint, error) {
 			if d.Device == "" || d.Pool == "" || len(d.CDIDeviceIDs) == 0 {
 				return nil, fmt.Errorf("%w: %s: claim %s: device entry without name, pool or CDI IDs", ErrCheckpointCorrupt, path, uid)
 			}
+			if m := d.MIG; m != nil && (!m.MIGPlace.valid() || m.UUID == "") {
+				return nil, fmt.Errorf("%w: %s: claim %s: device %s: made MIG device without parent, placement or UUID", ErrCheckpointCorrupt, path, uid, d.Device)
+			}
+		}
+	}
+	for _, m := range c.Making {
+		if !m.valid() {
+			return nil, fmt.Errorf("%w: %s: MIG device being made without parent or placement", ErrCheckpointCorrupt, path)
 		}
 	}
 	return &c, nil

@@ -3,6 +3,7 @@ package dra
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -93,6 +94,19 @@ type Options struct {
 	// rdmaResource attribute so that a DeviceClass can serve that
 	// extended resource. Nil: none.
 	NICResources map[string]string
+	// OnDemandMIG publishes each GPU in MIG mode whose profiles were read
+	// (topology.GPU.MIGProfiles) as a partitionable device (KEP-4815): a
+	// counter set of its memory slices and engines, and one device per
+	// placement of every profile, consuming the slices it covers and the
+	// profile's engines, which Prepare makes and Unprepare destroys. A
+	// MIG device that exists and was not made for a claim (an operator's
+	// layout) is published as it is, and the placements it covers are
+	// not offered.
+	OnDemandMIG bool
+	// Made are the MIG devices, by UUID, made for prepared claims
+	// (Preparer.Made): each is published as its placement, not as a
+	// device of its own.
+	Made map[string]bool
 }
 
 // Result is the node's devices as ResourceSlices publish them.
@@ -104,6 +118,10 @@ type Result struct {
 	// IDs are the health monitor's IDs of Devices, index by index (the
 	// keys of Options.Unhealthy).
 	IDs []string
+	// CounterSets are the shared counters of the GPUs whose MIG devices
+	// are made on demand (Options.OnDemandMIG), by GPU index: what their
+	// placement devices consume.
+	CounterSets []resourceapi.CounterSet
 	// Unread lists attributes that could not be resolved and were left
 	// out ("gpu-3: pcieRoot: ..."), as topology.Node.Unread does for
 	// discovery: the device is still published.
@@ -135,6 +153,10 @@ func Build(n *topology.Node, opts Options) (Result, error) {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if !g.MIGEnabled {
+			continue
+		}
+		if opts.OnDemandMIG && len(g.MIGProfiles) > 0 {
+			b.onDemand(g)
 			continue
 		}
 		for _, m := range g.MIG {
@@ -272,27 +294,178 @@ func (b *builder) mig(g *topology.GPU, m topology.MIGDevice) resourceapi.Device 
 	// A MIG device is a slice of its parent's PCI function: same bus ID,
 	// root and NUMA node (NVIDIA's driver gives it the parent's too).
 	b.pci(a, name, g.PCIBusID, g.PCIPath, g.NUMANode)
-	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
-	for _, v := range []struct {
-		name resourceapi.QualifiedName
-		n    uint32
-	}{
-		{CapMultiprocessors, m.Attributes.Multiprocessors},
-		{CapCopyEngines, m.Attributes.CopyEngines},
-		{CapDecoders, m.Attributes.Decoders},
-		{CapEncoders, m.Attributes.Encoders},
-		{CapJPEGEngines, m.Attributes.JPEGs},
-		{CapOFAEngines, m.Attributes.OFAs},
-	} {
-		if v.n > 0 {
-			c[v.name] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(v.n), resource.DecimalSI)}
-		}
-	}
-	if m.MemoryMiB > 0 {
-		c[CapMemory] = mib(m.MemoryMiB)
-	}
+	c := migCapacity(m.Attributes, m.MemoryMiB)
 	d := resourceapi.Device{Name: name, Attributes: a}
 	if len(c) > 0 {
+		d.Capacity = c
+	}
+	return d
+}
+
+// migCapacity is a MIG device's capacity: its multiprocessors, engines
+// and memory, each left out when zero.
+func migCapacity(a topology.MIGAttributes, memoryMiB uint64) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+	for _, v := range migCounts(a) {
+		if v.n > 0 {
+			c[v.capacity] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(v.n), resource.DecimalSI)}
+		}
+	}
+	if memoryMiB > 0 {
+		c[CapMemory] = mib(memoryMiB)
+	}
+	return c
+}
+
+// migCount is one count of a MIG device under its capacity name and the
+// name of the counter its placements consume (NVIDIA's driver's names:
+// the capacity's in DNS-label form).
+type migCount struct {
+	capacity resourceapi.QualifiedName
+	counter  string
+	n        uint32
+}
+
+func migCounts(a topology.MIGAttributes) []migCount {
+	return []migCount{
+		{CapMultiprocessors, "multiprocessors", a.Multiprocessors},
+		{CapCopyEngines, "copy-engines", a.CopyEngines},
+		{CapDecoders, "decoders", a.Decoders},
+		{CapEncoders, "encoders", a.Encoders},
+		{CapJPEGEngines, "jpeg-engines", a.JPEGs},
+		{CapOFAEngines, "ofa-engines", a.OFAs},
+	}
+}
+
+// Counter names of a GPU's counter set beside the engine counts of
+// migCounts: its memory in bytes, and one counter of 1 per memory slice
+// (the units of topology.MIGPlacement) that a placement covering the
+// slice consumes whole, so that no two allocated placements overlap.
+const counterMemory = "memory"
+
+// MemorySliceCounter is the counter of memory slice i of a GPU's counter
+// set.
+func MemorySliceCounter(i uint32) string { return fmt.Sprintf("memory-slice-%d", i) }
+
+// onDemand publishes GPU g in MIG mode as a partitionable device: the
+// MIG devices that exist and were not made for a claim as they are, the
+// GPU's counter set, and a device for every placement of every profile
+// that none of those covers. A placement device's health is its parent's,
+// or once made for a claim its MIG device's.
+func (b *builder) onDemand(g *topology.GPU) {
+	var taken []topology.MIGPlacement
+	unknown := false
+	made := map[string]string{} // placement device name -> MIG UUID
+	for _, m := range g.MIG {
+		if b.opts.Made[m.UUID] {
+			made[PlacementName(g.Index, m.Profile, m.Placement.Start)] = m.UUID
+			continue
+		}
+		d := b.mig(g, m)
+		b.share(&d, m.UUID)
+		b.add(d, m.UUID)
+		if m.Placement.Size == 0 {
+			unknown = true
+		}
+		taken = append(taken, m.Placement)
+	}
+	if unknown {
+		b.unread(GPUName(g.Index), "mig placements", errors.New("a MIG device of the GPU has no known placement, so none is offered"))
+		return
+	}
+	set := CounterSetName(g.Index)
+	offered := false
+	for _, p := range g.MIGProfiles {
+		for _, pl := range p.Placements {
+			if slices.ContainsFunc(taken, pl.Overlaps) {
+				continue
+			}
+			d := b.placement(g, p, pl, set)
+			id := healthID(g)
+			if uuid, ok := made[d.Name]; ok {
+				id = uuid
+			}
+			b.add(d, id)
+			offered = true
+		}
+	}
+	// A counter set no device consumes is left out: a GPU whose slices
+	// an operator's layout fills offers nothing made on demand.
+	if offered {
+		b.res.CounterSets = append(b.res.CounterSets, counterSet(set, g.MIGProfiles))
+	}
+}
+
+// counterSet is what a GPU's placements share: one counter per memory
+// slice up to the end of the furthest placement, and of each engine count
+// and the memory the largest a single profile needs to fill the GPU
+// (count × instances). NVIDIA's driver takes the largest count alone,
+// which blocks valid layouts where a small profile's engines add up to
+// more than the whole-GPU profile reports (go-nvml's H100 table: a
+// decoder on each of seven 1g.10gb, five on 7g.80gb). Where the counts
+// add up, as the hardware's do, the two agree; where a profile is the
+// only one with an engine (the media extensions of +me, one instance),
+// its instance count bounds it as the driver does.
+func counterSet(name string, profiles []topology.MIGProfile) resourceapi.CounterSet {
+	counters := map[string]resourceapi.Counter{}
+	var slicesEnd uint32
+	var memory uint64
+	total := map[string]uint64{}
+	for _, p := range profiles {
+		n := uint64(max(p.Instances, 1))
+		for _, v := range migCounts(p.Attributes) {
+			total[v.counter] = max(total[v.counter], uint64(v.n)*n)
+		}
+		memory = max(memory, p.MemoryMiB*n)
+		for _, pl := range p.Placements {
+			slicesEnd = max(slicesEnd, pl.End())
+		}
+	}
+	for k, n := range total {
+		if n > 0 {
+			counters[k] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+		}
+	}
+	if memory > 0 {
+		counters[counterMemory] = resourceapi.Counter{Value: mib(memory).Value}
+	}
+	one := resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	for i := range slicesEnd {
+		counters[MemorySliceCounter(i)] = one
+	}
+	return resourceapi.CounterSet{Name: name, Counters: counters}
+}
+
+// placement is the device of profile p at placement pl on GPU g: what the
+// MIG device made there would be, less its UUID, consuming pl's memory
+// slices and p's engines and memory from the GPU's counter set.
+func (b *builder) placement(g *topology.GPU, p topology.MIGProfile, pl topology.MIGPlacement, set string) resourceapi.Device {
+	name := PlacementName(g.Index, p.Name, pl.Start)
+	a := attrs{}
+	a.str(AttrType, TypeMIG)
+	a.str(AttrProfile, p.Name)
+	a.str(AttrParentUUID, g.UUID)
+	a.int(AttrParentIndex, int64(g.Index))
+	b.gpuCommon(a, g)
+	b.pci(a, name, g.PCIBusID, g.PCIPath, g.NUMANode)
+	consumed := map[string]resourceapi.Counter{}
+	for _, v := range migCounts(p.Attributes) {
+		if v.n > 0 {
+			consumed[v.counter] = resourceapi.Counter{Value: *resource.NewQuantity(int64(v.n), resource.DecimalSI)}
+		}
+	}
+	if p.MemoryMiB > 0 {
+		consumed[counterMemory] = resourceapi.Counter{Value: mib(p.MemoryMiB).Value}
+	}
+	one := resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	for i := pl.Start; i < pl.End(); i++ {
+		consumed[MemorySliceCounter(i)] = one
+	}
+	d := resourceapi.Device{
+		Name: name, Attributes: a,
+		ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: set, Counters: consumed}},
+	}
+	if c := migCapacity(p.Attributes, p.MemoryMiB); len(c) > 0 {
 		d.Capacity = c
 	}
 	return d

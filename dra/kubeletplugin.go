@@ -105,8 +105,10 @@ type KubeletPlugin struct {
 	// NotifyRegistrationStatus, recorded by regInterceptor (the helper's
 	// own RegistrationStatus is not safe to read while the kubelet calls).
 	registration *registerapi.RegistrationStatus
-	// devices are the last SetDevices; published once the helper runs.
+	// devices and counters are the last SetDevices; published once the
+	// helper runs.
 	devices     []resourceapi.Device
+	counters    []resourceapi.CounterSet
 	haveDevices bool
 	published   bool
 }
@@ -228,14 +230,15 @@ func (p *KubeletPlugin) regInterceptor(ctx context.Context, req any, info *grpc.
 	return handler(ctx, req)
 }
 
-// SetDevices makes devs (Build's devices, in order) the node's published
-// devices, split into the slices of its pool (Split); the latest call
-// wins. The library's controller writes only what changed. Never blocks
-// on the API server.
-func (p *KubeletPlugin) SetDevices(devs []resourceapi.Device) {
+// SetDevices makes devs (Build's devices, in order) and counters (Build's
+// counter sets) the node's published devices, split into the slices of
+// its pool (SplitCounters, then Split); the latest call wins. The
+// library's controller writes only what changed. Never blocks on the API
+// server.
+func (p *KubeletPlugin) SetDevices(devs []resourceapi.Device, counters []resourceapi.CounterSet) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.devices, p.haveDevices = devs, true
+	p.devices, p.counters, p.haveDevices = devs, counters, true
 	if p.helper == nil {
 		return
 	}
@@ -246,6 +249,9 @@ func (p *KubeletPlugin) SetDevices(devs []resourceapi.Device) {
 
 func (p *KubeletPlugin) publishLocked() error {
 	var slices []resourceslice.Slice
+	for _, c := range SplitCounters(p.counters) {
+		slices = append(slices, resourceslice.Slice{SharedCounters: c})
+	}
 	for _, s := range Split(p.devices) {
 		slices = append(slices, resourceslice.Slice{Devices: s})
 	}

@@ -72,6 +72,8 @@ type testEnv struct {
 	root, kubeletDir, cdiDir, state string
 	claims                          *fakeClaims
 	plugin                          *KubeletPlugin
+	// mig makes MIG devices for placement devices (nil: none is made).
+	mig MIGMaker
 }
 
 func newEnv(t *testing.T, profile string, opts ...sim.ProfileOption) *testEnv {
@@ -98,7 +100,8 @@ func newEnv(t *testing.T, profile string, opts ...sim.ProfileOption) *testEnv {
 
 func (e *testEnv) start() error {
 	prep, err := NewPreparer(PreparerConfig{NodeName: testNode, HostRoot: e.root, CDIDir: e.cdiDir, StateDir: e.state,
-		Inventory: func() Inventory { return Inventory{Node: e.node, RDMA: e.nics} }})
+		Inventory: func() Inventory { return Inventory{Node: e.node, RDMA: e.nics, OnDemandMIG: e.mig != nil} },
+		MIG:       e.mig})
 	if err != nil {
 		return err
 	}
@@ -683,7 +686,7 @@ func TestDeviceMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.SetDevices(built.Devices)
+	p.SetDevices(built.Devices, built.CounterSets)
 	if err := p.Start(context.Background(), e.claims.cs); err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,13 @@ const (
 //     IDs, so a stale allocation cannot name the new device. NVIDIA's
 //     driver uses the GI profile ID and placement start and size, which our
 //     model does not carry.
+//   - MIG placement (a MIG device made on demand, Options.OnDemandMIG):
+//     "gpu-<index>-mig-<profile>-at-<start>", the parent's index, the
+//     profile as above and the placement's first slice. It names a place
+//     on the GPU, not an instance: the instance is made when a claim is
+//     prepared, so the name holds across makes and restarts. NVIDIA's
+//     driver names these "gpu-<minor>-mig-<profile>-<profile ID>-<start>";
+//     "-at-" keeps ours apart from the static form above.
 //   - NIC: "nic-<rdma device>", lower-cased with "_" made "-" (mlx5_0 ->
 //     nic-mlx5-0): the name ibstat, NCCL_IB_HCA and the device plugin's
 //     rdma resources use.
@@ -49,7 +56,22 @@ func GPUName(index int) string { return fmt.Sprintf("gpu-%d", index) }
 
 // MIGName is the device name of MIG device m on GPU index parent.
 func MIGName(parent int, m topology.MIGDevice) string {
-	return fmt.Sprintf("gpu-%d-mig-%s-%d-%d", parent, labelPart(strings.NewReplacer(".", "", "+", "-").Replace(m.Profile)), m.GPUInstance, m.ComputeInstance)
+	return fmt.Sprintf("gpu-%d-mig-%s-%d-%d", parent, profilePart(m.Profile), m.GPUInstance, m.ComputeInstance)
+}
+
+// PlacementName is the device name of the MIG device of profile that
+// would sit at placement start on GPU index parent.
+func PlacementName(parent int, profile string, start uint32) string {
+	return fmt.Sprintf("gpu-%d-mig-%s-at-%d", parent, profilePart(profile), start)
+}
+
+// CounterSetName is the shared counter set of GPU index i, whose slices
+// and engines its MIG placements consume (NVIDIA's driver names it the
+// same way, by minor).
+func CounterSetName(index int) string { return fmt.Sprintf("gpu-%d-counter-set", index) }
+
+func profilePart(profile string) string {
+	return labelPart(strings.NewReplacer(".", "", "+", "-").Replace(profile))
 }
 
 // NICName is the device name of an RDMA device (mlx5_0 -> nic-mlx5-0).

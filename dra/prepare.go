@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,9 @@ type Inventory struct {
 	// through DRA; a device of another kind fails the claim (it is the
 	// device plugin's). Nil: every kind.
 	Kinds map[string]bool
+	// OnDemandMIG says the placement devices of GPUs in MIG mode are
+	// published (Options.OnDemandMIG).
+	OnDemandMIG bool
 }
 
 // ClaimRef names one claim the kubelet asks about.
@@ -64,6 +68,43 @@ type PreparedDevice struct {
 	// ShareID is the allocation's share of a shared device (empty for an
 	// exclusive one); the kubelet reports it in pod-resources.
 	ShareID string `json:"shareID,omitempty"`
+	// MIG is the MIG device made for a placement device (nil for any
+	// other); Unprepare destroys it.
+	MIG *MadeMIG `json:"mig,omitempty"`
+}
+
+// MIGPlace is where a MIG device is made on demand: its parent GPU's UUID,
+// the GPU instance profile by name and GPU_INSTANCE_PROFILE_* value, and
+// the placement.
+type MIGPlace struct {
+	Parent    string                `json:"parent"`
+	Profile   string                `json:"profile"`
+	ProfileID int                   `json:"profileID"`
+	Placement topology.MIGPlacement `json:"placement"`
+}
+
+func (m MIGPlace) valid() bool { return m.Parent != "" && m.Placement.Size > 0 }
+
+func (m MIGPlace) String() string {
+	return fmt.Sprintf("%s at slice %d of %s", m.Profile, m.Placement.Start, m.Parent)
+}
+
+// MadeMIG is a MIG device made for a claim: where, and what NVML made.
+type MadeMIG struct {
+	MIGPlace
+	UUID            string `json:"uuid"`
+	GPUInstance     int    `json:"gi"`
+	ComputeInstance int    `json:"ci"`
+}
+
+// MIGMaker makes and destroys MIG devices on demand (nvmlowner.Owner's
+// MakeMIG and UnmakeMIG): the GPU instance of a GPU_INSTANCE_PROFILE_*
+// profile at a placement on the GPU of UUID parent, with the compute
+// instance that spans it. Make is all or nothing; Unmake of a placement
+// where nothing is made succeeds.
+type MIGMaker interface {
+	MakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement) (topology.MIGDevice, error)
+	UnmakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement) error
 }
 
 // PrepareResult is the answer for one claim: its devices or why not.
@@ -88,7 +129,13 @@ type PreparerConfig struct {
 	StateDir string
 	// Inventory returns the current devices; called once per Prepare.
 	Inventory func() Inventory
-	Log       *slog.Logger
+	// MIG makes and destroys the MIG devices of placement devices
+	// (Options.OnDemandMIG); nil: a claim for one fails.
+	MIG MIGMaker
+	// Changed, if set, is called after a MIG device was made or
+	// destroyed, so that the node is rediscovered.
+	Changed func()
+	Log     *slog.Logger
 }
 
 // Preparer prepares and unprepares claims: CDI spec per claim, prepared
@@ -178,6 +225,7 @@ func (p *Preparer) Prepare(claims []*resourceapi.ResourceClaim) map[string]Prepa
 		}
 		return out
 	}
+	p.finishMaking()
 	var inv *Inventory
 	for _, claim := range claims {
 		ref := ClaimRef{Namespace: claim.Namespace, Name: claim.Name, UID: string(claim.UID)}
@@ -192,7 +240,7 @@ func (p *Preparer) Prepare(claims []*resourceapi.ResourceClaim) map[string]Prepa
 			i := p.cfg.Inventory()
 			inv = &i
 		}
-		devs, err := p.prepareOne(ref, claim, inv)
+		devs, err := p.prepareOne(ref, claim, inv, pc)
 		if err != nil {
 			p.cfg.Log.Warn("dra prepare failed", "claim", ref.Namespace+"/"+ref.Name, "uid", ref.UID, "err", err)
 		} else {
@@ -222,7 +270,7 @@ func (p *Preparer) specExists(uid string) bool {
 	return err == nil
 }
 
-func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, inv *Inventory) ([]PreparedDevice, error) {
+func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, inv *Inventory, prior preparedClaim) (_ []PreparedDevice, err error) {
 	if string(claim.UID) != ref.UID {
 		return nil, fmt.Errorf("claim %s/%s has UID %s, not %s: it was replaced", ref.Namespace, ref.Name, claim.UID, ref.UID)
 	}
@@ -230,6 +278,14 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		return nil, fmt.Errorf("claim %s/%s is not allocated", ref.Namespace, ref.Name)
 	}
 	index := deviceIndex(inv)
+	// MIG devices made by this call are destroyed again if the claim
+	// fails; ones an earlier prepare of the claim made are reused.
+	var madeNow []MIGPlace
+	defer func() {
+		if err != nil {
+			p.unmakeAll(madeNow)
+		}
+	}()
 	spec := &cdispec.Spec{Kind: CDIVendor + "/" + CDIClass}
 	var devs []PreparedDevice
 	reqDevs := map[string][]*namedDevice{} // by base request name
@@ -244,6 +300,20 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		}
 		if inv.Kinds != nil && !inv.Kinds[d.kind] {
 			return nil, fmt.Errorf("claim %s/%s: device %s is a %s, which this node serves through the device plugin, not DRA", ref.Namespace, ref.Name, r.Device, d.kind)
+		}
+		var made *MadeMIG
+		if d.place != nil {
+			made = priorMIG(prior, r.Device)
+			if made == nil {
+				m, err := p.make(*d.place)
+				if err != nil {
+					return nil, fmt.Errorf("claim %s/%s: device %s: %w", ref.Namespace, ref.Name, r.Device, err)
+				}
+				madeNow = append(madeNow, *d.place)
+				made = &MadeMIG{MIGPlace: *d.place, UUID: m.UUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance}
+			}
+			inv.Node = withMIG(inv.Node, *made)
+			d = &namedDevice{kind: TypeMIG, id: made.UUID}
 		}
 		nodes, _, err := d.edits(p.cfg.files(), inv)
 		if err != nil {
@@ -269,6 +339,7 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		if r.ShareID != nil {
 			pd.ShareID = string(*r.ShareID)
 		}
+		pd.MIG = made
 		devs = append(devs, pd)
 	}
 	// The environment describes all devices of a request together
@@ -321,16 +392,161 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 	if err := p.cdi.WriteSpec(spec, SpecFile(ref.UID)); err != nil {
 		return nil, fmt.Errorf("claim %s/%s: write cdi spec: %w", ref.Namespace, ref.Name, err)
 	}
+	old, had := p.cp.Claims[ref.UID]
+	making := p.cp.Making
 	p.cp.Claims[ref.UID] = preparedClaim{Namespace: ref.Namespace, Name: ref.Name, Devices: devs}
+	p.cp.Making = slices.DeleteFunc(slices.Clone(making), func(m MIGPlace) bool { return slices.Contains(madeNow, m) })
 	if err := writeCheckpoint(p.path, p.cp); err != nil {
 		delete(p.cp.Claims, ref.UID)
+		if had {
+			p.cp.Claims[ref.UID] = old
+		}
+		p.cp.Making = making
 		return nil, fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
 	return devs, nil
 }
 
-// Unprepare removes each claim's CDI spec and forgets it; a claim not
-// prepared (or already unprepared) is a success. Errors are per claim.
+// priorMIG is the MIG device an earlier prepare of the claim made for
+// device, nil if none.
+func priorMIG(prior preparedClaim, device string) *MadeMIG {
+	for _, d := range prior.Devices {
+		if d.Device == device && d.MIG != nil {
+			m := *d.MIG
+			return &m
+		}
+	}
+	return nil
+}
+
+// withMIG is n with the made MIG device m added to its parent (a copy: n
+// is shared), so that the device edits find it before the next discovery
+// does. n is returned as it is when it has m already or lacks the parent.
+func withMIG(n *topology.Node, m MadeMIG) *topology.Node {
+	if n == nil {
+		return n
+	}
+	for i, g := range n.GPUs {
+		if g.UUID != m.Parent {
+			continue
+		}
+		if slices.ContainsFunc(g.MIG, func(d topology.MIGDevice) bool { return d.UUID == m.UUID }) {
+			return n
+		}
+		c := *n
+		c.GPUs = slices.Clone(n.GPUs)
+		c.GPUs[i].MIG = append(slices.Clone(g.MIG), topology.MIGDevice{
+			UUID: m.UUID, Profile: m.Profile, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance,
+			Index: len(g.MIG), Placement: m.Placement,
+		})
+		return &c
+	}
+	return n
+}
+
+// make makes the MIG device at place, recording it in the checkpoint's
+// Making first so that a crash during the make cannot leave it unknown.
+func (p *Preparer) make(place MIGPlace) (topology.MIGDevice, error) {
+	if p.cfg.MIG == nil {
+		return topology.MIGDevice{}, errors.New("MIG devices are not made on demand on this node")
+	}
+	p.mu.Lock()
+	p.cp.Making = append(p.cp.Making, place)
+	err := writeCheckpoint(p.path, p.cp)
+	if err != nil {
+		p.cp.Making = p.cp.Making[:len(p.cp.Making)-1]
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return topology.MIGDevice{}, fmt.Errorf("make MIG device %s: %w", place, err)
+	}
+	m, err := p.cfg.MIG.MakeMIG(context.Background(), place.Parent, place.ProfileID, place.Placement)
+	if err != nil {
+		p.forgetMaking(place)
+		return topology.MIGDevice{}, fmt.Errorf("make MIG device %s: %w", place, err)
+	}
+	p.cfg.Log.Info("MIG device made", "device", place.String(), "uuid", m.UUID, "gi", m.GPUInstance, "ci", m.ComputeInstance)
+	p.changed()
+	return m, nil
+}
+
+// unmakeAll destroys the MIG devices made at places and forgets them; one
+// that cannot be destroyed stays in Making for the next call to retry.
+func (p *Preparer) unmakeAll(places []MIGPlace) {
+	for _, m := range places {
+		if err := p.unmake(m); err != nil {
+			p.cfg.Log.Error("MIG device not destroyed; retried on the next call", "device", m.String(), "err", err)
+			continue
+		}
+		p.forgetMaking(m)
+	}
+}
+
+func (p *Preparer) unmake(m MIGPlace) error {
+	if p.cfg.MIG == nil {
+		return errors.New("MIG devices are not made on demand on this node")
+	}
+	if err := p.cfg.MIG.UnmakeMIG(context.Background(), m.Parent, m.ProfileID, m.Placement); err != nil {
+		return fmt.Errorf("destroy MIG device %s: %w", m, err)
+	}
+	p.cfg.Log.Info("MIG device destroyed", "device", m.String())
+	p.changed()
+	return nil
+}
+
+// forgetMaking drops place from the checkpoint's Making.
+func (p *Preparer) forgetMaking(place MIGPlace) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := slices.Index(p.cp.Making, place)
+	if i < 0 {
+		return
+	}
+	making := p.cp.Making
+	p.cp.Making = slices.Delete(slices.Clone(making), i, i+1)
+	if err := writeCheckpoint(p.path, p.cp); err != nil {
+		p.cp.Making = making
+		p.cfg.Log.Error("dra checkpoint not updated after a MIG device was destroyed", "device", place.String(), "err", err)
+	}
+}
+
+// finishMaking destroys the MIG devices an earlier call left in Making (a
+// crash between the make and the checkpoint): no claim holds them.
+func (p *Preparer) finishMaking() {
+	p.mu.Lock()
+	making := slices.Clone(p.cp.Making)
+	p.mu.Unlock()
+	if len(making) > 0 {
+		p.unmakeAll(making)
+	}
+}
+
+func (p *Preparer) changed() {
+	if p.cfg.Changed != nil {
+		p.cfg.Changed()
+	}
+}
+
+// Made lists the UUIDs of the MIG devices made for prepared claims
+// (Options.Made).
+func (p *Preparer) Made() map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]bool{}
+	for _, c := range p.cp.Claims {
+		for _, d := range c.Devices {
+			if d.MIG != nil {
+				out[d.MIG.UUID] = true
+			}
+		}
+	}
+	return out
+}
+
+// Unprepare removes each claim's CDI spec, destroys the MIG devices made
+// for it and forgets it; a claim not prepared (or already unprepared) is
+// a success. Errors are per claim: one whose MIG device cannot be
+// destroyed stays prepared, for the kubelet to retry.
 func (p *Preparer) Unprepare(claims []ClaimRef) map[string]error {
 	out := make(map[string]error, len(claims))
 	if err := p.reload(); err != nil {
@@ -339,30 +555,46 @@ func (p *Preparer) Unprepare(claims []ClaimRef) map[string]error {
 		}
 		return out
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.finishMaking()
 	for _, ref := range claims {
-		// Removed even when the checkpoint does not hold the claim: a
-		// crash after writing the spec and before the checkpoint leaves one.
-		if err := p.cdi.RemoveSpec(SpecFile(ref.UID)); err != nil {
-			out[ref.UID] = fmt.Errorf("claim %s/%s: remove cdi spec: %w", ref.Namespace, ref.Name, err)
-			continue
-		}
-		pc, ok := p.cp.Claims[ref.UID]
-		if !ok {
-			out[ref.UID] = nil
-			continue
-		}
-		delete(p.cp.Claims, ref.UID)
-		if err := writeCheckpoint(p.path, p.cp); err != nil {
-			p.cp.Claims[ref.UID] = pc
-			out[ref.UID] = fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
-			continue
-		}
-		p.cfg.Log.Info("dra claim unprepared", "claim", ref.Namespace+"/"+ref.Name, "uid", ref.UID)
-		out[ref.UID] = nil
+		out[ref.UID] = p.unprepareOne(ref)
 	}
 	return out
+}
+
+func (p *Preparer) unprepareOne(ref ClaimRef) error {
+	// Removed even when the checkpoint does not hold the claim: a crash
+	// after writing the spec and before the checkpoint leaves one.
+	if err := p.cdi.RemoveSpec(SpecFile(ref.UID)); err != nil {
+		return fmt.Errorf("claim %s/%s: remove cdi spec: %w", ref.Namespace, ref.Name, err)
+	}
+	p.mu.Lock()
+	pc, ok := p.cp.Claims[ref.UID]
+	p.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	var errs []error
+	for _, d := range pc.Devices {
+		if d.MIG == nil {
+			continue
+		}
+		if err := p.unmake(d.MIG.MIGPlace); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.cp.Claims, ref.UID)
+	if err := writeCheckpoint(p.path, p.cp); err != nil {
+		p.cp.Claims[ref.UID] = pc
+		return fmt.Errorf("claim %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	p.cfg.Log.Info("dra claim unprepared", "claim", ref.Namespace+"/"+ref.Name, "uid", ref.UID)
+	return nil
 }
 
 // namedDevice is a published device name resolved to what backs it.
@@ -370,6 +602,9 @@ type namedDevice struct {
 	kind string
 	// id is the GPU or MIG UUID, or the RDMA device name.
 	id string
+	// place is where a placement device's MIG device is made (id is
+	// empty until it is).
+	place *MIGPlace
 }
 
 func (d *namedDevice) edits(files gpu.HostFiles, inv *Inventory) ([]*pluginapi.DeviceSpec, map[string]string, error) {
@@ -406,6 +641,16 @@ func deviceIndex(inv *Inventory) map[string]*namedDevice {
 		}
 		for _, m := range g.MIG {
 			out[MIGName(g.Index, m)] = &namedDevice{kind: TypeMIG, id: m.UUID}
+		}
+		if !inv.OnDemandMIG || g.UUID == "" {
+			continue
+		}
+		for _, prof := range g.MIGProfiles {
+			for _, pl := range prof.Placements {
+				out[PlacementName(g.Index, prof.Name, pl.Start)] = &namedDevice{kind: TypeMIG, place: &MIGPlace{
+					Parent: g.UUID, Profile: prof.Name, ProfileID: prof.ID, Placement: pl,
+				}}
+			}
 		}
 	}
 	for _, n := range inv.Node.NICs {

@@ -27,3 +27,24 @@ func Split(devs []resourceapi.Device) [][]resourceapi.Device {
 	}
 	return out
 }
+
+// MaxCounterSetsPerSlice is how many counter sets one ResourceSlice holds
+// (resource/v1 ResourceSliceMaxCounterSets). Counter sets go in slices of
+// their own: resource/v1 allows a slice Devices or SharedCounters, not
+// both.
+const MaxCounterSetsPerSlice = resourceapi.ResourceSliceMaxCounterSets
+
+// SplitCounters cuts the node's counter sets (Result.CounterSets) into
+// slices of at most MaxCounterSetsPerSlice, in order: one slice for a
+// node of up to eight GPUs in MIG mode.
+func SplitCounters(sets []resourceapi.CounterSet) [][]resourceapi.CounterSet {
+	var out [][]resourceapi.CounterSet
+	for len(sets) > MaxCounterSetsPerSlice {
+		out = append(out, sets[:MaxCounterSetsPerSlice:MaxCounterSetsPerSlice])
+		sets = sets[MaxCounterSetsPerSlice:]
+	}
+	if len(sets) > 0 {
+		out = append(out, sets)
+	}
+	return out
+}

@@ -20,8 +20,9 @@ import (
 //
 // The names are those dra.Build publishes from the same model (and the
 // kubelet plugin resolves when it prepares a claim): gpu-<index> for a GPU
-// not in MIG mode, dra.MIGName for each MIG device of a GPU in MIG mode,
-// dra.NICName for each NIC. A GPU whose UUID is unknown (lost before it
+// not in MIG mode, dra.MIGName for each MIG device of a GPU in MIG mode
+// (and dra.PlacementName, the name it is allocated under when it was made
+// on demand), dra.NICName for each NIC. A GPU whose UUID is unknown (lost before it
 // was read) has no ID to resolve to.
 type draDevices struct {
 	pool string
@@ -47,8 +48,15 @@ func newDRADevices(pool string, n *topology.Node) *draDevices {
 			continue
 		}
 		for _, m := range g.MIG {
-			if m.UUID != "" {
-				d.ids[dra.MIGName(g.Index, m)] = m.UUID
+			if m.UUID == "" {
+				continue
+			}
+			d.ids[dra.MIGName(g.Index, m)] = m.UUID
+			if len(g.MIGProfiles) > 0 && m.Placement.Size > 0 {
+				// On a GPU whose MIG devices are made on demand, one
+				// made for a claim is allocated under the name of its
+				// placement.
+				d.ids[dra.PlacementName(g.Index, m.Profile, m.Placement.Start)] = m.UUID
 			}
 		}
 	}

@@ -678,3 +678,31 @@ func (h *recordingHandler) messages(level slog.Level, msg string) []map[string]s
 	}
 	return out
 }
+
+// TestDRAPlacementNames: on a GPU whose MIG devices are made on demand
+// (its MIG profiles read), a MIG device resolves under the name of its
+// placement too, the name its claim was allocated under; on a GPU with a
+// static layout it does not.
+func TestDRAPlacementNames(t *testing.T) {
+	n, err := sim.Profile("dgx-h100", sim.WithMIG(0, "3g.40gb"), sim.WithMIG(1, "3g.40gb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := sim.New(n, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = node.Spec()
+	m0, m1 := n.GPUs[0].MIG[0], n.GPUs[1].MIG[0]
+	if m0.Placement.Size == 0 || m1.Placement.Size == 0 {
+		t.Fatalf("simulated MIG devices without placements: %+v %+v", m0, m1)
+	}
+	n.GPUs[0].MIGProfiles = []topology.MIGProfile{{Name: m0.Profile, Placements: []topology.MIGPlacement{m0.Placement}}}
+	devs := newDRADevices(draPool, n)
+	if got := devs.ids[dra.PlacementName(0, m0.Profile, m0.Placement.Start)]; got != m0.UUID {
+		t.Errorf("placement name of GPU 0's device resolves to %q, want %s", got, m0.UUID)
+	}
+	if got, ok := devs.ids[dra.PlacementName(1, m1.Profile, m1.Placement.Start)]; ok {
+		t.Errorf("GPU 1 has a static layout, yet its placement name resolves to %q", got)
+	}
+}

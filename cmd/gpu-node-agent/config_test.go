@@ -198,6 +198,13 @@ func TestConfigValidate(t *testing.T) {
 		{name: "dra gpu alone under mixed", mutate: func(c *Config) { c.NodeName = "node-a"; c.MIGStrategy = "mixed"; c.DRA.Kinds = []string{"gpu"} }},
 		{name: "dra gpu without mig", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"gpu", "nic"} },
 			wantErr: "dra.devices: gpu and mig must be listed together unless mig-strategy is mixed (it is none)"},
+		{name: "dra mig on demand", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"gpu", "mig"}; c.DRA.MIGOnDemand = true }},
+		{name: "dra mig on demand without mig", mutate: func(c *Config) {
+			c.NodeName = "node-a"
+			c.MIGStrategy = "mixed"
+			c.DRA.Kinds = []string{"gpu"}
+			c.DRA.MIGOnDemand = true
+		}, wantErr: "dra.migOnDemand: MIG devices are made on demand only when DRA serves them: add mig to dra.devices"},
 		{name: "dra unknown kind", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"nic", "fpga"} }, wantErr: `dra.devices: unknown device kind "fpga" (want gpu, mig, nic)`},
 		{name: "dra kind twice", mutate: func(c *Config) { c.NodeName = "node-a"; c.DRA.Kinds = []string{"nic", "nic"} }, wantErr: `dra.devices: device kind "nic" listed twice`},
 		{name: "dra without node-name", mutate: func(c *Config) { c.DRA.Kinds = []string{"nic"} }, wantErr: "dra.devices: serving devices through DRA needs node-name"},

@@ -25,6 +25,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/agentdeploy"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
@@ -248,7 +249,7 @@ func runPublisher(t *testing.T, clients kubeapi.Clients) (*dra.KubeletPlugin, fu
 // dra.Split's slices, taints compared without the server's TimeAdded).
 func (d *draCluster) publish(t *testing.T, p *dra.KubeletPlugin, devs []resourcev1.Device) {
 	t.Helper()
-	p.SetDevices(devs)
+	p.SetDevices(devs, nil)
 	parts := dra.Split(devs)
 	testutil.WaitForWithin(t, time.Minute, "the devices to reach the API server", func() bool {
 		stored := d.nodeSlices(t, draNodeA, dra.DriverName)
@@ -608,4 +609,84 @@ func TestAdmissionPolicyResourceSlices(t *testing.T) {
 	_, err = agent.ResourceV1().DeviceClasses().Create(ctx, &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "mine"}}, metav1.CreateOptions{})
 	rbacDenied("create DeviceClass", err)
 
+}
+
+// TestOnDemandSlicesRealAPIServer publishes, as the agent on node A,
+// dra.Build's partitionable devices of a simulated DGX H100 with every GPU
+// in MIG mode and no MIG device (dra.migOnDemand: a counter set per GPU,
+// a device per placement consuming it): the real API server's validation
+// (and the chart's admission policy) accepts the counter slice and the
+// device slices and stores them as built, one create each.
+func TestOnDemandSlicesRealAPIServer(t *testing.T) {
+	t.Parallel()
+	d := startDRACluster(t)
+	var opts []sim.ProfileOption
+	for i := range 8 {
+		opts = append(opts, sim.WithMIG(i))
+	}
+	spec, err := sim.Profile("dgx-h100", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	node, err := sim.New(spec, root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := nvmlowner.New(node.NVML(), nvmlowner.Config{}, nil)
+	if err := o.Init(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	x := nvmlowner.NewDiscoverer(o, root, nil)
+	x.SetOptions(nvmlowner.DiscoverOptions{MIGProfiles: true})
+	model, err := x.Discover(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := dra.Build(model, dra.Options{PCIeRoot: dra.SysfsPCIeRoot(root), OnDemandMIG: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := dra.Split(res.Devices)
+	if len(res.CounterSets) != 8 || len(parts) < 2 {
+		t.Fatalf("%d counter sets and %d device slices, want 8 sets and the placements in several slices", len(res.CounterSets), len(parts))
+	}
+	counter := newAPICounter()
+	p, _ := runPublisher(t, countedClients(t, d.agentCfg, counter))
+	p.SetDevices(res.Devices, res.CounterSets)
+	var stored []resourcev1.ResourceSlice
+	testutil.WaitForWithin(t, time.Minute, "the counter and device slices to reach the API server", func() bool {
+		stored = d.nodeSlices(t, draNodeA, dra.DriverName)
+		return len(stored) == 1+len(parts)
+	})
+	var sets []resourcev1.CounterSet
+	var devs []resourcev1.Device
+	for _, s := range stored {
+		if len(s.Spec.SharedCounters) > 0 && len(s.Spec.Devices) > 0 {
+			t.Errorf("slice %s holds counters and devices", s.Name)
+		}
+		sets = append(sets, s.Spec.SharedCounters...)
+		devs = append(devs, s.Spec.Devices...)
+	}
+	slices.SortFunc(sets, func(a, b resourcev1.CounterSet) int { return strings.Compare(a.Name, b.Name) })
+	want := slices.Clone(res.CounterSets)
+	slices.SortFunc(want, func(a, b resourcev1.CounterSet) int { return strings.Compare(a.Name, b.Name) })
+	if !apiequality.Semantic.DeepEqual(sets, want) {
+		t.Errorf("stored counter sets differ from dra.Build's:\nstored %+v\nbuilt  %+v", sets, want)
+	}
+	byName := map[string]resourcev1.Device{}
+	for _, dev := range devs {
+		byName[dev.Name] = dev
+	}
+	for _, dev := range res.Devices {
+		if got, ok := byName[dev.Name]; !ok || !apiequality.Semantic.DeepEqual(got, dev) {
+			t.Errorf("device %s stored as %+v, built as %+v", dev.Name, got, dev)
+			break
+		}
+	}
+	c, u, del := counter.sliceWrites()
+	t.Logf("%d counter sets and %d placement devices in %d slices: %d creates, %d updates, %d deletes", len(sets), len(devs), len(stored), c, u, del)
+	if c != 1+len(parts) || u != 0 || del != 0 {
+		t.Errorf("first publish: %d creates, %d updates, %d deletes; want %d creates", c, u, del, 1+len(parts))
+	}
 }

@@ -1313,7 +1313,7 @@ func draConfig(t *testing.T, vals map[string]any) map[string]any {
 }
 
 // TestDRAConfig: dra.enabled writes the agent's dra section (the agreed
-// keys: devices, noExecute, deviceMetadata when on, kubeletDir, cdiDir) from the dra values, with
+// keys: devices, noExecute, deviceMetadata and migOnDemand when on, kubeletDir, cdiDir) from the dra values, with
 // the defaults gpu, mig, nic and NoSchedule, and the same kubelet and CDI
 // dirs the DaemonSet mounts; without it there is no dra section (DRA off,
 // the agent's default).
@@ -1331,6 +1331,8 @@ func TestDRAConfig(t *testing.T) {
 	}{
 		{"defaults", map[string]any{"dra": map[string]any{"enabled": true}},
 			map[string]any{"devices": []any{"gpu", "mig", "nic"}, "noExecute": false, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
+		{"MIG on demand", map[string]any{"dra": map[string]any{"enabled": true, "migOnDemand": true}},
+			map[string]any{"devices": []any{"gpu", "mig", "nic"}, "noExecute": false, "migOnDemand": true, "kubeletDir": "/var/lib/kubelet", "cdiDir": "/var/run/cdi"}},
 		{"GPUs only, NoExecute, device metadata, other dirs", map[string]any{"kubeletDir": "/data/kubelet",
 			"dra": map[string]any{"enabled": true, "devices": []any{"gpu"}, "noExecute": true, "deviceMetadata": true, "cdiDir": "/etc/cdi"}},
 			map[string]any{"devices": []any{"gpu"}, "noExecute": true, "deviceMetadata": true, "kubeletDir": "/data/kubelet", "cdiDir": "/etc/cdi"}},
@@ -1383,7 +1385,8 @@ func TestDRAConfigKeysAreTheAgents(t *testing.T) {
 	for _, m := range regexp.MustCompile(`json:"([A-Za-z0-9-]+)[,"]`).FindAllStringSubmatch(src.String(), -1) {
 		tags[m[1]] = true
 	}
-	d := draConfig(t, map[string]any{"dra": map[string]any{"enabled": true, "deviceMetadata": true}})
+	d := draConfig(t, map[string]any{"dra": map[string]any{"enabled": true, "deviceMetadata": true, "migOnDemand": true,
+		"sharing": map[string]any{"enabled": true}}})
 	for _, k := range append([]string{"dra"}, slices.Sorted(maps.Keys(d))...) {
 		if !tags[k] {
 			t.Errorf("config key %q (dra section) is not a JSON field of the agent's config; the agent would refuse the file", k)
@@ -1405,6 +1408,7 @@ func TestDRAValuesRefused(t *testing.T) {
 		{"not a list", map[string]any{"dra": map[string]any{"enabled": true, "devices": "gpu"}}, "dra.devices must be a list"},
 		{"relative cdi dir", map[string]any{"dra": map[string]any{"enabled": true, "cdiDir": "run/cdi"}}, `dra.cdiDir must be an absolute path, got "run/cdi"`},
 		{"no state dir on real GPUs", map[string]any{"stateDir": "", "dra": map[string]any{"enabled": true}}, "dra.enabled needs stateDir"},
+		{"mig on demand without mig", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{"gpu", "nic"}, "migOnDemand": true}}, "dra.migOnDemand needs mig in dra.devices"},
 		{"dra section in config", map[string]any{"config": map[string]any{"dra": map[string]any{"devices": []any{"gpu"}}}}, "config.dra is written by the chart"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

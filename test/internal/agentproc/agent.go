@@ -177,11 +177,21 @@ type SimControl struct {
 type MIGRequest struct {
 	GPU      int      `json:"gpu"`
 	Profiles []string `json:"profiles"`
+	// MIGMode true with no profiles puts the GPU in MIG mode with no MIG
+	// device.
+	MIGMode *bool `json:"migMode,omitempty"`
 }
 
 // SetMIG applies a MIG layout to one GPU while the agent runs.
 func (c SimControl) SetMIG(ctx context.Context, gpu int, profiles []string) error {
 	return c.post(ctx, "/mig", MIGRequest{GPU: gpu, Profiles: profiles})
+}
+
+// EnableMIG puts one GPU in MIG mode with no MIG device while the agent
+// runs (an operator's nvidia-smi -mig 1).
+func (c SimControl) EnableMIG(ctx context.Context, gpu int) error {
+	on := true
+	return c.post(ctx, "/mig", MIGRequest{GPU: gpu, Profiles: []string{}, MIGMode: &on})
 }
 
 // Fault is a fault for POST/DELETE /faults (the simulator's sim.Fault):
