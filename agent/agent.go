@@ -307,6 +307,9 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 // wrote; only a complete discovery that differs changes it, in one patch.
 // It runs on the reconciler's goroutine.
 func (a *Agent) labelNode(n *topology.Node) {
+	if a.dra != nil {
+		n = a.dra.withoutMade(n)
+	}
 	why := topology.LabelsComplete(n)
 	if why != a.labelsHeld {
 		if why != "" {

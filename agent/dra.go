@@ -221,6 +221,25 @@ func (s *draServer) offeredIDs() map[string]bool {
 	return s.offered
 }
 
+// withoutMade is n without the MIG devices made for claims (a copy when
+// there are any): the node's labels describe the operator's MIG layout,
+// so that they, and the Node, do not change with every claim.
+func (s *draServer) withoutMade(n *topology.Node) *topology.Node {
+	if !s.migOnDemand || n == nil {
+		return n
+	}
+	made := s.prep.Made()
+	if len(made) == 0 {
+		return n
+	}
+	c := *n
+	c.GPUs = slices.Clone(n.GPUs)
+	for i := range c.GPUs {
+		c.GPUs[i].MIG = slices.DeleteFunc(slices.Clone(c.GPUs[i].MIG), func(m topology.MIGDevice) bool { return made.Has(c.GPUs[i].UUID, m) })
+	}
+	return &c
+}
+
 // inventory is what the Preparer resolves device names against: the
 // devices served now, and only the kinds DRA serves.
 func (s *draServer) inventory(rec *reconciler, nics *rdma.NICs) dra.Inventory {

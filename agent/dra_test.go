@@ -27,6 +27,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
 	"github.com/gpu-node-agent/gpu-node-agent/plugin"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
+	"github.com/gpu-node-agent/gpu-node-agent/sim"
 )
 
 // draTestConfig is a simulated DGX H100 agent with a node name and a fake
@@ -314,5 +315,79 @@ func TestAgentDRASharing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAgentDRAMIGOnDemand runs the agent with dra.migOnDemand on a DGX
+// H100 whose GPU 0 an operator puts in MIG mode while it runs: the GPU's
+// placements and counter set are published instead of the whole GPU; a
+// claim for a placement makes its MIG device, which discovery then finds
+// and which stays published as its placement (not as a device of its
+// own) and out of the node's labels; unpreparing destroys it.
+func TestAgentDRAMIGOnDemand(t *testing.T) {
+	dir := testutil.ShortTempDir(t)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", UID: "node-uid"}})
+	kubeapitest.GenerateNames(client)
+	cfg := draTestConfig(t, dir, client, "gpu", "mig", "nic")
+	cfg.DRA.MIGOnDemand = true
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, a)
+	testutil.WaitFor(t, "gpu-0 published whole", func() bool { return publishedDevices(t, client)["gpu-0"].Name != "" })
+	node := a.hw.(interface{ Node() *sim.Node }).Node()
+	if err := node.EnableMIG(0); err != nil {
+		t.Fatal(err)
+	}
+	place := dra.PlacementName(0, "4g.40gb", 0)
+	testutil.WaitFor(t, "GPU 0's placements instead of the GPU", func() bool {
+		devs := publishedDevices(t, client)
+		_, whole := devs["gpu-0"]
+		return devs[place].Name != "" && !whole
+	})
+	list, err := client.ResourceV1().ResourceSlices().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sets []string
+	for _, s := range list.Items {
+		for _, c := range s.Spec.SharedCounters {
+			sets = append(sets, c.Name)
+		}
+	}
+	if !slices.Equal(sets, []string{dra.CounterSetName(0)}) {
+		t.Errorf("counter sets %v, want GPU 0's alone", sets)
+	}
+
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mig", UID: "claim-uid-mig"},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "mig", Driver: dra.DriverName, Pool: "gpu-node-1", Device: place}}}}},
+	}
+	r := a.dra.prep.Prepare([]*resourceapi.ResourceClaim{claim})[string(claim.UID)]
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	made := node.Spec().GPUs[0].MIG
+	if len(made) != 1 || made[0].Profile != "4g.40gb" {
+		t.Fatalf("GPU 0 MIG devices %+v, want the made 4g.40gb", made)
+	}
+	testutil.WaitFor(t, "discovery to find the made device", func() bool {
+		n := a.rec.current().node
+		return n != nil && len(n.GPUs[0].MIG) == 1
+	})
+	if n := a.dra.withoutMade(a.rec.current().node); len(n.GPUs[0].MIG) != 0 {
+		t.Errorf("the node's labels would count the made device: %+v", n.GPUs[0].MIG)
+	}
+	devs := publishedDevices(t, client)
+	if _, own := devs[dra.MIGName(0, made[0])]; own || devs[place].Name == "" {
+		t.Errorf("made device published under its own name %v, placement published %v", own, devs[place].Name != "")
+	}
+	if err := a.dra.prep.Unprepare([]dra.ClaimRef{{Namespace: "default", Name: "mig", UID: string(claim.UID)}})[string(claim.UID)]; err != nil {
+		t.Fatal(err)
+	}
+	if left := node.Spec().GPUs[0].MIG; len(left) != 0 {
+		t.Errorf("after unprepare GPU 0 has %+v", left)
 	}
 }

@@ -103,10 +103,10 @@ type Options struct {
 	// layout) is published as it is, and the placements it covers are
 	// not offered.
 	OnDemandMIG bool
-	// Made are the MIG devices, by UUID, made for prepared claims
+	// Made are the MIG devices made, or being made, for claims
 	// (Preparer.Made): each is published as its placement, not as a
 	// device of its own.
-	Made map[string]bool
+	Made MadeSet
 }
 
 // Result is the node's devices as ResourceSlices publish them.
@@ -357,7 +357,7 @@ func (b *builder) onDemand(g *topology.GPU) {
 	unknown := false
 	made := map[string]string{} // placement device name -> MIG UUID
 	for _, m := range g.MIG {
-		if b.opts.Made[m.UUID] {
+		if b.opts.Made.Has(g.UUID, m) {
 			made[PlacementName(g.Index, m.Profile, m.Placement.Start)] = m.UUID
 			continue
 		}

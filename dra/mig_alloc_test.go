@@ -43,7 +43,7 @@ func onDemandNode(t *testing.T, profile string, opts ...sim.ProfileOption) (*top
 	return n, node, root
 }
 
-func buildOnDemand(t *testing.T, n *topology.Node, root string, made map[string]bool) Result {
+func buildOnDemand(t *testing.T, n *topology.Node, root string, made MadeSet) Result {
 	t.Helper()
 	res, err := Build(n, Options{PCIeRoot: SysfsPCIeRoot(root), OnDemandMIG: true, Made: made})
 	if err != nil {
@@ -306,7 +306,8 @@ func TestOnDemandExistingMIG(t *testing.T) {
 	}
 
 	// The same device made for a claim: its placement stands for it.
-	made := buildOnDemand(t, n, root, map[string]bool{existing.UUID: true})
+	key := MadeSet{MIGKey{g.UUID, existing.Profile, existing.Placement.Start}: true}
+	made := buildOnDemand(t, n, root, key)
 	mdevs := byName(made.Devices)
 	if _, ok := mdevs[MIGName(0, existing)]; ok {
 		t.Errorf("a made device is published under its own name too")
@@ -319,7 +320,7 @@ func TestOnDemandExistingMIG(t *testing.T) {
 	if made.IDs[i] != existing.UUID {
 		t.Errorf("%s has health ID %s, want the made %s", name, made.IDs[i], existing.UUID)
 	}
-	tainted, err := Build(n, Options{PCIeRoot: SysfsPCIeRoot(root), OnDemandMIG: true, Made: map[string]bool{existing.UUID: true},
+	tainted, err := Build(n, Options{PCIeRoot: SysfsPCIeRoot(root), OnDemandMIG: true, Made: key,
 		Unhealthy: map[string]Fault{existing.UUID: {Cause: "xid-79"}}})
 	if err != nil {
 		t.Fatal(err)

@@ -136,8 +136,8 @@ func TestPrepareMakesMIG(t *testing.T) {
 	if m := cp.Claims["uid-m"].Devices[0].MIG; m == nil || m.UUID != f.dev.UUID || m.Parent != parent || m.Placement.Start != 3 || len(cp.Making) != 0 {
 		t.Fatalf("checkpoint %+v: want the made device recorded and nothing being made", cp)
 	}
-	if made := e.plugin.prep.Made(); !made[f.dev.UUID] {
-		t.Errorf("Made() = %v, want %s", made, f.dev.UUID)
+	if made := e.plugin.prep.Made(); len(made) != 1 || !made[MIGKey{parent, "1g.5gb", 3}] {
+		t.Errorf("Made() = %v, want the 1g.5gb at slice 3 of %s", made, parent)
 	}
 
 	// The spec is lost (a wiped /var/run): prepare again reuses the
@@ -217,6 +217,11 @@ func TestPrepareMIGFailures(t *testing.T) {
 	}
 	if err := e.start(); err != nil {
 		t.Fatal(err)
+	}
+	// Until it is cleaned up, a device being made counts as made: a
+	// discovery meanwhile must not publish it as a device of its own.
+	if made := e.plugin.prep.Made(); !made[crashed.key()] {
+		t.Errorf("Made() = %v lacks the device being made", made)
 	}
 	c = e.kubelet()
 	if r := unprepare(t, c, claimReq("ns", "other", "uid-o"))["uid-o"]; r.Error != "" {

@@ -527,18 +527,40 @@ func (p *Preparer) changed() {
 	}
 }
 
-// Made lists the UUIDs of the MIG devices made for prepared claims
-// (Options.Made).
-func (p *Preparer) Made() map[string]bool {
+// MadeSet is a set of MIG devices made on demand, by parent GPU UUID,
+// profile and placement: what names a MIG device before NVML has made it
+// (and so before it has a UUID).
+type MadeSet map[MIGKey]bool
+
+// MIGKey names a MIG device by its parent's UUID, profile and first slice.
+type MIGKey struct {
+	Parent, Profile string
+	Start           uint32
+}
+
+func (m MIGPlace) key() MIGKey { return MIGKey{m.Parent, m.Profile, m.Placement.Start} }
+
+// Has says whether MIG device m of the GPU of UUID parent is in the set.
+func (s MadeSet) Has(parent string, m topology.MIGDevice) bool {
+	return m.Placement.Size > 0 && s[MIGKey{parent, m.Profile, m.Placement.Start}]
+}
+
+// Made is the set of MIG devices made for prepared claims and those being
+// made now (Options.Made): a discovery that runs while one is made finds
+// it already in the set, so it is never published as a device of its own.
+func (p *Preparer) Made() MadeSet {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[string]bool{}
+	out := MadeSet{}
 	for _, c := range p.cp.Claims {
 		for _, d := range c.Devices {
 			if d.MIG != nil {
-				out[d.MIG.UUID] = true
+				out[d.MIG.key()] = true
 			}
 		}
+	}
+	for _, m := range p.cp.Making {
+		out[m.key()] = true
 	}
 	return out
 }
