@@ -114,6 +114,9 @@ type draServer struct {
 	lastErr string
 	// shareErr is why the time-slicing section was last not applied.
 	shareErr string
+	// lastUnread is what Build last could not read (Result.Unread), so
+	// that it is logged once.
+	lastUnread string
 }
 
 // publish hands the reconciler's state to DRA: the devices of the kinds
@@ -167,6 +170,14 @@ func (s *draServer) publish(st state, snap map[string]health.Status, noExecute b
 		s.mu.Unlock()
 		return
 	}
+	s.mu.Lock()
+	if unread := strings.Join(res.Unread, "; "); unread != s.lastUnread {
+		if unread != "" {
+			s.log.Warn("DRA devices published without what could not be read", "unread", unread)
+		}
+		s.lastUnread = unread
+	}
+	s.mu.Unlock()
 	kinds := s.split.draKinds()
 	var devs []resourceapi.Device
 	var hs []dra.DeviceHealth

@@ -380,10 +380,24 @@ func TestAgentDRAMIGOnDemand(t *testing.T) {
 	if n := a.dra.withoutMade(a.rec.current().node); len(n.GPUs[0].MIG) != 0 {
 		t.Errorf("the node's labels would count the made device: %+v", n.GPUs[0].MIG)
 	}
-	devs := publishedDevices(t, client)
-	if _, own := devs[dra.MIGName(0, made[0])]; own || devs[place].Name == "" {
-		t.Errorf("made device published under its own name %v, placement published %v", own, devs[place].Name != "")
+	// What the agent publishes from the node it now serves: the made
+	// device stands as its placement, never as a device of its own.
+	res, err := dra.Build(a.rec.current().node, dra.Options{OnDemandMIG: true, Made: a.dra.prep.Made()})
+	if err != nil {
+		t.Fatal(err)
 	}
+	names := map[string]bool{}
+	for _, d := range res.Devices {
+		names[d.Name] = true
+	}
+	if names[dra.MIGName(0, made[0])] || !names[place] {
+		t.Errorf("made device published under its own name %v, placement published %v", names[dra.MIGName(0, made[0])], names[place])
+	}
+	testutil.WaitFor(t, "the slices to show the placement and not the made device's own name", func() bool {
+		devs := publishedDevices(t, client)
+		_, own := devs[dra.MIGName(0, made[0])]
+		return devs[place].Name != "" && !own
+	})
 	if err := a.dra.prep.Unprepare([]dra.ClaimRef{{Namespace: "default", Name: "mig", UID: string(claim.UID)}})[string(claim.UID)]; err != nil {
 		t.Fatal(err)
 	}

@@ -39,9 +39,10 @@ const (
 	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
 	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
 	// AttrNUMANode is the device's NUMA node, absent when the platform
-	// reports none. k8s.io/dynamic-resource-allocation v0.37 adds the
-	// standard resource.kubernetes.io/numaNode and a helper for it; this
-	// module is on v0.36.3, which has neither.
+	// reports none. k8s.io/dynamic-resource-allocation v0.37 has the
+	// standard resource.kubernetes.io/numaNode and a helper reading it
+	// from sysfs; the driver does not publish it yet (docs/dra.md,
+	// Versions).
 	AttrNUMANode resourceapi.QualifiedName = "numaNode"
 	// AttrPCIeSwitch names the PCIe switch a device hangs off (the bus ID
 	// of the switch's upstream port), absent for a device on a root port.
@@ -160,6 +161,11 @@ func Build(n *topology.Node, opts Options) (Result, error) {
 			continue
 		}
 		for _, m := range g.MIG {
+			if opts.Made.Has(g.UUID, m) {
+				// Its profiles were not read this time: a device made
+				// for a claim is not offered to another.
+				continue
+			}
 			d := b.mig(g, m)
 			b.share(&d, m.UUID)
 			b.add(d, m.UUID)

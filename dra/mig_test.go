@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,7 +41,7 @@ func (f *fakeMaker) MakeMIG(_ context.Context, parent string, profile int, at to
 	return f.dev, nil
 }
 
-func (f *fakeMaker) UnmakeMIG(_ context.Context, parent string, profile int, at topology.MIGPlacement) error {
+func (f *fakeMaker) UnmakeMIG(_ context.Context, parent string, profile int, at topology.MIGPlacement, _ string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.unmakes = append(f.unmakes, placeKey(parent, profile, at))
@@ -336,5 +337,77 @@ func TestPrepareMakesMIGOnSimulator(t *testing.T) {
 	}
 	if left := gpu0(); len(left) != 1 || left[0].Profile != "7g.80gb" {
 		t.Fatalf("GPU 0 MIG devices %+v, want the 7g alone", left)
+	}
+}
+
+// TestPrepareMIGMaybeMade: a make whose outcome is unknown (a hung GPU)
+// fails the claim but keeps the place as being made, so the next call
+// destroys whatever it left; a MIG device the checkpoint names but the
+// node no longer has (a reboot destroyed it) is made anew.
+func TestPrepareMIGMaybeMade(t *testing.T) {
+	e, f, parent := onDemandEnv(t)
+	c := e.kubelet()
+	f.set(fmt.Errorf("make: %w", nvmlowner.ErrMaybeMade), nil)
+	e.claims.put(allocated("ns", "hung", "uid-h", ours("mig", PlacementName(1, "1g.5gb", 4))))
+	if r := prepare(t, c, claimReq("ns", "hung", "uid-h"))["uid-h"]; r.Error == "" {
+		t.Fatal("a make of unknown outcome succeeded")
+	}
+	place := MIGPlace{Parent: parent, Profile: "1g.5gb", ProfileID: nvml.GPU_INSTANCE_PROFILE_1_SLICE, Placement: topology.MIGPlacement{Start: 4, Size: 1}}
+	if cp := readCP(t, e); !slices.Equal(cp.Making, []MIGPlace{place}) {
+		t.Fatalf("making %v, want %v kept", cp.Making, place)
+	}
+	f.set(nil, nil)
+	if r := prepare(t, c, claimReq("ns", "hung", "uid-h"))["uid-h"]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	want := placeKey(parent, place.ProfileID, place.Placement)
+	if makes, unmakes := f.calls(); !slices.Equal(unmakes, []string{want}) || len(makes) != 2 {
+		t.Errorf("makes %v, unmakes %v: want the half-made device destroyed before the second make", makes, unmakes)
+	}
+	if cp := readCP(t, e); len(cp.Making) != 0 {
+		t.Errorf("making %v after the claim was prepared", cp.Making)
+	}
+
+	// The spec is lost and so is the MIG device (the node was rebooted):
+	// preparing again makes a new one.
+	if err := os.Remove(filepath.Join(e.cdiDir, SpecFile("uid-h"))); err != nil {
+		t.Fatal(err)
+	}
+	e.plugin.Stop()
+	rebooted := *e.node
+	rebooted.GPUs = slices.Clone(e.node.GPUs)
+	rebooted.GPUs[1].MIG = nil
+	p, err := NewPreparer(PreparerConfig{NodeName: testNode, HostRoot: e.root, CDIDir: e.cdiDir, StateDir: e.state,
+		Inventory: func() Inventory { return Inventory{Node: &rebooted, OnDemandMIG: true} }, MIG: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := allocated("ns", "hung", "uid-h", ours("mig", PlacementName(1, "1g.5gb", 4)))
+	if r := p.Prepare([]*resourceapi.ResourceClaim{claim})["uid-h"]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if makes, _ := f.calls(); len(makes) != 3 {
+		t.Errorf("makes %v: want a third for the device the node lost", makes)
+	}
+}
+
+// TestOnDemandWithoutProfiles: when a discovery could not read a GPU's
+// MIG profiles, its MIG devices are published as they are, except those
+// made for claims, which are never offered to another claim.
+func TestOnDemandWithoutProfiles(t *testing.T) {
+	n, _, root := onDemandNode(t, "dgx-h100", sim.WithMIG(0, "3g.40gb", "1g.10gb"))
+	g := &n.GPUs[0]
+	g.MIGProfiles = nil
+	madeDev := g.MIG[0]
+	res := buildOnDemand(t, n, root, MadeSet{MIGKey{g.UUID, madeDev.Profile, madeDev.Placement.Start}: true})
+	devs := byName(res.Devices)
+	if _, ok := devs[MIGName(0, madeDev)]; ok {
+		t.Errorf("the made %s is offered under its own name", MIGName(0, madeDev))
+	}
+	if _, ok := devs[MIGName(0, g.MIG[1])]; !ok {
+		t.Errorf("the operator's %s is not published", MIGName(0, g.MIG[1]))
+	}
+	if len(res.CounterSets) != 0 {
+		t.Errorf("counter sets %v without profiles", res.CounterSets)
 	}
 }

@@ -14,7 +14,7 @@ type PCIeRootResolver func(busID string) (string, error)
 
 // SysfsPCIeRoot resolves PCIe roots with the library's helper
 // (k8s.io/dynamic-resource-allocation/deviceattribute
-// GetPCIeRootAttributeByPCIBusID, v0.36.3) reading <hostRoot>/sys: it
+// GetPCIeRootAttributeByPCIBusID, v0.37.2) reading <hostRoot>/sys: it
 // follows /sys/bus/pci/devices/<bdf> to /sys/devices/pci<dom>:<bus>/... and
 // takes the first element. The helper takes the sysfs root as an option
 // (WithFSFromRoot), so the agent's --host-root and the simulator's fake

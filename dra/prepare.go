@@ -19,6 +19,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
+	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -35,7 +36,7 @@ const (
 
 // DefaultCDIDir is the host's directory for transient CDI specs, which
 // containerd and CRI-O read by default; the library's kubeletplugin uses
-// the same default (DefaultCDIDir in kubeletplugin/metadata.go, v0.36.3).
+// the same default (DefaultCDIDir in kubeletplugin/metadata.go, v0.37.2).
 const DefaultCDIDir = "/var/run/cdi"
 
 // Inventory is the node's devices as Prepare maps allocation results onto
@@ -100,11 +101,13 @@ type MadeMIG struct {
 // MIGMaker makes and destroys MIG devices on demand (nvmlowner.Owner's
 // MakeMIG and UnmakeMIG): the GPU instance of a GPU_INSTANCE_PROFILE_*
 // profile at a placement on the GPU of UUID parent, with the compute
-// instance that spans it. Make is all or nothing; Unmake of a placement
-// where nothing is made succeeds.
+// instance that spans it. Make is all or nothing, except that an error
+// wrapping nvmlowner.ErrMaybeMade may have left something there. Unmake
+// destroys what is at the placement, only the MIG device of uuid when it
+// is given; where nothing is, it succeeds.
 type MIGMaker interface {
 	MakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement) (topology.MIGDevice, error)
-	UnmakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement) error
+	UnmakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement, uuid string) error
 }
 
 // PrepareResult is the answer for one claim: its devices or why not.
@@ -304,6 +307,11 @@ func (p *Preparer) prepareOne(ref ClaimRef, claim *resourceapi.ResourceClaim, in
 		var made *MadeMIG
 		if d.place != nil {
 			made = priorMIG(prior, r.Device)
+			if made != nil && !hasMIG(inv.Node, made.UUID) {
+				// Gone since (a reboot or a GPU reset destroys MIG
+				// devices; the checkpoint outlives them): make it anew.
+				made = nil
+			}
 			if made == nil {
 				m, err := p.make(*d.place)
 				if err != nil {
@@ -419,6 +427,19 @@ func priorMIG(prior preparedClaim, device string) *MadeMIG {
 	return nil
 }
 
+// hasMIG says whether node n lists the MIG device of uuid.
+func hasMIG(n *topology.Node, uuid string) bool {
+	if n == nil {
+		return false
+	}
+	for _, g := range n.GPUs {
+		if slices.ContainsFunc(g.MIG, func(m topology.MIGDevice) bool { return m.UUID == uuid }) {
+			return true
+		}
+	}
+	return false
+}
+
 // withMIG is n with the made MIG device m added to its parent (a copy: n
 // is shared), so that the device edits find it before the next discovery
 // does. n is returned as it is when it has m already or lacks the parent.
@@ -462,7 +483,13 @@ func (p *Preparer) make(place MIGPlace) (topology.MIGDevice, error) {
 	}
 	m, err := p.cfg.MIG.MakeMIG(context.Background(), place.Parent, place.ProfileID, place.Placement)
 	if err != nil {
-		p.forgetMaking(place)
+		if errors.Is(err, nvmlowner.ErrMaybeMade) {
+			// Something may be there: it stays in Making, for the next
+			// call to destroy.
+			p.cfg.Log.Warn("MIG device may be left half made; destroyed on the next call", "device", place.String(), "err", err)
+		} else {
+			p.forgetMaking(place)
+		}
 		return topology.MIGDevice{}, fmt.Errorf("make MIG device %s: %w", place, err)
 	}
 	p.cfg.Log.Info("MIG device made", "device", place.String(), "uuid", m.UUID, "gi", m.GPUInstance, "ci", m.ComputeInstance)
@@ -470,11 +497,12 @@ func (p *Preparer) make(place MIGPlace) (topology.MIGDevice, error) {
 	return m, nil
 }
 
-// unmakeAll destroys the MIG devices made at places and forgets them; one
+// unmakeAll destroys whatever was made at places (made by this call or
+// left by an earlier one, so not known by UUID) and forgets them; one
 // that cannot be destroyed stays in Making for the next call to retry.
 func (p *Preparer) unmakeAll(places []MIGPlace) {
 	for _, m := range places {
-		if err := p.unmake(m); err != nil {
+		if err := p.unmake(m, ""); err != nil {
 			p.cfg.Log.Error("MIG device not destroyed; retried on the next call", "device", m.String(), "err", err)
 			continue
 		}
@@ -482,11 +510,12 @@ func (p *Preparer) unmakeAll(places []MIGPlace) {
 	}
 }
 
-func (p *Preparer) unmake(m MIGPlace) error {
+// unmake destroys the MIG device at m, only the one of uuid if given.
+func (p *Preparer) unmake(m MIGPlace, uuid string) error {
 	if p.cfg.MIG == nil {
 		return errors.New("MIG devices are not made on demand on this node")
 	}
-	if err := p.cfg.MIG.UnmakeMIG(context.Background(), m.Parent, m.ProfileID, m.Placement); err != nil {
+	if err := p.cfg.MIG.UnmakeMIG(context.Background(), m.Parent, m.ProfileID, m.Placement, uuid); err != nil {
 		return fmt.Errorf("destroy MIG device %s: %w", m, err)
 	}
 	p.cfg.Log.Info("MIG device destroyed", "device", m.String())
@@ -548,7 +577,12 @@ func (s MadeSet) Has(parent string, m topology.MIGDevice) bool {
 // Made is the set of MIG devices made for prepared claims and those being
 // made now (Options.Made): a discovery that runs while one is made finds
 // it already in the set, so it is never published as a device of its own.
+// The checkpoint is read again first: in a rolling update the other
+// instance may have made one.
 func (p *Preparer) Made() MadeSet {
+	if err := p.reload(); err != nil {
+		p.cfg.Log.Warn("dra checkpoint not read again; made MIG devices as last read", "err", err)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := MadeSet{}
@@ -601,7 +635,7 @@ func (p *Preparer) unprepareOne(ref ClaimRef) error {
 		if d.MIG == nil {
 			continue
 		}
-		if err := p.unmake(d.MIG.MIGPlace); err != nil {
+		if err := p.unmake(d.MIG.MIGPlace, d.MIG.UUID); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -459,6 +459,12 @@ func (d *discovery) readMIG(index int, dev Device, parentMemory uint64, known []
 	}
 	var unread []string
 	r.profiles, r.lost, unread = readMIGProfiles(dev, parentMemory)
+	if len(unread) > 0 {
+		// A partial table would be carried into every later discovery
+		// (previousMIGProfiles) and offer a part of the GPU as if it
+		// were all: none until a discovery reads it whole.
+		r.profiles = nil
+	}
 	r.unread = append(r.unread, unread...)
 	return r
 }

@@ -2,6 +2,7 @@ package nvmlowner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -17,6 +18,13 @@ import (
 // the call timeout like any other call there. Return codes are nvml.h's
 // (go-nvml v0.13.3-1's copy).
 
+// ErrMaybeMade marks a MakeMIG error after which a GPU or compute
+// instance may be left on the GPU: the call did not return in time (it
+// may still run), or what it had made could not be destroyed again.
+// UnmakeMIG of the same place clears it away. After any other MakeMIG
+// error the GPU is as it was.
+var ErrMaybeMade = errors.New("a mig device may be left behind")
+
 // MakeMIG makes a MIG device on GPU parent (by UUID): the GPU instance of
 // profile (a GPU_INSTANCE_PROFILE_* value) at placement at, then the
 // compute instance spanning it, and returns the MIG device as discovery
@@ -26,8 +34,8 @@ import (
 // says the placement is taken ("If the requested GPU instance could not be
 // created"), nvml.ERROR_NOT_SUPPORTED that the GPU is not in MIG mode,
 // nvml.ERROR_INVALID_ARGUMENT that the profile or placement is not one the
-// GPU has; ErrTimeout that the GPU hangs (what was made then is unknown:
-// UnmakeMIG cleans up).
+// GPU has; ErrTimeout that the GPU hangs. Where what was made is unknown
+// the error also wraps ErrMaybeMade.
 func (o *Owner) MakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement) (topology.MIGDevice, error) {
 	what := fmt.Sprintf("make mig device %v at slice %d+%d on %s", gpuInstanceProfileName(profile), at.Start, at.Size, parent)
 	var (
@@ -40,9 +48,13 @@ func (o *Owner) MakeMIG(ctx context.Context, parent string, profile int, at topo
 		m, err = makeMIG(dev, what, profile, at)
 		return ret(err)
 	})
-	if !finished(callErr) || !ran {
-		// Timed out, cancelled (the batch may still be running: nothing
-		// it writes is read), or the GPU's handle was not found.
+	if !finished(callErr) {
+		// Timed out or cancelled: the batch may still be running, and
+		// nothing it writes is read.
+		return topology.MIGDevice{}, fmt.Errorf("%w: %w", callErr, ErrMaybeMade)
+	}
+	if !ran {
+		// The GPU's handle was not found: nothing was called.
 		return topology.MIGDevice{}, callErr
 	}
 	if err != nil {
@@ -55,12 +67,17 @@ func (o *Owner) MakeMIG(ctx context.Context, parent string, profile int, at topo
 
 // UnmakeMIG destroys the MIG device MakeMIG made on GPU parent: every
 // compute instance of the GPU instance of profile whose placement starts
-// at at.Start, then the GPU instance. Nothing there (no such GPU instance,
-// a profile the GPU lacks, MIG mode off) is success, so it is idempotent
-// and cleans up after a crash between MakeMIG and the caller recording it.
-// nvml.ERROR_IN_USE means processes still run on the device (nvml.h
-// nvmlComputeInstanceDestroy: "If the compute instance is in use").
-func (o *Owner) UnmakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement) error {
+// at at.Start, then the GPU instance. With uuid, only if that GPU
+// instance holds the MIG device of that UUID: a device made at the same
+// place since (for another claim) is left alone. Without it (a make whose
+// outcome is unknown), whatever of that profile starts there goes.
+// Nothing there (no such GPU instance, a profile the GPU lacks, MIG mode
+// off) is success, and so is a GPU that is gone or lost (its MIG devices
+// are gone with it), so it is idempotent and cleans up after a crash
+// between MakeMIG and the caller recording it. nvml.ERROR_IN_USE means
+// processes still run on the device (nvml.h nvmlComputeInstanceDestroy:
+// "If the compute instance is in use").
+func (o *Owner) UnmakeMIG(ctx context.Context, parent string, profile int, at topology.MIGPlacement, uuid string) error {
 	what := fmt.Sprintf("destroy mig device %v at slice %d on %s", gpuInstanceProfileName(profile), at.Start, parent)
 	var (
 		err     error
@@ -69,9 +86,14 @@ func (o *Owner) UnmakeMIG(ctx context.Context, parent string, profile int, at to
 	)
 	callErr := o.Do(ctx, parent, what, func(dev Device) nvml.Return {
 		ran = true
-		removed, err = unmakeMIG(dev, what, profile, at)
+		removed, err = unmakeMIG(dev, what, profile, at, uuid)
 		return ret(err)
 	})
+	if finished(callErr) && (errors.Is(callErr, nvml.ERROR_GPU_IS_LOST) || !ran && errors.Is(callErr, nvml.ERROR_NOT_FOUND)) {
+		o.log.Warn("mig device not destroyed: its gpu is gone or lost, and its mig devices with it", "gpu", parent,
+			"profile", gpuInstanceProfileName(profile), "start", at.Start, "err", callErr)
+		return nil
+	}
 	if !finished(callErr) || !ran {
 		return callErr
 	}
@@ -115,7 +137,7 @@ func makeMIG(dev Device, what string, profile int, at topology.MIGPlacement) (to
 		// compute instances are active on the GPU instance";
 		// makeComputeInstance destroyed its compute instance already.
 		if r := gi.Destroy(); r != nvml.SUCCESS {
-			return topology.MIGDevice{}, fmt.Errorf("%w (and destroying the gpu instance again: GpuInstance.Destroy: %w)", err, r)
+			return topology.MIGDevice{}, fmt.Errorf("%w (and destroying the gpu instance again: GpuInstance.Destroy: %w): %w", err, r, ErrMaybeMade)
 		}
 		return topology.MIGDevice{}, err
 	}
@@ -149,7 +171,7 @@ func makeComputeInstance(dev Device, gi GpuInstance, what string, info nvml.GpuI
 		// nvml.h nvmlComputeInstanceDestroy: IN_USE "If the compute
 		// instance is in use" (no process can be on it yet).
 		if r := ci.Destroy(); r != nvml.SUCCESS {
-			return topology.MIGDevice{}, fmt.Errorf("%w (and destroying the compute instance again: ComputeInstance.Destroy: %w)", err, r)
+			return topology.MIGDevice{}, fmt.Errorf("%w (and destroying the compute instance again: ComputeInstance.Destroy: %w): %w", err, r, ErrMaybeMade)
 		}
 		return topology.MIGDevice{}, err
 	}
@@ -245,7 +267,7 @@ func findMIGDevice(dev Device, what string, giID, ciID int) (int, Device, error)
 
 // unmakeMIG runs on the GPU's lane: deleteMigDevice's steps, tolerating
 // what is not there. removed says a GPU instance was destroyed.
-func unmakeMIG(dev Device, what string, profile int, at topology.MIGPlacement) (removed bool, err error) {
+func unmakeMIG(dev Device, what string, profile int, at topology.MIGPlacement, uuid string) (removed bool, err error) {
 	info, r := dev.GetGpuInstanceProfileInfo(profile)
 	switch {
 	case r == nvml.ERROR_NOT_SUPPORTED, r == nvml.ERROR_INVALID_ARGUMENT:
@@ -279,6 +301,15 @@ func unmakeMIG(dev Device, what string, profile int, at topology.MIGPlacement) (
 			return false, stepError(what, "GpuInstance.GetInfo", r)
 		case giInfo.Placement.Start != at.Start:
 			continue
+		}
+		if uuid != "" {
+			holds, err := giHolds(dev, what, int(giInfo.Id), uuid)
+			if err != nil {
+				return false, err
+			}
+			if !holds {
+				return false, nil
+			}
 		}
 		if err := destroyComputeInstances(dev, gi, what, int(giInfo.Id)); err != nil {
 			return false, err
@@ -349,4 +380,37 @@ func destroyComputeInstances(dev Device, gi GpuInstance, what string, giID int) 
 		}
 	}
 	return nil
+}
+
+// giHolds says whether the MIG device of UUID uuid is one of GPU instance
+// giID's.
+func giHolds(dev Device, what string, giID int, uuid string) (bool, error) {
+	n, r := dev.GetMaxMigDeviceCount()
+	if r != nvml.SUCCESS {
+		return false, stepError(what, "GetMaxMigDeviceCount", r)
+	}
+	for idx := range n {
+		md, r := dev.GetMigDeviceHandleByIndex(idx)
+		switch {
+		case r == nvml.ERROR_NOT_FOUND, r == nvml.ERROR_INVALID_ARGUMENT:
+			continue
+		case r != nvml.SUCCESS:
+			return false, stepError(what, fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", idx), r)
+		case md == nil:
+			continue
+		}
+		id, r := md.GetUUID()
+		if r != nvml.SUCCESS {
+			return false, stepError(what, fmt.Sprintf("mig device %d: GetUUID", idx), r)
+		}
+		if id != uuid {
+			continue
+		}
+		gi, r := md.GetGpuInstanceId()
+		if r != nvml.SUCCESS {
+			return false, stepError(what, fmt.Sprintf("mig device %d: GetGpuInstanceId", idx), r)
+		}
+		return gi == giID, nil
+	}
+	return false, nil
 }

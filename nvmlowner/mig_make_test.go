@@ -230,7 +230,7 @@ func TestUnmakeMIG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g); !errors.Is(err, nvml.ERROR_IN_USE) {
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, ""); !errors.Is(err, nvml.ERROR_IN_USE) {
 		t.Errorf("UnmakeMIG of a device in use: %v, want ERROR_IN_USE", err)
 	}
 	if err := node.StopProcess(pid); err != nil {
@@ -238,7 +238,7 @@ func TestUnmakeMIG(t *testing.T) {
 	}
 
 	for range 2 {
-		if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g); err != nil {
+		if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, ""); err != nil {
 			t.Fatalf("UnmakeMIG: %v", err)
 		}
 		if mig := node.Spec().GPUs[0].MIG; len(mig) != 0 {
@@ -257,7 +257,7 @@ func TestUnmakeMIG(t *testing.T) {
 		{0, nvml.GPU_INSTANCE_PROFILE_6_SLICE, topology.MIGPlacement{}}, // a profile the GPU lacks
 		{1, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g},                 // MIG mode off
 	} {
-		if err := o.UnmakeMIG(ctx, node.Spec().GPUs[tc.gpu].UUID, tc.profile, tc.at); err != nil {
+		if err := o.UnmakeMIG(ctx, node.Spec().GPUs[tc.gpu].UUID, tc.profile, tc.at, ""); err != nil {
 			t.Errorf("UnmakeMIG on gpu %d of profile %d where nothing is: %v", tc.gpu, tc.profile, err)
 		}
 	}
@@ -268,7 +268,7 @@ func TestUnmakeMIG(t *testing.T) {
 	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 2, Size: 1}); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, topology.MIGPlacement{Start: 2, Size: 1}); err != nil {
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, topology.MIGPlacement{Start: 2, Size: 1}, ""); err != nil {
 		t.Fatal(err)
 	}
 	if n := gpuInstancesOf(t, node, nvml.GPU_INSTANCE_PROFILE_1_SLICE); n != 0 {
@@ -284,15 +284,15 @@ func TestMakeMIGHungGPU(t *testing.T) {
 	ctx := context.Background()
 	gpu0 := node.Spec().GPUs[0].UUID
 	// A first call looks the handle up, so the hang holds a MIG call.
-	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g); err != nil {
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g, ""); err != nil {
 		t.Fatal(err)
 	}
 	hang := `{"kind":"hang","gpu":0}`
 	simtest.Fault(t, node, http.MethodPost, hang)
-	if _, err := o.MakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g); !errors.Is(err, ErrTimeout) {
-		t.Errorf("MakeMIG on a hung GPU: %v, want ErrTimeout", err)
+	if _, err := o.MakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g); !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrMaybeMade) {
+		t.Errorf("MakeMIG on a hung GPU: %v, want ErrTimeout and ErrMaybeMade", err)
 	}
-	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g); !errors.Is(err, ErrTimeout) {
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g, ""); !errors.Is(err, ErrTimeout) {
 		t.Errorf("UnmakeMIG on a hung GPU: %v, want ErrTimeout", err)
 	}
 	simtest.Fault(t, node, http.MethodDelete, hang)
@@ -300,7 +300,7 @@ func TestMakeMIGHungGPU(t *testing.T) {
 	// bound, not a timing assertion.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g)
+		err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_1_SLICE, place1g, "")
 		if err == nil {
 			break
 		}
@@ -449,5 +449,55 @@ func TestMakeMIGRollbackSteps(t *testing.T) {
 				t.Errorf("destroyed %v, want %v", destroyed, tc.destroyed)
 			}
 		})
+	}
+}
+
+// TestUnmakeMIGByUUID: given the UUID of the device it made, UnmakeMIG
+// leaves alone a device made at the same place since, and destroys its
+// own; on a GPU that is gone there is nothing to destroy.
+func TestUnmakeMIGByUUID(t *testing.T) {
+	node, o := migMakeNode(t, 5*time.Second)
+	ctx := context.Background()
+	gpu0 := node.Spec().GPUs[0].UUID
+	first, err := o.MakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, first.UUID); err != nil {
+		t.Fatal(err)
+	}
+	second, err := o.MakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.UUID == first.UUID {
+		t.Fatalf("a device made again has the UUID %s of the first", first.UUID)
+	}
+	// A retry for the first device: the second is not its.
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, first.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if mig := node.Spec().GPUs[0].MIG; len(mig) != 1 || mig[0].UUID != second.UUID {
+		t.Fatalf("MIG devices %+v, want the second %s kept", mig, second.UUID)
+	}
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, second.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if mig := node.Spec().GPUs[0].MIG; len(mig) != 0 {
+		t.Fatalf("MIG devices %+v left", mig)
+	}
+	// A GPU the driver no longer has (nvml.h
+	// nvmlDeviceGetHandleByUUID: NOT_FOUND).
+	if err := o.UnmakeMIG(ctx, "GPU-00000000-0000-0000-0000-000000000000", nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, second.UUID); err != nil {
+		t.Errorf("UnmakeMIG on a GPU that is gone: %v", err)
+	}
+	// A lost GPU (XID 79): its MIG devices went with it.
+	third, err := o.MakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simtest.Fault(t, node, http.MethodPost, `{"kind":"gpu-lost","gpu":0}`)
+	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, third.UUID); err != nil {
+		t.Errorf("UnmakeMIG on a lost GPU: %v", err)
 	}
 }

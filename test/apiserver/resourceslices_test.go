@@ -637,6 +637,7 @@ func TestOnDemandSlicesRealAPIServer(t *testing.T) {
 	if err := o.Init(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = o.Shutdown(context.Background()) })
 	x := nvmlowner.NewDiscoverer(o, root, nil)
 	x.SetOptions(nvmlowner.DiscoverOptions{MIGProfiles: true})
 	model, err := x.Discover(t.Context(), nil)
