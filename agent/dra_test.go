@@ -346,19 +346,19 @@ func TestAgentDRAMIGOnDemand(t *testing.T) {
 		_, whole := devs["gpu-0"]
 		return devs[place].Name != "" && !whole
 	})
-	list, err := client.ResourceV1().ResourceSlices().List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sets []string
-	for _, s := range list.Items {
-		for _, c := range s.Spec.SharedCounters {
-			sets = append(sets, c.Name)
+	testutil.WaitFor(t, "GPU 0's counter set, alone", func() bool {
+		list, err := client.ResourceV1().ResourceSlices().List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !slices.Equal(sets, []string{dra.CounterSetName(0)}) {
-		t.Errorf("counter sets %v, want GPU 0's alone", sets)
-	}
+		var sets []string
+		for _, s := range list.Items {
+			for _, c := range s.Spec.SharedCounters {
+				sets = append(sets, c.Name)
+			}
+		}
+		return slices.Equal(sets, []string{dra.CounterSetName(0)})
+	})
 
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mig", UID: "claim-uid-mig"},
