@@ -17,13 +17,18 @@ const MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatur
 // with 7 devices each, 10 NICs) is 66 devices: two slices. No devices
 // is no slice.
 func Split(devs []resourceapi.Device) [][]resourceapi.Device {
-	var out [][]resourceapi.Device
-	for len(devs) > MaxDevicesPerSlice {
-		out = append(out, devs[:MaxDevicesPerSlice:MaxDevicesPerSlice])
-		devs = devs[MaxDevicesPerSlice:]
+	return chunks(devs, MaxDevicesPerSlice)
+}
+
+// chunks cuts s into pieces of at most n, in order; none for an empty s.
+func chunks[T any](s []T, n int) [][]T {
+	var out [][]T
+	for len(s) > n {
+		out = append(out, s[:n:n])
+		s = s[n:]
 	}
-	if len(devs) > 0 {
-		out = append(out, devs)
+	if len(s) > 0 {
+		out = append(out, s)
 	}
 	return out
 }
@@ -38,13 +43,5 @@ const MaxCounterSetsPerSlice = resourceapi.ResourceSliceMaxCounterSets
 // slices of at most MaxCounterSetsPerSlice, in order: one slice for a
 // node of up to eight GPUs in MIG mode.
 func SplitCounters(sets []resourceapi.CounterSet) [][]resourceapi.CounterSet {
-	var out [][]resourceapi.CounterSet
-	for len(sets) > MaxCounterSetsPerSlice {
-		out = append(out, sets[:MaxCounterSetsPerSlice:MaxCounterSetsPerSlice])
-		sets = sets[MaxCounterSetsPerSlice:]
-	}
-	if len(sets) > 0 {
-		out = append(out, sets)
-	}
-	return out
+	return chunks(sets, MaxCounterSetsPerSlice)
 }

@@ -69,3 +69,18 @@ func TestSplitFullMIGNode(t *testing.T) {
 		t.Fatalf("slices of %d devices: %d", len(res.Devices), len(s))
 	}
 }
+
+// TestSplitCounters: counter sets go eight to a slice, in order.
+func TestSplitCounters(t *testing.T) {
+	var sets []resourceapi.CounterSet
+	for i := range 9 {
+		sets = append(sets, resourceapi.CounterSet{Name: CounterSetName(i)})
+	}
+	got := SplitCounters(sets)
+	if len(got) != 2 || len(got[0]) != MaxCounterSetsPerSlice || len(got[1]) != 1 || got[1][0].Name != CounterSetName(8) {
+		t.Fatalf("9 counter sets split as %v", got)
+	}
+	if SplitCounters(nil) != nil {
+		t.Errorf("no counter set makes a slice")
+	}
+}

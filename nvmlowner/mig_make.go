@@ -228,38 +228,56 @@ func readMadeMIG(dev Device, ci ComputeInstance, what string, giID int) (topolog
 	return m, nil
 }
 
-// findMIGDevice finds the MIG device of GPU instance giID and compute
-// instance ciID among the parent's MIG device handles
+// migInstance is one of a parent's MIG device handles with its GPU and
+// compute instance IDs.
+type migInstance struct {
+	index  int
+	handle Device
+	gi, ci int
+}
+
+// migInstances lists the parent's MIG device handles
 // (0..GetMaxMigDeviceCount-1; NOT_FOUND and INVALID_ARGUMENT are indexes
-// without a device, as discovery reads them).
-func findMIGDevice(dev Device, what string, giID, ciID int) (int, Device, error) {
+// without a device, as discovery reads them) with their instance IDs.
+func migInstances(dev Device, what string) ([]migInstance, error) {
 	n, r := dev.GetMaxMigDeviceCount()
 	if r != nvml.SUCCESS {
-		return 0, nil, stepError(what, "GetMaxMigDeviceCount", r)
+		return nil, stepError(what, "GetMaxMigDeviceCount", r)
 	}
+	var out []migInstance
 	for idx := range n {
 		md, r := dev.GetMigDeviceHandleByIndex(idx)
 		switch {
 		case r == nvml.ERROR_NOT_FOUND, r == nvml.ERROR_INVALID_ARGUMENT:
 			continue
 		case r != nvml.SUCCESS:
-			return 0, nil, stepError(what, fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", idx), r)
+			return nil, stepError(what, fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", idx), r)
 		case md == nil:
 			continue
 		}
 		gi, r := md.GetGpuInstanceId()
 		if r != nvml.SUCCESS {
-			return 0, nil, stepError(what, fmt.Sprintf("mig device %d: GetGpuInstanceId", idx), r)
-		}
-		if gi != giID {
-			continue
+			return nil, stepError(what, fmt.Sprintf("mig device %d: GetGpuInstanceId", idx), r)
 		}
 		ci, r := md.GetComputeInstanceId()
 		if r != nvml.SUCCESS {
-			return 0, nil, stepError(what, fmt.Sprintf("mig device %d: GetComputeInstanceId", idx), r)
+			return nil, stepError(what, fmt.Sprintf("mig device %d: GetComputeInstanceId", idx), r)
 		}
-		if ci == ciID {
-			return idx, md, nil
+		out = append(out, migInstance{index: idx, handle: md, gi: gi, ci: ci})
+	}
+	return out, nil
+}
+
+// findMIGDevice finds the MIG device of GPU instance giID and compute
+// instance ciID among the parent's MIG device handles.
+func findMIGDevice(dev Device, what string, giID, ciID int) (int, Device, error) {
+	ms, err := migInstances(dev, what)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, m := range ms {
+		if m.gi == giID && m.ci == ciID {
+			return m.index, m.handle, nil
 		}
 	}
 	return 0, nil, fmt.Errorf("nvml %s: no mig device handle has gpu instance %d, compute instance %d: %w", what, giID, ciID, nvml.ERROR_NOT_FOUND)
@@ -337,33 +355,15 @@ func unmakeMIG(dev Device, what string, profile int, at topology.MIGPlacement, u
 // INVALID_ARGUMENT "If computeInstance is invalid" (gone already), IN_USE
 // "If the compute instance is in use".
 func destroyComputeInstances(dev Device, gi GpuInstance, what string, giID int) error {
-	n, r := dev.GetMaxMigDeviceCount()
-	if r != nvml.SUCCESS {
-		return stepError(what, "GetMaxMigDeviceCount", r)
+	ms, err := migInstances(dev, what)
+	if err != nil {
+		return err
 	}
 	var cis []int
-	for idx := range n {
-		md, r := dev.GetMigDeviceHandleByIndex(idx)
-		switch {
-		case r == nvml.ERROR_NOT_FOUND, r == nvml.ERROR_INVALID_ARGUMENT:
-			continue
-		case r != nvml.SUCCESS:
-			return stepError(what, fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", idx), r)
-		case md == nil:
-			continue
+	for _, m := range ms {
+		if m.gi == giID {
+			cis = append(cis, m.ci)
 		}
-		id, r := md.GetGpuInstanceId()
-		if r != nvml.SUCCESS {
-			return stepError(what, fmt.Sprintf("mig device %d: GetGpuInstanceId", idx), r)
-		}
-		if id != giID {
-			continue
-		}
-		ci, r := md.GetComputeInstanceId()
-		if r != nvml.SUCCESS {
-			return stepError(what, fmt.Sprintf("mig device %d: GetComputeInstanceId", idx), r)
-		}
-		cis = append(cis, ci)
 	}
 	for _, id := range cis {
 		ci, r := gi.GetComputeInstanceById(id)
@@ -385,32 +385,21 @@ func destroyComputeInstances(dev Device, gi GpuInstance, what string, giID int) 
 // giHolds says whether the MIG device of UUID uuid is one of GPU instance
 // giID's.
 func giHolds(dev Device, what string, giID int, uuid string) (bool, error) {
-	n, r := dev.GetMaxMigDeviceCount()
-	if r != nvml.SUCCESS {
-		return false, stepError(what, "GetMaxMigDeviceCount", r)
+	ms, err := migInstances(dev, what)
+	if err != nil {
+		return false, err
 	}
-	for idx := range n {
-		md, r := dev.GetMigDeviceHandleByIndex(idx)
-		switch {
-		case r == nvml.ERROR_NOT_FOUND, r == nvml.ERROR_INVALID_ARGUMENT:
-			continue
-		case r != nvml.SUCCESS:
-			return false, stepError(what, fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", idx), r)
-		case md == nil:
+	for _, m := range ms {
+		if m.gi != giID {
 			continue
 		}
-		id, r := md.GetUUID()
+		id, r := m.handle.GetUUID()
 		if r != nvml.SUCCESS {
-			return false, stepError(what, fmt.Sprintf("mig device %d: GetUUID", idx), r)
+			return false, stepError(what, fmt.Sprintf("mig device %d: GetUUID", m.index), r)
 		}
-		if id != uuid {
-			continue
+		if id == uuid {
+			return true, nil
 		}
-		gi, r := md.GetGpuInstanceId()
-		if r != nvml.SUCCESS {
-			return false, stepError(what, fmt.Sprintf("mig device %d: GetGpuInstanceId", idx), r)
-		}
-		return gi == giID, nil
 	}
 	return false, nil
 }
