@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -499,5 +500,87 @@ func TestUnmakeMIGByUUID(t *testing.T) {
 	simtest.Fault(t, node, http.MethodPost, `{"kind":"gpu-lost","gpu":0}`)
 	if err := o.UnmakeMIG(ctx, gpu0, nvml.GPU_INSTANCE_PROFILE_3_SLICE, place3g, third.UUID); err != nil {
 		t.Errorf("UnmakeMIG on a lost GPU: %v", err)
+	}
+}
+
+// placementsFailLib answers GetGpuInstancePossiblePlacements with
+// ERROR_UNKNOWN on every GPU while fail is set.
+type placementsFailLib struct {
+	Library
+	fail *atomic.Bool
+}
+
+func (l placementsFailLib) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
+	d, ret := l.Library.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return placementsFailDevice{d, l.fail}, ret
+}
+
+func (l placementsFailLib) DeviceGetHandleByUUID(uuid string) (Device, nvml.Return) {
+	d, ret := l.Library.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return placementsFailDevice{d, l.fail}, ret
+}
+
+type placementsFailDevice struct {
+	Device
+	fail *atomic.Bool
+}
+
+func (d placementsFailDevice) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+	if d.fail.Load() {
+		return nil, nvml.ERROR_UNKNOWN
+	}
+	return d.Device.GetGpuInstancePossiblePlacements(info)
+}
+
+func (d placementsFailDevice) GetTopologyCommonAncestor(other Device) (nvml.GpuTopologyLevel, nvml.Return) {
+	if o, ok := other.(placementsFailDevice); ok {
+		other = o.Device
+	}
+	return d.Device.GetTopologyCommonAncestor(other)
+}
+
+// TestDiscoverMIGProfilesPartial: a profile table that could not be read
+// whole is not published (the failure is an unread item) nor kept for
+// the next discovery, which reads it again.
+func TestDiscoverMIGProfilesPartial(t *testing.T) {
+	spec, err := sim.Profile("dgx-h100", sim.WithMIG(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := sim.New(spec, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := &atomic.Bool{}
+	fail.Store(true)
+	o := New(placementsFailLib{node.NVML(), fail}, Config{CallTimeout: 5 * time.Second}, nil)
+	if err := o.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	x := NewDiscoverer(o, node.HostRoot(), nil)
+	x.SetOptions(DiscoverOptions{MIGProfiles: true})
+	first, err := x.Discover(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := first.GPUs[0].MIGProfiles; len(p) != 0 {
+		t.Errorf("profiles %+v from a table whose placements failed", p)
+	}
+	if !slices.ContainsFunc(first.Unread, func(u string) bool { return strings.Contains(u, "GetGpuInstancePossiblePlacements") }) {
+		t.Errorf("unread %v does not name the failed call", first.Unread)
+	}
+	fail.Store(false)
+	second, err := x.Discover(context.Background(), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := second.GPUs[0].MIGProfiles; len(p) == 0 || len(p[0].Placements) == 0 {
+		t.Errorf("profiles not read again once the calls answer: %+v", p)
 	}
 }
