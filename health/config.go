@@ -108,6 +108,10 @@ type Config struct {
 	// NVML makes the node unfit (gpu-missing). 0 compares with the NVIDIA
 	// GPUs on the PCI bus only.
 	ExpectedGPUs int `json:"expectedGPUs,omitempty" yaml:"expectedGPUs,omitempty"`
+	// Correlation are the rules over rolling windows per device (repeated
+	// XIDs escalate, XID pairs cancel) and the NVLink error-rate window
+	// (correlate.go, correlate_config.go).
+	Correlation CorrelationConfig `json:"correlation,omitzero" yaml:"correlation,omitempty"`
 
 	// StateDir is where the monitor keeps health-state.json so that a
 	// restart forgets no fault (agent flag --state-dir); empty disables
@@ -159,6 +163,7 @@ func (c Config) WithDefaults() Config {
 	if c.DCGMMode == "" {
 		c.DCGMMode = DCGMAuto
 	}
+	c.Correlation = c.Correlation.withDefaults()
 	if c.eventWait == 0 {
 		c.eventWait = time.Second
 	}
@@ -212,6 +217,7 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("health.dcgmMode %q: must be off, auto, embedded or standalone", c.DCGMMode))
 	}
+	errs = append(errs, c.Correlation.validate()...)
 	return errors.Join(errs...)
 }
 

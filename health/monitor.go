@@ -64,6 +64,8 @@ type Monitor struct {
 	log     *slog.Logger
 	clock   clock.WithTicker
 	metrics *monitorMetrics
+	// corr keeps the correlation rules' rolling windows (correlate.go).
+	corr *correlator
 	// dcgm is the optional DCGM source; nil until Run decides (tests set
 	// a fake before Run).
 	dcgm DCGM
@@ -125,6 +127,10 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 	if err != nil {
 		return nil, fmt.Errorf("health metrics: %w", err)
 	}
+	corr, err := newCorrelator(cfg.Correlation, reg)
+	if err != nil {
+		return nil, fmt.Errorf("health metrics: %w", err)
+	}
 	per, err := newPersistence(cfg.StateDir, cfg.HostRoot, reg)
 	if err != nil {
 		return nil, fmt.Errorf("health metrics: %w", err)
@@ -139,6 +145,7 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 		log:         log,
 		clock:       clk,
 		metrics:     met,
+		corr:        corr,
 		persist:     per,
 		baselines:   map[string]map[string]uint64{},
 		kinds:       map[string]string{},
@@ -209,6 +216,8 @@ func (m *Monitor) SetNode(node *topology.Node) {
 	for _, id := range gone {
 		if id != NodeID && m.kinds[id] == "" {
 			m.metrics.forget(id)
+			m.corr.forget(id)
+			m.corr.forgetSeries(id)
 		}
 	}
 	// publishLocked drops the gone devices' device_healthy series.
@@ -274,6 +283,8 @@ func (m *Monitor) Observe(o Observation) {
 	if o.DeviceID == "" {
 		o.DeviceID = NodeID
 	}
+	o, after := m.correlate(o)
+	defer m.afterCorrelation(after)
 	if o.Reset {
 		m.reset(o)
 		return
@@ -405,6 +416,7 @@ func (m *Monitor) ClearFaults(target string) (cleared []string, err error) {
 			continue
 		}
 		cleared = append(cleared, id)
+		m.corr.forget(id)
 		m.log.Info("operator cleared device faults", "target", target, "device", id, "released", released, "dropped", dropped)
 	}
 	if len(cleared) == 0 {

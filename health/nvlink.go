@@ -46,19 +46,28 @@ func checkNVLink(in *checkInput, out *checkResult) {
 		if !up || !had {
 			continue
 		}
-		var rise uint64
-		for i, c := range append(l.Counters[:], l.Recoveries) {
-			pc := p.Recoveries
-			if i < len(p.Counters) {
-				pc = p.Counters[i]
-			}
-			if c.Status == nvmlowner.OK && pc.Status == nvmlowner.OK && c.V > pc.V {
-				rise += c.V - pc.V
-			}
-		}
+		rise := linkErrorRise(l, p)
 		if rise > 0 && rise >= in.Cfg.NVLinkErrorJump {
 			out.add(Observation{DeviceID: in.UUID, Kind: KindGPU, Check: CheckNVLink, Key: key + " errors",
 				Fatal: true, Event: true, Reason: fmt.Sprintf("nvlink %d errors rose by %d", l.Link, rise)})
 		}
 	}
+}
+
+// linkErrorRise is how much link l's error counters (replay, recovery, CRC
+// flit and data, the NVLink5 recovery event count) rose since p, the same
+// link's previous sample; a counter either sample lacks, or that dropped
+// (a reset), adds nothing. The rate window (correlate.go) sums it too.
+func linkErrorRise(l, p nvmlowner.Link) uint64 {
+	var rise uint64
+	for i, c := range append(l.Counters[:], l.Recoveries) {
+		pc := p.Recoveries
+		if i < len(p.Counters) {
+			pc = p.Counters[i]
+		}
+		if c.Status == nvmlowner.OK && pc.Status == nvmlowner.OK && c.V > pc.V {
+			rise += c.V - pc.V
+		}
+	}
+	return rise
 }

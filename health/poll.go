@@ -70,6 +70,7 @@ func (m *Monitor) applySnapshot(snap *nvmlowner.Snapshot) {
 			ExpectedNVLinks: topology.ExpectedNVLinks(g.Model),
 		}
 		res := m.runChecks(in)
+		res.add(m.nvlinkRate(in)...)
 		for k, v := range res.Baselines {
 			m.SetBaseline(s.UUID, k, v)
 		}
