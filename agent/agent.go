@@ -59,6 +59,9 @@ type Config struct {
 	// PodAttribution labels GPU series with the pod using the GPU, from
 	// the kubelet's pod-resources socket under the host root.
 	PodAttribution bool
+	// DCGMNames is metrics.dcgmNames: which DCGM field names the
+	// DCGM_ series are served under ("" the default, legacy).
+	DCGMNames metrics.DCGMNames
 	// Zombies configures the GPU process check (health.zombies); the
 	// check runs unless Health.DisabledChecks names it.
 	Zombies usage.ZombiesConfig
@@ -446,6 +449,10 @@ func (a *Agent) newCollector() (*metrics.Collector, error) {
 		mc.Pods = a.tracker
 	}
 	mc.XIDs = a.mon
+	mc.Names = a.cfg.DCGMNames
+	// dcgm-exporter's DRA labels while DRA serves devices and the pods
+	// are known (the tracker then counts our DRA pool's devices).
+	mc.DRALabels = a.cfg.PodAttribution && a.split.active()
 	c, err := metrics.NewCollector(a.sampler, mc, a.reg, a.log.With("component", "metrics"))
 	if err != nil {
 		return nil, fmt.Errorf("metrics collector: %w", err)

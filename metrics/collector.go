@@ -37,6 +37,17 @@ type Config struct {
 	Pods PodSource
 	// XIDs feeds DCGM_FI_DEV_XID_ERRORS; nil omits that metric.
 	XIDs XIDSource
+	// Names says under which names the DCGM_ series are served
+	// (metrics.dcgmNames); "" is DefaultDCGMNames. NewCollector refuses
+	// an unknown value.
+	Names DCGMNames
+	// DRALabels adds dcgm-exporter's DRA labels (dra_claim_name,
+	// dra_claim_namespace, dra_driver_name, dra_pool_name,
+	// dra_device_name) to every DCGM_ series, set on the series of a
+	// device a DRA claim holds (from Pods), empty on the others. The
+	// agent sets it when it serves DRA with pod attribution on, as
+	// dcgm-exporter adds them with --kubernetes-enable-dra.
+	DRALabels bool
 }
 
 // PodSource says which container holds each device: *usage.Tracker.
@@ -60,7 +71,8 @@ type Collector struct {
 	updates <-chan struct{}
 	cfg     Config
 	log     *slog.Logger
-	descs   [numFields]*prometheus.Desc
+	// descs are, per field, one Desc per name it is served under.
+	descs [numFields][]*prometheus.Desc
 	// unavailable is gpu_node_agent_nvml_field_unavailable, rendered
 	// with the DCGM series so it always matches the latest sample.
 	unavailable *prometheus.Desc
@@ -108,11 +120,16 @@ func NewCollector(s *nvmlowner.Sampler, cfg Config, reg prometheus.Registerer, l
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	names, err := ParseDCGMNames(string(cfg.Names))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Names = names
 	c := &Collector{
 		sampler: s,
 		cfg:     cfg,
 		log:     log,
-		descs:   newFieldDescs(),
+		descs:   newFieldDescs(names, cfg.DRALabels),
 		unavailable: prometheus.NewDesc("gpu_node_agent_nvml_field_unavailable",
 			"1 for each NVML reading (field) a GPU, by UUID, does not give: reason not-supported "+
 				"(the device has no such reading) or no-permission (this process may not read it). No data, not a fault.",
@@ -185,8 +202,10 @@ func (c *Collector) Run(ctx context.Context) error {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
+	for _, ds := range c.descs {
+		for _, d := range ds {
+			ch <- d
+		}
 	}
 	ch <- c.unavailable
 	ch <- c.lastRead
@@ -347,22 +366,32 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 		}
 		holders := pods.Holders(g.UUID)
 		lv[8], lv[9], lv[10] = dcgmPodLabels(holders)
+		labels := lv[:numPlainLabels]
+		if c.cfg.DRALabels {
+			setClaimLabels(&lv, pods, g.UUID)
+			labels = lv[:]
+		}
 		if pods != nil {
 			out = c.pods.render(out, g, nil, holders)
 		}
 		for f := range numFields {
-			if fieldSpecs[f].src == noSource {
-				continue
+			var v float64
+			var ok bool
+			switch {
+			case fromLinks(f):
+				v, ok = linkValue(f, s.Links)
+			case fieldSpecs[f].src != noSource:
+				v, ok = valueOf(f, s.Values[fieldSpecs[f].src])
 			}
-			if v, ok := valueOf(f, s.Values[fieldSpecs[f].src]); ok {
-				out = append(out, prometheus.MustNewConstMetric(c.descs[f], fieldSpecs[f].typ, v, lv[:]...))
+			if ok {
+				out = c.appendField(out, f, v, labels)
 			}
 		}
 		if c.cfg.XIDs != nil {
 			// Even for a GPU that could not be read: its last XID (79,
 			// fallen off the bus) says why.
 			xid, _ := c.cfg.XIDs.LastXID(g.UUID)
-			out = append(out, prometheus.MustNewConstMetric(c.descs[fieldXIDErrors], fieldSpecs[fieldXIDErrors].typ, float64(xid), lv[:]...))
+			out = c.appendField(out, fieldXIDErrors, float64(xid), labels)
 		}
 		for _, r := range readings(s) {
 			if reason := unavailableReason(r.v); reason != "" {
@@ -381,17 +410,36 @@ func (c *Collector) render(node *topology.Node, samples map[string]*nvmlowner.Sa
 			}
 			lv[6], lv[7] = m.Profile, strconv.Itoa(m.GPUInstance)
 			lv[8], lv[9], lv[10] = dcgmPodLabels(holders)
+			if c.cfg.DRALabels {
+				setClaimLabels(&lv, pods, m.UUID)
+			}
 			for _, r := range []struct {
 				f field
 				v nvmlowner.Value
 			}{{fieldFBUsed, ms.FBUsed}, {fieldFBFree, ms.FBFree}} {
 				if v, ok := valueOf(r.f, r.v); ok {
-					out = append(out, prometheus.MustNewConstMetric(c.descs[r.f], fieldSpecs[r.f].typ, v, lv[:]...))
+					out = c.appendField(out, r.f, v, labels)
 				}
 			}
 		}
 	}
 	return out
+}
+
+// appendField appends field f's series, one per name it is served
+// under, with value v and label values lv.
+func (c *Collector) appendField(out []prometheus.Metric, f field, v float64, lv []string) []prometheus.Metric {
+	for _, d := range c.descs[f] {
+		out = append(out, prometheus.MustNewConstMetric(d, fieldSpecs[f].typ, v, lv...))
+	}
+	return out
+}
+
+// setClaimLabels sets the DRA labels of lv to the claim holding device
+// id, or empty when no DRA claim of ours holds it (usage.Assignments.Claim).
+func setClaimLabels(lv *[numDeviceLabels]string, pods *usage.Assignments, id string) {
+	cl, _ := pods.Claim(id)
+	lv[12], lv[13], lv[14], lv[15], lv[16] = cl.Name, cl.Namespace, cl.Driver, cl.Pool, cl.Device
 }
 
 // findMIG returns s's reading of MIG device uuid, nil if it has none
@@ -416,7 +464,12 @@ func countSeries(samples map[string]*nvmlowner.Sample) int {
 			}
 		}
 		n += 2 + 2*len(s.MIG)
+		if len(s.Links) > 0 {
+			n += int(numFields - fieldNVLinkEffectiveErrors)
+		}
 	}
+	// The renamed fields' second names (mode both).
+	n *= 2
 	return n
 }
 

@@ -114,6 +114,42 @@ type Link struct {
 	// "unsupported for Blackwell+. Please use
 	// NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*".
 	Recoveries Value
+	// NVLink5 are the link's NVLink5 error and FEC counters, by
+	// NVLink5Fields, read with Recoveries (same links, same call).
+	// dcgm_fields.h (go-dcgm v1.4611.0) marks DCGM's fields over them
+	// "NVLink5+ only ... Not supported on NVLink4 and earlier"; a driver
+	// answering NOT_SUPPORTED leaves them NotSupported.
+	NVLink5 [NumNVLink5]Value
+}
+
+// NVLink5Field indexes Link.NVLink5.
+type NVLink5Field int
+
+// The NVLink5 link counters read, each a field value scoped by link
+// (nvml.h, go-nvml v0.13.3-1: "NVLink counter field id 201-225" and
+// "235-250 ... Link ID needs to be specified in the scopeId field").
+const (
+	NVLink5EffectiveErrors NVLink5Field = iota // NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS (219)
+	NVLink5EffectiveBER                        // NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER (220): bits 0-7 exponent, 8-11 mantissa
+	NVLink5SymbolErrors                        // NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS (221)
+	NVLink5SymbolBER                           // NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER (222): bits 0-7 exponent, 8-11 mantissa
+	NVLink5FECHistory0                         // NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_0..15 (235-250), in order
+	NumNVLink5             = NVLink5FECHistory0 + 16
+)
+
+// NVLink5FieldID is the NVML field ID of f.
+func NVLink5FieldID(f NVLink5Field) uint32 {
+	switch f {
+	case NVLink5EffectiveErrors:
+		return nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS
+	case NVLink5EffectiveBER:
+		return nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_BER
+	case NVLink5SymbolErrors:
+		return nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS
+	case NVLink5SymbolBER:
+		return nvml.FI_DEV_NVLINK_COUNT_SYMBOL_BER
+	}
+	return nvml.FI_DEV_NVLINK_COUNT_FEC_HISTORY_0 + uint32(f-NVLink5FECHistory0)
 }
 
 // NVLinkCounters are the NVLink error counters a Link carries, in order.

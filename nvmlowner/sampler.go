@@ -532,35 +532,42 @@ func readLinks(dev Device, note func(nvml.Return) nvml.Return, max int) []Link {
 }
 
 // readRecoveries reads, in one field-values call, the NVLink5 recovery
-// event count of every up link whose DL error counters the GPU does not
-// support (Blackwell and later).
+// event count and the NVLink5 error and FEC counters (Link.NVLink5) of
+// every up link whose DL error counters the GPU does not support
+// (Blackwell and later).
 func readRecoveries(dev Device, links []Link, note func(nvml.Return) nvml.Return) {
 	var fvs []nvml.FieldValue
-	var idx []int
-	for i, l := range links {
+	// dst is where each field value's reading goes.
+	var dst []*Value
+	for i := range links {
+		l := &links[i]
 		if l.Up.V != 1 || l.Up.Status != OK || l.Counters[0].Status != NotSupported {
 			continue
 		}
 		fvs = append(fvs, nvml.FieldValue{FieldId: nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS, ScopeId: uint32(l.Link)})
-		idx = append(idx, i)
+		dst = append(dst, &l.Recoveries)
+		for f := range NumNVLink5 {
+			fvs = append(fvs, nvml.FieldValue{FieldId: NVLink5FieldID(f), ScopeId: uint32(l.Link)})
+			dst = append(dst, &l.NVLink5[f])
+		}
 	}
 	if len(fvs) == 0 {
 		return
 	}
 	if ret := note(dev.GetFieldValues(fvs)); ret != nvml.SUCCESS {
-		for _, i := range idx {
-			links[i].Recoveries = valueOf(0, ret)
+		for _, v := range dst {
+			*v = valueOf(0, ret)
 		}
 		return
 	}
 	for k, fv := range fvs {
 		ret := nvml.Return(fv.NvmlReturn)
 		if ret != nvml.SUCCESS {
-			links[idx[k]].Recoveries = valueOf(0, ret)
+			*dst[k] = valueOf(0, ret)
 			continue
 		}
 		if x, ok := fieldUint(fv); ok {
-			links[idx[k]].Recoveries = Value{V: x, Status: OK}
+			*dst[k] = Value{V: x, Status: OK}
 		}
 	}
 }

@@ -299,7 +299,10 @@ func (n *Node) installArch() {
 // per link (ScopeId): the DL counters (161-163) before Blackwell and the
 // NVLink5 link recovery counters (213-215) from Blackwell on, all zero
 // since the simulator injects no NVLink errors. Other fields keep the
-// answers counters.go gives.
+// answers counters.go gives. The NVLink5 error, BER and FEC history
+// counters (219-222, 235-250) answer like the recovery counters:
+// dcgm_fields.h (go-dcgm v1.4611.0) marks DCGM's fields over them "NVLink5+
+// only ... Not supported on NVLink4 and earlier".
 func (n *Node) installNVLinkErrorFields(i int, d *mock.Device) {
 	g := n.gpus[i]
 	links := uint32(len(g.links))
@@ -322,8 +325,16 @@ func (n *Node) installNVLinkErrorFields(i int, d *mock.Device) {
 			case nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS,
 				nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS:
 				ok = nvlink5
+			case nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS, nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_BER,
+				nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, nvml.FI_DEV_NVLINK_COUNT_SYMBOL_BER:
+				// NVLink5 error counters and BERs (219-222); a BER of 0
+				// (mantissa and exponent 0) for links without errors.
+				ok = nvlink5
 			default:
-				continue
+				if !nvlinkFECHistory(fv.FieldId) {
+					continue
+				}
+				ok = nvlink5
 			}
 			switch {
 			case !ok:
@@ -336,6 +347,12 @@ func (n *Node) installNVLinkErrorFields(i int, d *mock.Device) {
 		}
 		return nvml.SUCCESS
 	}
+}
+
+// nvlinkFECHistory says whether id is one of the 16 NVLink FEC history
+// bins, NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_0..15 (235-250).
+func nvlinkFECHistory(id uint32) bool {
+	return id >= nvml.FI_DEV_NVLINK_COUNT_FEC_HISTORY_0 && id <= nvml.FI_DEV_NVLINK_COUNT_FEC_HISTORY_15
 }
 
 var noPermission = reflect.ValueOf(nvml.ERROR_NO_PERMISSION)

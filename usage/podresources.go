@@ -68,6 +68,9 @@ type Assignment struct {
 	// gpu-1-mig-1g10gb-9-0, nic-mlx5-0); empty for a device-plugin
 	// assignment.
 	DRADevice string
+	// Pool is the DRA pool the kubelet named the device in (this node's
+	// pool, Config.DRAPool); empty for a device-plugin assignment.
+	Pool string
 }
 
 // Assignments are the devices the kubelet has assigned to its running
@@ -218,7 +221,7 @@ func newAssignments(resp *podresourcesv1.ListPodResourcesResponse, checkpoint []
 				}
 				add(Assignment{
 					PodUID: podUID, Pod: pod.GetName(), Namespace: pod.GetNamespace(), Container: ctr.GetName(),
-					Resource: dra.DriverName, DeviceID: d.id, Claim: d.claim, DRADevice: d.name,
+					Resource: dra.DriverName, DeviceID: d.id, Claim: d.claim, DRADevice: d.name, Pool: devs.pool,
 				})
 			}
 		}

@@ -110,6 +110,9 @@ type MetricsSection struct {
 	// PodAttribution adds pod/namespace/container labels from the
 	// kubelet's pod-resources socket under the host root.
 	PodAttribution bool `json:"podAttribution"`
+	// DCGMNames is legacy (default), both or current: the DCGM field
+	// names the DCGM_ series are served under (metrics.DCGMNames).
+	DCGMNames string `json:"dcgmNames,omitempty"`
 	// WebConfigFile is exporter-toolkit's TLS/basic-auth file
 	// (--web.config.file); empty serves plain HTTP.
 	WebConfigFile string `json:"webConfigFile,omitempty"`
@@ -356,6 +359,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateSections()...)
+	if _, err := metrics.ParseDCGMNames(c.Metrics.DCGMNames); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.DRA.Validate(c.MIGStrategy); err != nil {
 		errs = append(errs, err)
 	}

@@ -189,6 +189,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "rescan-interval", mutate: func(c *Config) { c.RescanInterval.Duration = -time.Second }, wantErr: "rescan-interval: -1s is negative"},
 		{name: "exit-after", mutate: func(c *Config) { c.ExitAfter.Duration = -time.Second }, wantErr: "exit-after: -1s is negative"},
 		{name: "metrics-address", mutate: func(c *Config) { c.MetricsAddress = "9400" }, wantErr: `metrics-address: "9400" is not host:port`},
+		{name: "metrics.dcgmNames", mutate: func(c *Config) { c.Metrics.DCGMNames = "new" }, wantErr: `metrics.dcgmNames "new": must be legacy, both or current`},
+		{name: "metrics.dcgmNames both", mutate: func(c *Config) { c.Metrics.DCGMNames = "both" }},
 		{name: "node-name", mutate: func(c *Config) { c.NodeName = "Node_A" }, wantErr: `node-name: "Node_A" is not a valid node name`},
 		{name: "kube-api-qps", mutate: func(c *Config) { c.KubeAPIQPS = -1 }, wantErr: "kube-api-qps -1: must be positive"},
 		{name: "kube-api-burst", mutate: func(c *Config) { c.KubeAPIBurst = -2 }, wantErr: "kube-api-burst -2: must be at least 1"},

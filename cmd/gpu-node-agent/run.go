@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent"
+	"github.com/gpu-node-agent/gpu-node-agent/metrics"
 )
 
 // runAgent opens the hardware and the agent and serves until ctx is done
@@ -62,6 +63,7 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		MetricsWebConfigFile: c.Metrics.WebConfigFile,
 		MetricsInterval:      c.Metrics.Interval.Duration,
 		PodAttribution:       c.Metrics.PodAttribution,
+		DCGMNames:            metrics.DCGMNames(c.Metrics.DCGMNames),
 		Zombies:              c.Health.Zombies,
 		NodeName:             c.NodeName,
 		PodUID:               c.PodUID,
