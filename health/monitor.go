@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -81,6 +82,9 @@ type Monitor struct {
 	// lastXID is the most recent XID seen per GPU (a MIG device's XID is
 	// also its parent's), for DCGM_FI_DEV_XID_ERRORS.
 	lastXID map[string]uint64
+	// xids counts an XID that NVML and the kernel log both report once
+	// (xiddedup.go).
+	xids *xidDedup
 
 	// baselines are the sample checks' counter baselines per GPU UUID,
 	// persisted with the state (Baseline, SetBaseline).
@@ -91,6 +95,8 @@ type Monitor struct {
 
 	// events is the running XID watcher's event set (xid.go).
 	events eventsHook
+	// kernelLog is the kernel-log check (kernlog.go); nil when off.
+	kernelLog *kernelLogCheck
 
 	changes     chan struct{}
 	subsMu      sync.Mutex
@@ -148,6 +154,7 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 		effSince:    map[string]time.Time{},
 		causeSeries: map[unhealthySeries]bool{},
 		lastXID:     map[string]uint64{},
+		xids:        newXIDDedup(xidDedupWindow),
 		nodeFit:     true,
 		changes:     make(chan struct{}, 1),
 		wake:        make(chan struct{}, 1),
@@ -155,6 +162,11 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 		prev:        map[string]*nvmlowner.Sample{},
 	}
 	m.metrics.nodeFit.Set(1)
+	if cfg.enabled(CheckKernelLog) && cfg.KernelLog != kernlog.ModeOff {
+		if m.kernelLog, err = newKernelLogCheck(m, reg); err != nil {
+			return nil, fmt.Errorf("kernel log: %w", err)
+		}
+	}
 	m.mu.Lock()
 	now := m.clock.Now()
 	m.restoreLocked(now)
@@ -206,6 +218,7 @@ func (m *Monitor) SetNode(node *topology.Node) {
 			gone = append(gone, id)
 		}
 	}
+	m.xids.forget(func(id string) bool { return m.kinds[id] != "" })
 	for _, id := range gone {
 		if id != NodeID && m.kinds[id] == "" {
 			m.metrics.forget(id)
@@ -235,6 +248,9 @@ func (m *Monitor) Run(ctx context.Context) error {
 	wg.Go(func() { m.pollLoop(ctx) })
 	if m.cfg.enabled(CheckDCGM) {
 		wg.Go(func() { m.runDCGM(ctx) })
+	}
+	if m.kernelLog != nil {
+		wg.Go(func() { m.kernelLog.run(ctx) })
 	}
 	m.timerLoop(ctx)
 	wg.Wait()
@@ -289,6 +305,13 @@ func (m *Monitor) Observe(o Observation) {
 	}
 	now := m.clock.Now()
 	m.mu.Lock()
+	if o.XID != 0 && m.xids.duplicate(o.DeviceID, o.XID, o.Source, now) {
+		// The same XID through another source: counted, and acted on,
+		// once (XID counters, lastXID, health events).
+		m.mu.Unlock()
+		m.log.Debug("xid already counted from another source", "device", o.DeviceID, "xid", o.XID, "source", o.Source)
+		return
+	}
 	kind := m.kindLocked(o.DeviceID, o.Kind)
 	m.metrics.observed(o, kind)
 	if o.XID != 0 {
