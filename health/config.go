@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
 )
 
 // DefaultFatalXIDs returns the XIDs that make a device unfit: every XID
@@ -64,7 +66,7 @@ const (
 	CheckPreflight = "preflight"
 )
 
-var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM, CheckMissing, CheckFabric, CheckRecovery, CheckGPUProcesses}
+var knownChecks = []string{CheckXID, CheckECC, CheckRetired, CheckRemap, CheckLost, CheckNVLink, CheckNVML, CheckDCGM, CheckMissing, CheckFabric, CheckRecovery, CheckGPUProcesses, CheckKernelLog}
 
 // DCGM modes for Config.DCGMMode.
 const (
@@ -104,6 +106,11 @@ type Config struct {
 	// DCGMAddress is the standalone hostengine (host:port or unix socket);
 	// setting it with mode auto selects standalone.
 	DCGMAddress string `json:"dcgmAddress,omitempty" yaml:"dcgmAddress,omitempty"`
+	// KernelLog is where the kernel-log check reads the kernel log
+	// (kernlog.Mode*): auto (default: /dev/kmsg under the host root, else
+	// the host's journal through its journalctl), kmsg, journal or off.
+	// health.disabledChecks: [kernel-log] also switches it off.
+	KernelLog string `json:"kernelLog,omitempty" yaml:"kernelLog,omitempty"`
 	// ExpectedGPUs is how many GPUs the node should have; fewer listed by
 	// NVML makes the node unfit (gpu-missing). 0 compares with the NVIDIA
 	// GPUs on the PCI bus only.
@@ -131,6 +138,10 @@ type Config struct {
 	// clock replaces the real clock in tests (NewMonitor uses it before
 	// a test could set Monitor.clock: the state file is restored there).
 	clock clock.WithTicker
+
+	// journalctl replaces the host's journalctl in tests (the kernel-log
+	// check's journal source).
+	journalctl []string
 
 	// eventWait is the EventSet.Wait timeout; tests shorten it so the
 	// watcher notices cancellation and rebuilds quickly.
@@ -164,6 +175,9 @@ func (c Config) WithDefaults() Config {
 		c.DCGMMode = DCGMAuto
 	}
 	c.Correlation = c.Correlation.withDefaults()
+	if c.KernelLog == "" {
+		c.KernelLog = kernlog.ModeAuto
+	}
 	if c.eventWait == 0 {
 		c.eventWait = time.Second
 	}
@@ -207,6 +221,9 @@ func (c Config) Validate() error {
 		if !slices.Contains(knownChecks, d) {
 			errs = append(errs, fmt.Errorf("health.disabledChecks: unknown check %q (known: %v)", d, knownChecks))
 		}
+	}
+	if !kernlog.ValidMode(c.KernelLog) {
+		errs = append(errs, fmt.Errorf("health.kernelLog %q: must be auto, kmsg, journal or off", c.KernelLog))
 	}
 	switch c.DCGMMode {
 	case DCGMOff, DCGMAuto, DCGMEmbedded:

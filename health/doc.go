@@ -1,7 +1,8 @@
 // Package health decides whether each device, and the node, is fit for work.
-// Checks (one per file) turn NVML events, polled readings and DCGM incidents
-// into observations; a per-device state machine with hysteresis turns those
-// into health, persisted under the state dir so a restart forgets nothing.
+// Checks (one per file) turn NVML events, polled readings, DCGM incidents
+// and kernel log lines (kernlog.go) into observations; a per-device state
+// machine with hysteresis turns those into health, persisted under the
+// state dir so a restart forgets nothing.
 // It says what is fit (Monitor.Fitness); it does not call the API server:
 // package kubeapi mirrors fitness onto the Node object.
 //

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -83,6 +84,9 @@ type Monitor struct {
 	// lastXID is the most recent XID seen per GPU (a MIG device's XID is
 	// also its parent's), for DCGM_FI_DEV_XID_ERRORS.
 	lastXID map[string]uint64
+	// xids counts an XID that NVML and the kernel log both report once
+	// (xiddedup.go).
+	xids *xidDedup
 
 	// baselines are the sample checks' counter baselines per GPU UUID,
 	// persisted with the state (Baseline, SetBaseline).
@@ -93,6 +97,8 @@ type Monitor struct {
 
 	// events is the running XID watcher's event set (xid.go).
 	events eventsHook
+	// kernelLog is the kernel-log check (kernlog.go); nil when off.
+	kernelLog *kernelLogCheck
 
 	changes     chan struct{}
 	subsMu      sync.Mutex
@@ -155,6 +161,7 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 		effSince:    map[string]time.Time{},
 		causeSeries: map[unhealthySeries]bool{},
 		lastXID:     map[string]uint64{},
+		xids:        newXIDDedup(xidDedupWindow),
 		nodeFit:     true,
 		changes:     make(chan struct{}, 1),
 		wake:        make(chan struct{}, 1),
@@ -162,6 +169,11 @@ func NewMonitor(cfg Config, owner *nvmlowner.Owner, log *slog.Logger, reg promet
 		prev:        map[string]*nvmlowner.Sample{},
 	}
 	m.metrics.nodeFit.Set(1)
+	if cfg.enabled(CheckKernelLog) && cfg.KernelLog != kernlog.ModeOff {
+		if m.kernelLog, err = newKernelLogCheck(m, reg); err != nil {
+			return nil, fmt.Errorf("kernel log: %w", err)
+		}
+	}
 	m.mu.Lock()
 	now := m.clock.Now()
 	m.restoreLocked(now)
@@ -213,6 +225,7 @@ func (m *Monitor) SetNode(node *topology.Node) {
 			gone = append(gone, id)
 		}
 	}
+	m.xids.forget(func(id string) bool { return m.kinds[id] != "" })
 	for _, id := range gone {
 		if id != NodeID && m.kinds[id] == "" {
 			m.metrics.forget(id)
@@ -245,6 +258,9 @@ func (m *Monitor) Run(ctx context.Context) error {
 	if m.cfg.enabled(CheckDCGM) {
 		wg.Go(func() { m.runDCGM(ctx) })
 	}
+	if m.kernelLog != nil {
+		wg.Go(func() { m.kernelLog.run(ctx) })
+	}
 	m.timerLoop(ctx)
 	wg.Wait()
 	return nil
@@ -276,12 +292,28 @@ func (m *Monitor) notify() {
 	m.subsMu.Unlock()
 }
 
+// duplicateXID says whether XID observation o is one another source
+// already reported (xiddedup.go), and records it.
+func (m *Monitor) duplicateXID(o Observation) bool {
+	now := m.clock.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.xids.duplicate(o.DeviceID, o.XID, o.Source, now)
+}
+
 // Observe feeds one observation into the state machine. Checks call it,
 // and so can external sources (RDMA port health) with their own Check
 // name and Kind.
 func (m *Monitor) Observe(o Observation) {
 	if o.DeviceID == "" {
 		o.DeviceID = NodeID
+	}
+	if o.XID != 0 && m.duplicateXID(o) {
+		// The same XID through another source: counted, and acted on
+		// (XID counters, lastXID, correlation windows, health events),
+		// once.
+		m.log.Debug("xid already counted from another source", "device", o.DeviceID, "xid", o.XID, "source", o.Source)
+		return
 	}
 	o, after := m.correlate(o)
 	defer m.afterCorrelation(after)

@@ -66,6 +66,10 @@ type Observation struct {
 	// At is when what the observation reports was read (a polled check:
 	// its sample's time); zero is when it is observed.
 	At time.Time
+	// Source is where an XID was read: "" for NVML (and every other
+	// source of old), SourceKernelLog for the kernel log. The same XID
+	// from two sources is counted once (xiddedup.go).
+	Source string
 }
 
 func (o Observation) causeKey() string {

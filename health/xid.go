@@ -3,7 +3,6 @@ package health
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -131,15 +130,9 @@ func (w *xidWatcher) handle(e nvmlowner.Event) {
 func (w *xidWatcher) observation(e nvmlowner.Event) (o Observation, wholeGPU bool) {
 	switch e.Type {
 	case nvml.EventTypeXidCriticalError:
-		x := e.Data
-		class := ClassifyXID(x)
-		fatal, hold := w.m.cfg.FatalXID(x)
-		// A reset- or reboot-class XID needs the whole GPU reset, so
-		// every MIG device on it is affected whichever instance
-		// reported it.
-		return Observation{Check: CheckXID, Key: "xid " + strconv.FormatUint(x, 10),
-			Fatal: fatal, Event: fatal, HoldUntilReset: hold,
-			Reason: fmt.Sprintf("xid %d (%s)", x, class), XID: x}, class.holds()
+		// The same observation the kernel log's Xid line makes
+		// (kernlog.go).
+		return w.m.xidObservation(e.Data)
 	case nvml.EventTypeDoubleBitEccError:
 		// An uncorrectable ECC error: the GPU's memory needs a reset
 		// (page retirement / row remapping happen then).

@@ -23,8 +23,11 @@ type Fault struct {
 	// gpu-missing). -1, for kind "xid" only, raises the event without a
 	// device, as NVML does for an error it cannot attribute.
 	GPU int `json:"gpu"`
-	// XID is the XID error code for "xid" faults.
+	// XID is the XID error code for "xid" faults, the SXid number for
+	// "sxid" faults.
 	XID uint64 `json:"xid,omitempty"`
+	// NonFatal makes an "sxid" fault a non-fatal SXid (default fatal).
+	NonFatal bool `json:"nonFatal,omitempty"`
 	// Link is the NVLink number for link faults.
 	Link int `json:"link,omitempty"`
 	// NIC is the RDMA device name for NIC faults.

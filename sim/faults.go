@@ -32,6 +32,7 @@ const (
 	FaultGPUMissing      = "gpu-missing"           // on the PCI bus but not listed by NVML (missing.go)
 	FaultFabricNotReady  = "fabric-not-ready"      // NVLink fabric registration in progress (fabric.go)
 	FaultMIGCreateFails  = "mig-create-fails"      // Fault.Call (default CreateGpuInstanceWithPlacement) answers Fault.Ret (default ERROR_INSUFFICIENT_RESOURCES) (mig_make.go)
+	FaultSXID            = "sxid"                  // NVSwitch SXid Fault.XID on link Fault.Link, fatal unless Fault.NonFatal; kernel log only, node-wide (kmsg.go)
 	// The preflight's faults (preflight.go).
 	FaultPCIeDegraded   = "pcie-degraded"        // PCIe link trained below its maximum: Fault.PCIeGen/PCIeWidth (default one generation down, half width)
 	FaultECCDisabled    = "ecc-disabled"         // ECC mode off, current and pending
@@ -46,7 +47,7 @@ const (
 var faultKinds = []string{
 	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
 	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultResetFail, FaultResetHang, FaultHang, FaultGPUMissing, FaultFabricNotReady,
-	FaultMIGCreateFails,
+	FaultMIGCreateFails, FaultSXID,
 	FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver,
 	FaultCommandFail, FaultCommandSlow,
 }
@@ -359,6 +360,9 @@ var resetClassXIDs = []uint64{48, 79, 95, 119, 120}
 // checkFaultTarget checks the GPU (and MIG instance) fault f names: GPU -1
 // (no device) only for an XID, and then with neither mig nor gi.
 func (n *Node) checkFaultTarget(f Fault) error {
+	if f.Kind == FaultSXID {
+		return nil // the node's NVSwitch, not a GPU
+	}
 	if f.GPU == noDevice && f.Kind == FaultXID {
 		if f.MIG != "" || f.GI != nil {
 			return fmt.Errorf("gpu: -1 (an event without a device) cannot name a MIG device or GPU instance")
@@ -432,6 +436,9 @@ func (n *Node) applyFault(f Fault, on bool) error {
 				setGPU(func(g *gpuFaults) { g.recovery = nvml.GPU_RECOVERY_ACTION_GPU_RESET })
 			}
 			n.deliver(fs, gpu, nvml.EventTypeXidCriticalError, f.XID, gi, ci)
+			if gpu != noDevice {
+				n.logKmsg(xidLine(n.gpus[gpu].busID, f.XID, gi, ci))
+			}
 		}
 	case FaultECCDBE:
 		gi, ci, err := n.eventInstance(f)
@@ -464,8 +471,10 @@ func (n *Node) applyFault(f Fault, on bool) error {
 		}
 		if on {
 			setGPU(func(g *gpuFaults) { g.recovery = nvml.GPU_RECOVERY_ACTION_GPU_RESET })
-			// A GPU falling off the bus is reported as XID 79.
+			// A GPU falling off the bus is reported as XID 79, and in the
+			// kernel log by the driver's own message too.
 			n.deliver(fs, gpu, nvml.EventTypeXidCriticalError, 79, noInstance, noInstance)
+			n.logKmsg(fallenOffBusMessage(n.gpus[gpu].busID), xidLine(n.gpus[gpu].busID, 79, noInstance, noInstance))
 		} else {
 			setGPU(func(g *gpuFaults) { g.recovery = nvml.GPU_RECOVERY_ACTION_NONE })
 		}
@@ -517,6 +526,12 @@ func (n *Node) applyFault(f Fault, on bool) error {
 			}
 		}
 		setGPU(func(g *gpuFaults) { g.migCreate = mf })
+	case FaultSXID:
+		if on {
+			if err := n.injectSXID(f); err != nil {
+				return err
+			}
+		}
 	case FaultFabricNotReady:
 		if !n.onFabric(gpu) {
 			g := n.gpus[gpu]

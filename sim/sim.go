@@ -58,6 +58,9 @@ type Node struct {
 	procs      *procState // set by installProcesses (processes.go)
 	// preflight is what the preflight faults change (preflight.go).
 	preflight *preflightState
+
+	// kmsg is the simulated kernel log, <host-root>/dev/kmsg (kmsg.go).
+	kmsg *kmsgLog
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded
@@ -232,6 +235,9 @@ func New(spec *topology.Node, hostRoot string, log *slog.Logger) (*Node, error) 
 	}
 	if err := n.writeHostTree(); err != nil {
 		return nil, fmt.Errorf("simulated node: host tree under %s: %w", hostRoot, err)
+	}
+	if err := n.installKmsg(); err != nil {
+		return nil, fmt.Errorf("simulated node: kernel log under %s: %w", hostRoot, err)
 	}
 	n.installFaults()
 	n.installFabric()

@@ -38,6 +38,10 @@ func (s *HealthSection) UnmarshalJSON(b []byte) error {
 	if err := unmarshalSection("health", b, &s.Config, func(raw map[string]json.RawMessage) {
 		zombies = raw["zombies"]
 		delete(raw, "zombies")
+		// An unquoted `kernelLog: off` is a YAML 1.1 boolean by now.
+		if string(raw["kernelLog"]) == "false" {
+			raw["kernelLog"] = json.RawMessage(`"off"`)
+		}
 	}); err != nil {
 		return err
 	}
