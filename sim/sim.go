@@ -58,6 +58,8 @@ type Node struct {
 	procs      *procState // set by installProcesses (processes.go)
 	// preflight is what the preflight faults change (preflight.go).
 	preflight *preflightState
+	// nicFaults are the running nic-flap and nic-errors faults (nics.go).
+	nicFaults nicFaults
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded
