@@ -138,6 +138,9 @@ type Agent struct {
 	sampler   *nvmlowner.Sampler
 	tracker   *usage.Tracker
 	watcher   *rdma.Watcher
+	// counters is nil unless the watcher runs and the port counter check
+	// is on.
+	counters *rdma.PortCounters
 	// node is nil unless a node name and tainting, labels, the GPU process
 	// check or DRA are set.
 	node *kubeapi.NodeObject
@@ -223,6 +226,14 @@ func Open(cfg Config, hw Hardware, log *slog.Logger, stdout io.Writer) (_ *Agent
 	}
 	rlog := log.With("component", "rdma")
 	a.nics = rdma.OpenNICs(cfg.RDMA, rdma.NICsOptions{Root: hostRoot, Simulated: simulated(hw), Logger: rlog})
+	if a.counters, err = a.nics.PortCounters(a.observeCounters, a.hostname(), rlog); err != nil {
+		return nil, err
+	}
+	if a.counters != nil {
+		if err := a.reg.Register(a.counters); err != nil {
+			return nil, fmt.Errorf("rdma port counter metrics: %w", err)
+		}
+	}
 	if a.watcher, err = a.nics.Watcher(a.observePort, rlog); err != nil {
 		return nil, err
 	}
@@ -330,7 +341,19 @@ func (a *Agent) labelNode(n *topology.Node) {
 // observePort reports an RDMA port's state to the health monitor, so a
 // port going down makes its device unhealthy in ListAndWatch.
 func (a *Agent) observePort(id string, ok bool, reason string) {
+	if a.counters != nil {
+		// A port going down counts towards link flapping too.
+		a.counters.NoteState(id, ok)
+	}
 	a.mon.Observe(health.Observation{DeviceID: id, Kind: health.KindNIC, Check: "rdma-port", Fatal: !ok, Cleared: ok, Reason: reason})
+}
+
+// observeCounters reports a port counter cause (a flapping link, an error
+// counter rising too fast) to the health monitor, one cause per Key, so
+// that the port is unhealthy in ListAndWatch and DRA like a port down.
+func (a *Agent) observeCounters(id, cause string, bad bool, reason string) {
+	a.mon.Observe(health.Observation{DeviceID: id, Kind: health.KindNIC, Check: rdma.CheckPortCounters, Key: cause,
+		Fatal: bad, Cleared: !bad, Reason: reason})
 }
 
 // nodeConfig is the node object's configuration.
@@ -544,6 +567,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	start("metrics collector", func() error { return a.collector.Run(ctx) })
 	if a.watcher != nil {
 		start("rdma watcher", func() error { return a.watcher.Run(ctx) })
+	}
+	if a.counters != nil {
+		start("rdma port counters", func() error { return a.counters.Run(ctx) })
 	}
 	if a.node != nil {
 		start("node object", func() error { return a.node.Run(ctx) })

@@ -38,6 +38,9 @@ type Config struct {
 	PollInterval Duration `json:"pollInterval,omitempty" yaml:"pollInterval,omitempty"`
 	// Resources are the rdma/<name> resources to advertise.
 	Resources []ResourceConfig `json:"resources,omitempty" yaml:"resources,omitempty"`
+	// PortCounters configures the port error counter check (link
+	// flapping, error rates) of the served ports (counters.go).
+	PortCounters PortCountersConfig `json:"portCounters,omitempty" yaml:"portCounters,omitempty"`
 }
 
 // ResourceConfig is one rdma/<name> resource.
@@ -101,6 +104,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.PollInterval < 0 {
 		errs = append(errs, fmt.Errorf("rdma.pollInterval: %s is negative", time.Duration(c.PollInterval)))
+	}
+	if err := c.PortCounters.Validate(); err != nil {
+		errs = append(errs, prefixErrors("rdma.portCounters", err))
 	}
 	seen := map[string]int{}
 	for i, r := range c.Resources {

@@ -116,6 +116,27 @@ func (n *NICs) Watcher(observe ObserveFunc, log *slog.Logger) (*Watcher, error) 
 	return w, nil
 }
 
+// PortCounters reads and judges the error counters of the ports Watcher
+// watches, telling observe. nil when the watcher has nothing to watch or
+// rdma.portCounters.disabled is set.
+func (n *NICs) PortCounters(observe CounterObserveFunc, hostname string, log *slog.Logger) (*PortCounters, error) {
+	if !n.Served() || len(n.devs) == 0 || n.cfg.PortCounters.Disabled {
+		return nil, nil
+	}
+	c, err := NewPortCounters(PortCountersOptions{
+		Root:     n.root,
+		Devices:  n.devs,
+		Config:   n.cfg.PortCounters,
+		Observe:  observe,
+		Hostname: hostname,
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rdma port counters: %w", err)
+	}
+	return c, nil
+}
+
 // WriteCDISpec writes the CDI spec of the served devices under the host
 // root's var/run/cdi, where the runtime reads it (for devices passed by
 // CDI name). It writes nothing without served devices.

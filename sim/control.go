@@ -32,6 +32,13 @@ type Fault struct {
 	Link int `json:"link,omitempty"`
 	// NIC is the RDMA device name for NIC faults.
 	NIC string `json:"nic,omitempty"`
+	// Period is how often a "nic-flap" port goes down and up, or a
+	// "nic-errors" port's error counters rise, as a Go duration (default
+	// "1s").
+	Period string `json:"period,omitempty"`
+	// Count is how many errors a "nic-errors" port counts every Period
+	// (default 100).
+	Count int `json:"count,omitempty"`
 	// MIG is the UUID of the MIG device a fault is confined to: its event
 	// carries the device's GPU and compute instance IDs.
 	MIG string `json:"mig,omitempty"`

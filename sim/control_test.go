@@ -78,6 +78,10 @@ func TestControlHandler(t *testing.T) {
 			}},
 		{name: "port down without nic", method: "POST", path: "/faults", body: `{"kind":"port-down"}`, wantCode: 400, wantBody: "nic: required"},
 		{name: "port down unknown nic", method: "POST", path: "/faults", body: `{"kind":"port-down","nic":"mlx5_99"}`, wantCode: 400, wantBody: `no such nic`},
+		{name: "nic flap without nic", method: "POST", path: "/faults", body: `{"kind":"nic-flap"}`, wantCode: 400, wantBody: "nic: required"},
+		{name: "nic flap bad period", method: "POST", path: "/faults", body: `{"kind":"nic-flap","nic":"mlx5_2","period":"often"}`, wantCode: 400, wantBody: `period: "often" is not a positive duration`},
+		{name: "nic errors negative count", method: "POST", path: "/faults", body: `{"kind":"nic-errors","nic":"mlx5_2","count":-1}`, wantCode: 400, wantBody: "count: -1 is negative"},
+		{name: "nic errors unknown nic", method: "DELETE", path: "/faults", body: `{"kind":"nic-errors","nic":"mlx5_99"}`, wantCode: 400, wantBody: `no such nic`},
 		{name: "state", method: "GET", path: "/state", wantCode: 200, wantBody: `"uuid": "GPU-`},
 		{name: "wrong method", method: "PUT", path: "/mig", body: `{}`, wantCode: 405},
 	}

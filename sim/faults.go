@@ -25,6 +25,8 @@ const (
 	FaultNVMLFailure     = "nvml-failure"          // the library fails: init, handles, event sets
 	FaultNVLinkDown      = "nvlink-down"           // link Fault.Link inactive
 	FaultPortDown        = "port-down"             // RDMA port Fault.NIC down (sim/nics.go)
+	FaultNICFlap         = "nic-flap"              // RDMA port Fault.NIC goes down and up every Fault.Period (default 1s), link_downed +1 each time, until cleared (sim/nics.go)
+	FaultNICErrors       = "nic-errors"            // symbol_error and port_rcv_errors of RDMA port Fault.NIC rise by Fault.Count (default 100) every Fault.Period (default 1s), until cleared (sim/nics.go)
 	FaultGPUReset        = "gpu-reset"             // what a GPU reset (nvidia-smi -r) leaves; an action, not clearable (reset.go)
 	FaultResetFail       = "reset-fail"            // the GPU's resets (ResetGPU) fail, exit status 255, until cleared (reset.go)
 	FaultResetHang       = "reset-hang"            // the GPU's resets (ResetGPU) never end, until cleared (reset.go)
@@ -46,7 +48,7 @@ const (
 // faultKinds lists the kinds, for the error naming them.
 var faultKinds = []string{
 	FaultXID, FaultECCDBE, FaultRowRemapPending, FaultRowRemapFailure, FaultRetiredPending, FaultGPULost,
-	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultGPUReset, FaultResetFail, FaultResetHang, FaultHang, FaultGPUMissing, FaultFabricNotReady,
+	FaultNVMLFailure, FaultNVLinkDown, FaultPortDown, FaultNICFlap, FaultNICErrors, FaultGPUReset, FaultResetFail, FaultResetHang, FaultHang, FaultGPUMissing, FaultFabricNotReady,
 	FaultMIGCreateFails, FaultSXID,
 	FaultPCIeDegraded, FaultECCDisabled, FaultPersistenceOff, FaultThrottle, FaultOldDriver,
 	FaultCommandFail, FaultCommandSlow,
@@ -494,6 +496,14 @@ func (n *Node) applyFault(f Fault, on bool) error {
 			return fmt.Errorf("nic: required for fault kind %q", f.Kind)
 		}
 		return n.setPortState(f.NIC, !on)
+	case FaultNICFlap, FaultNICErrors:
+		if f.NIC == "" {
+			return fmt.Errorf("nic: required for fault kind %q", f.Kind)
+		}
+		if on {
+			return n.startNICFault(f)
+		}
+		return n.stopNICFault(f)
 	case FaultGPUReset:
 		if !on {
 			return fmt.Errorf("kind: %s is an instantaneous action (a GPU reset); there is nothing to clear", f.Kind)

@@ -2,9 +2,12 @@ package sim
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/gpu-node-agent/gpu-node-agent/rdma/fakesys"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -71,7 +74,11 @@ func simHCA(i int, nic topology.NIC, path []string) fakesys.HCA {
 		BoardID:  "MT_0000000838",
 		UVerbs:   "uverbs" + strconv.Itoa(i),
 	}
-	port := fakesys.Port{Number: 1, LinkLayer: ll, Rate: "400 Gb/sec (4X NDR)", UMAD: "umad" + strconv.Itoa(i)}
+	port := fakesys.Port{Number: 1, LinkLayer: ll, Rate: "400 Gb/sec (4X NDR)", UMAD: "umad" + strconv.Itoa(i),
+		Counters: map[string]uint64{}}
+	for _, c := range fakesys.PortCounterNames {
+		port.Counters[c] = 0
+	}
 	if strings.EqualFold(ll, "InfiniBand") {
 		port.LinkLayer = "InfiniBand"
 		port.ISSM = "issm" + strconv.Itoa(i)
@@ -103,25 +110,9 @@ func simGUID(name string) string {
 // dispatcher calls it for kind "port-down" (inject: up=false, clear:
 // up=true).
 func (n *Node) setPortState(nic string, up bool) error {
-	name, port := nic, 1
-	if dev, p, ok := strings.Cut(nic, ":"); ok {
-		v, err := strconv.Atoi(p)
-		if err != nil || v < 1 {
-			return fmt.Errorf("nic %q: bad port %q", nic, p)
-		}
-		name, port = dev, v
-	}
-	n.mu.RLock()
-	var found *topology.NIC
-	for i := range n.spec.NICs {
-		if n.spec.NICs[i].Name == name {
-			c := n.spec.NICs[i]
-			found = &c
-		}
-	}
-	n.mu.RUnlock()
-	if found == nil {
-		return fmt.Errorf("nic %q: no such nic", name)
+	name, port, found, err := n.nicPort(nic)
+	if err != nil {
+		return err
 	}
 	if err := fakesys.SetPortState(n.hostRoot, name, port, up); err != nil {
 		return fmt.Errorf("nic %s: %w", nic, err)
@@ -136,4 +127,149 @@ func (n *Node) setPortState(nic string, up bool) error {
 		}
 	}
 	return nil
+}
+
+// nicPort splits nic ("mlx5_0" for port 1, or "mlx5_0:<port>") and finds
+// the NIC in the spec.
+func (n *Node) nicPort(nic string) (name string, port int, found topology.NIC, err error) {
+	name, port = nic, 1
+	if dev, p, ok := strings.Cut(nic, ":"); ok {
+		v, err := strconv.Atoi(p)
+		if err != nil || v < 1 {
+			return "", 0, found, fmt.Errorf("nic %q: bad port %q", nic, p)
+		}
+		name, port = dev, v
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for i := range n.spec.NICs {
+		if n.spec.NICs[i].Name == name {
+			return name, port, n.spec.NICs[i], nil
+		}
+	}
+	return "", 0, found, fmt.Errorf("nic %q: no such nic", name)
+}
+
+// nicFaults are the running nic-flap and nic-errors faults, by kind and
+// NIC; each is a goroutine that changes the simulated sysfs every period.
+type nicFaults struct {
+	mu      sync.Mutex
+	running map[string]*nicFaultRun
+	// counterMu serialises the counters' read-modify-write.
+	counterMu sync.Mutex
+}
+
+type nicFaultRun struct {
+	stop, done chan struct{}
+}
+
+// startNICFault starts f (nic-flap or nic-errors) on its NIC, replacing
+// the same kind already running there. It acts once at once, then every
+// Period: nic-flap takes the port down (state, phys_state and netdevs, as
+// port-down does) with link_downed +1 for half the period and brings it
+// up again; nic-errors adds Count to symbol_error and port_rcv_errors.
+func (n *Node) startNICFault(f Fault) error {
+	name, port, _, err := n.nicPort(f.NIC)
+	if err != nil {
+		return err
+	}
+	period := time.Second
+	if f.Period != "" {
+		if period, err = time.ParseDuration(f.Period); err != nil || period <= 0 {
+			return fmt.Errorf("period: %q is not a positive duration such as 500ms", f.Period)
+		}
+	}
+	count := uint64(100)
+	switch {
+	case f.Count < 0:
+		return fmt.Errorf("count: %d is negative", f.Count)
+	case f.Count > 0:
+		count = uint64(f.Count)
+	}
+	addCounter := func(c string, d uint64) error {
+		n.nicFaults.counterMu.Lock()
+		defer n.nicFaults.counterMu.Unlock()
+		_, err := fakesys.AddPortCounter(n.hostRoot, name, port, c, d)
+		return err
+	}
+	// act is the change at the start of a period (for nic-flap the link
+	// going down); settle, for nic-flap, brings the link up after half the
+	// period, or at once when stop is closed. An error ends the fault (the
+	// simulated root removed).
+	act := func() error {
+		if f.Kind == FaultNICErrors {
+			return errors.Join(addCounter("symbol_error", count), addCounter("port_rcv_errors", count))
+		}
+		if err := addCounter("link_downed", 1); err != nil {
+			return err
+		}
+		return n.setPortState(f.NIC, false)
+	}
+	settle := func(stop <-chan struct{}) error {
+		if f.Kind != FaultNICFlap {
+			return nil
+		}
+		select {
+		case <-stop:
+		case <-time.After(period / 2):
+		}
+		return n.setPortState(f.NIC, true)
+	}
+	// The same fault already running on the NIC ends first (a flapping
+	// port comes up), so the two never interleave.
+	if err := n.stopNICFault(f); err != nil {
+		return err
+	}
+	if err := act(); err != nil {
+		return fmt.Errorf("nic %s: %w", f.NIC, err)
+	}
+	run := &nicFaultRun{stop: make(chan struct{}), done: make(chan struct{})}
+	n.nicFaults.mu.Lock()
+	if n.nicFaults.running == nil {
+		n.nicFaults.running = map[string]*nicFaultRun{}
+	}
+	n.nicFaults.running[f.Kind+"/"+f.NIC] = run
+	n.nicFaults.mu.Unlock()
+	go func() {
+		defer close(run.done)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		err := settle(run.stop)
+		for err == nil {
+			select {
+			case <-run.stop:
+				return
+			case <-t.C:
+				if err = act(); err == nil {
+					err = settle(run.stop)
+				}
+			}
+		}
+		n.log.Warn("simulated NIC fault ended", "kind", f.Kind, "nic", f.NIC, "err", err)
+	}()
+	n.log.Info("simulated fault injected", "kind", f.Kind, "nic", f.NIC, "period", period)
+	return nil
+}
+
+// stopNICFault ends f's kind on its NIC; a flapping port is left up. The
+// counters keep their values, as a real port's do.
+func (n *Node) stopNICFault(f Fault) error {
+	if _, _, _, err := n.nicPort(f.NIC); err != nil {
+		return err
+	}
+	n.nicFaults.mu.Lock()
+	run := n.nicFaults.running[f.Kind+"/"+f.NIC]
+	delete(n.nicFaults.running, f.Kind+"/"+f.NIC)
+	n.nicFaults.mu.Unlock()
+	run.end()
+	return nil
+}
+
+// end stops the run and waits for it; nil does nothing.
+func (r *nicFaultRun) end() {
+	if r == nil {
+		return
+	}
+	close(r.stop)
+	<-r.done
 }

@@ -339,8 +339,8 @@ func checkDriverVersion(v string) error {
 
 // SetValue sets the field a --sim-faults entry's "=VALUE" gives for f's
 // kind: pcie-degraded GEN or xWIDTH or GENxWIDTH ("4x8", "x8", "4"),
-// throttle a reason name, old-driver a version, port-down a NIC
-// ("mlx5_3"), nvlink-down a link number, xid the XID, mig-create-fails
+// throttle a reason name, old-driver a version, port-down, nic-flap and
+// nic-errors a NIC ("mlx5_3"), nvlink-down a link number, xid the XID, mig-create-fails
 // CALL, RET or CALL:RET ("CreateComputeInstance:ERROR_UNKNOWN"). The
 // control API takes the same values as JSON fields (pcieGen, pcieWidth,
 // reason, driverVersion, nic, link, xid, call, ret).
@@ -357,7 +357,7 @@ func (f *Fault) SetValue(v string) error {
 			return fmt.Errorf("%s=%s: want CALL, RET or CALL:RET such as CreateComputeInstance:ERROR_UNKNOWN", f.Kind, v)
 		}
 		f.Call, f.Ret = call, ret
-	case FaultPortDown:
+	case FaultPortDown, FaultNICFlap, FaultNICErrors:
 		if v == "" {
 			return fmt.Errorf("%s=: want the NIC, e.g. mlx5_3", f.Kind)
 		}

@@ -232,6 +232,8 @@ func TestFaultSetValue(t *testing.T) {
 		{kind: FaultOldDriver, value: "latest", err: "not a driver version"},
 		{kind: FaultGPULost, value: "1", err: "takes no value"},
 		{kind: FaultPortDown, value: "mlx5_3", want: Fault{Kind: FaultPortDown, NIC: "mlx5_3"}},
+		{kind: FaultNICFlap, value: "mlx5_3", want: Fault{Kind: FaultNICFlap, NIC: "mlx5_3"}},
+		{kind: FaultNICErrors, value: "", err: "want the NIC"},
 		{kind: FaultNVLinkDown, value: "7", want: Fault{Kind: FaultNVLinkDown, Link: 7}},
 		{kind: FaultNVLinkDown, value: "-1", err: "want a link number"},
 		{kind: FaultXID, value: "79", want: Fault{Kind: FaultXID, XID: 79}},

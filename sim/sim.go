@@ -61,6 +61,8 @@ type Node struct {
 
 	// kmsg is the simulated kernel log, <host-root>/dev/kmsg (kmsg.go).
 	kmsg *kmsgLog
+	// nicFaults are the running nic-flap and nic-errors faults (nics.go).
+	nicFaults nicFaults
 }
 
 // gpuState is the simulator's view of one GPU. Fields below mu are guarded

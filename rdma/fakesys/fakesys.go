@@ -60,6 +60,16 @@ type Port struct {
 	// GIDNetDevs are written to gid_attrs/ndevs/0..N (RoCE).
 	GIDNetDevs []string
 	UMAD, ISSM string // e.g. "umad0", "issm0"; empty for none
+	// Counters are written to counters/<name> (e.g. "symbol_error": 0);
+	// nil writes no counters directory, as for a device without a PMA.
+	Counters map[string]uint64
+}
+
+// PortCounterNames are the error counters of ports/N/counters the
+// simulator writes (Documentation/ABI/stable/sysfs-class-infiniband).
+var PortCounterNames = []string{
+	"symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+	"excessive_buffer_overrun_errors", "local_link_integrity_errors", "port_xmit_discards",
 }
 
 // NetDev is an interface under device/net and /sys/class/net.
@@ -206,7 +216,45 @@ func writePort(root, ibRel string, p Port) error {
 			return err
 		}
 	}
+	for name, v := range p.Counters {
+		if err := writeFile(filepath.Join(dir, "counters", name), strconv.FormatUint(v, 10)); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// counterPath is ports/N/counters/<name> of an ibdev under root.
+func counterPath(root, ibdev string, port int, name string) string {
+	return filepath.Join(root, "sys", "class", "infiniband", ibdev, "ports", strconv.Itoa(port), "counters", name)
+}
+
+// SetPortCounter rewrites ports/N/counters/<name> of an ibdev under root
+// (a lower value than before is what a driver reload leaves). The
+// counters directory must exist (Port.Counters).
+func SetPortCounter(root, ibdev string, port int, name string, v uint64) error {
+	p := counterPath(root, ibdev, port, name)
+	if _, err := os.Stat(filepath.Dir(p)); err != nil {
+		return fmt.Errorf("set counter %s of %s port %d: %w", name, ibdev, port, err)
+	}
+	return writeFileAtomic(p, strconv.FormatUint(v, 10))
+}
+
+// AddPortCounter adds delta to ports/N/counters/<name> of an ibdev under
+// root (a missing file counts as 0) and returns the new value.
+func AddPortCounter(root, ibdev string, port int, name string, delta uint64) (uint64, error) {
+	var v uint64
+	b, err := os.ReadFile(counterPath(root, ibdev, port, name))
+	switch {
+	case err == nil:
+		if v, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err != nil {
+			return 0, fmt.Errorf("counter %s of %s port %d: %w", name, ibdev, port, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return 0, err
+	}
+	v += delta
+	return v, SetPortCounter(root, ibdev, port, name, v)
 }
 
 // SetPortState rewrites ports/N/state and phys_state of an ibdev under
