@@ -108,7 +108,8 @@ type Config struct {
 	DCGMAddress string `json:"dcgmAddress,omitempty" yaml:"dcgmAddress,omitempty"`
 	// KernelLog is where the kernel-log check reads the kernel log
 	// (kernlog.Mode*): auto (default: /dev/kmsg under the host root, else
-	// the host's journal through its journalctl), kmsg, journal or off.
+	// the ring buffer through syslog(2), else the host's journal through
+	// its journalctl), kmsg, syslog, journal or off.
 	// health.disabledChecks: [kernel-log] also switches it off.
 	KernelLog string `json:"kernelLog,omitempty" yaml:"kernelLog,omitempty"`
 	// ExpectedGPUs is how many GPUs the node should have; fewer listed by
@@ -223,7 +224,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if !kernlog.ValidMode(c.KernelLog) {
-		errs = append(errs, fmt.Errorf("health.kernelLog %q: must be auto, kmsg, journal or off", c.KernelLog))
+		errs = append(errs, fmt.Errorf("health.kernelLog %q: must be auto, kmsg, syslog, journal or off", c.KernelLog))
 	}
 	switch c.DCGMMode {
 	case DCGMOff, DCGMAuto, DCGMEmbedded:

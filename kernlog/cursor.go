@@ -22,13 +22,19 @@ const cursorVersion = 1
 //
 //	{"version":1,"bootID":"…","seq":1234}               (kmsg)
 //	{"version":1,"bootID":"…","journalCursor":"s=…"}    (journal)
+//	{"version":1,"bootID":"…","syslogUsec":1843308145,"syslogCount":1}  (syslog(2))
 //
 // The kmsg sequence number counts from 0 at every boot, so a Seq is only
 // meaningful with its BootID: on the same boot records with seq <= Seq are
 // skipped; on another boot the whole buffer is read. A journal cursor is
 // valid across boots (the journal keeps them), but the agent reads the
 // current boot only (journalctl -k implies -b), so a new boot also starts
-// at the beginning of that boot's kernel messages.
+// at the beginning of that boot's kernel messages. The syslog(2) cursor
+// is a time stamp (microseconds since boot, restarting at every boot like
+// the sequence numbers) and how many lines with that time stamp were
+// handled; its fields are optional, so files written before it load
+// unchanged (same version), and a source's fields are left alone by the
+// others.
 type Cursor struct {
 	Version int    `json:"version"`
 	BootID  string `json:"bootID,omitempty"`
@@ -37,6 +43,11 @@ type Cursor struct {
 	HasSeq bool   `json:"hasSeq,omitempty"`
 	// JournalCursor is the __CURSOR of the last journal record handled.
 	JournalCursor string `json:"journalCursor,omitempty"`
+	// SyslogUsec is the time stamp of the last syslog(2) line handled,
+	// SyslogCount how many lines with that time stamp were handled (0:
+	// no syslog(2) cursor).
+	SyslogUsec  uint64 `json:"syslogUsec,omitempty"`
+	SyslogCount int    `json:"syslogCount,omitempty"`
 }
 
 // ErrCorruptCursor is returned (wrapped) by LoadCursor for a cursor file

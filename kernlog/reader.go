@@ -14,12 +14,16 @@ import (
 // Modes say where the kernel log is read from (agent config
 // health.kernelLog).
 const (
-	// ModeAuto reads /dev/kmsg, or the journal where /dev/kmsg cannot be
-	// opened (EPERM, EACCES, ENOENT: dmesg_restrict without CAP_SYSLOG, a
-	// device cgroup without it, a sandbox).
+	// ModeAuto reads /dev/kmsg; where it cannot be opened (EPERM,
+	// EACCES, ENOENT: a device cgroup without it, dmesg_restrict without
+	// CAP_SYSLOG, a sandbox), the ring buffer through syslog(2); where
+	// that is refused too (or the kernel prints no time stamps), the
+	// journal.
 	ModeAuto = "auto"
 	// ModeKmsg reads /dev/kmsg only.
 	ModeKmsg = "kmsg"
+	// ModeSyslog reads the ring buffer through syslog(2) only.
+	ModeSyslog = "syslog"
 	// ModeJournal reads the host's systemd journal only.
 	ModeJournal = "journal"
 	// ModeOff reads nothing.
@@ -27,7 +31,7 @@ const (
 )
 
 // Modes lists the modes.
-func Modes() []string { return []string{ModeAuto, ModeKmsg, ModeJournal, ModeOff} }
+func Modes() []string { return []string{ModeAuto, ModeKmsg, ModeSyslog, ModeJournal, ModeOff} }
 
 // ValidMode says whether m is a mode ("" counts as ModeAuto).
 func ValidMode(m string) bool { return m == "" || slices.Contains(Modes(), m) }
@@ -57,7 +61,20 @@ type Config struct {
 	// for new records, and how long a poll(2) on /dev/kmsg waits before
 	// the context is checked; default 250ms.
 	Poll time.Duration
+	// SyslogPoll is how often the syslog(2) source copies the ring
+	// buffer; default DefaultSyslogPoll.
+	SyslogPoll time.Duration
 }
+
+// DefaultSyslogPoll is the syslog(2) source's default poll interval: a
+// fault line is seen within a second, as NVML's XID events are, and each
+// poll costs one copy of the ring buffer (BenchmarkKlogctlReadAll: about
+// 0.9µs a line in the kernel) and a byte search for the cursor
+// (BenchmarkSyslogPoll: 0.16ms for 1 MiB), about 1% of a core for a full
+// 1 MiB ring and less for the usual emptier one (docs/health.md). Lines
+// are lost only if the kernel logs more than the whole ring buffer within
+// one interval.
+const DefaultSyslogPoll = time.Second
 
 func (c Config) withDefaults() Config {
 	if c.Mode == "" {
@@ -75,17 +92,21 @@ func (c Config) withDefaults() Config {
 	if c.Poll == 0 {
 		c.Poll = 250 * time.Millisecond
 	}
+	if c.SyslogPoll == 0 {
+		c.SyslogPoll = DefaultSyslogPoll
+	}
 	return c
 }
 
 // errUnavailable marks a source that cannot be opened at all (as opposed
-// to one that failed while being read): ModeAuto then tries the journal.
+// to one that failed while being read): ModeAuto then tries the next one.
 var errUnavailable = errors.New("unavailable")
 
 // Sources, as the metrics' source label names them. SourceNone is
-// ModeAuto finding neither source available.
+// ModeAuto finding no source available.
 const (
 	SourceKmsg    = "kmsg"
+	SourceSyslog  = "syslog"
 	SourceJournal = "journal"
 	SourceNone    = "none"
 )
@@ -100,8 +121,13 @@ type Reader struct {
 	parser Parser
 	cur    Cursor
 	dirty  bool
-	// saidNone is set once the absence of both sources was logged.
+	// saidNone is set once the absence of every source was logged.
 	saidNone bool
+	// klogctl is the syslog(2) call; nil is unix.Klogctl (tests set it).
+	klogctl klogctlFunc
+	// syslogCounts counts the syslog(2) lines handled per time stamp in
+	// the current read (the cursor's count).
+	syslogCounts map[uint64]int
 }
 
 // NewReader builds a reader; reg may be nil (no metrics).
@@ -121,8 +147,9 @@ func NewReader(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Reader
 
 // Run reads until ctx ends, calling handle (on Run's goroutine) for every
 // event, in log order. A source that fails is opened again after Retry;
-// in ModeAuto an unavailable /dev/kmsg is replaced by the journal (and
-// tried again first after each failure). It returns nil when ctx ends.
+// in ModeAuto an unavailable /dev/kmsg is replaced by syslog(2), and that
+// by the journal (/dev/kmsg is tried again first after each failure). It
+// returns nil when ctx ends.
 func (r *Reader) Run(ctx context.Context, handle func(Event)) error {
 	if r.cfg.Mode == ModeOff {
 		return nil
@@ -134,21 +161,12 @@ func (r *Reader) Run(ctx context.Context, handle func(Event)) error {
 		switch r.cfg.Mode {
 		case ModeKmsg:
 			source, err = SourceKmsg, r.readKmsg(ctx, handle)
+		case ModeSyslog:
+			source, err = SourceSyslog, r.readSyslog(ctx, handle)
 		case ModeJournal:
 			source, err = SourceJournal, r.readJournal(ctx, handle)
 		default:
-			source, err = SourceKmsg, r.readKmsg(ctx, handle)
-			if errors.Is(err, errUnavailable) {
-				r.log.Debug("kernel log: /dev/kmsg unavailable; reading the journal", "reason", err)
-				kmsgErr := err
-				source, err = SourceJournal, r.readJournal(ctx, handle)
-				if errors.Is(err, errUnavailable) {
-					// Neither source is there (no access to /dev/kmsg, no
-					// journalctl under the host root): no data, not a
-					// failure. Said once, then tried again quietly.
-					source, err = SourceNone, errors.Join(kmsgErr, err)
-				}
-			}
+			source, err = r.readAuto(ctx, handle)
 		}
 		r.saveCursor()
 		if ctx.Err() != nil {
@@ -160,7 +178,7 @@ func (r *Reader) Run(ctx context.Context, handle func(Event)) error {
 			if !r.saidNone {
 				level, r.saidNone = slog.LevelInfo, true
 			}
-			r.log.Log(ctx, level, "kernel log unavailable: neither /dev/kmsg nor the host's journalctl can be used; faults are seen through NVML only (health.kernelLog: off says so on purpose)",
+			r.log.Log(ctx, level, "kernel log unavailable: neither /dev/kmsg, syslog(2) nor the host's journalctl can be used; faults are seen through NVML only (health.kernelLog: off says so on purpose)",
 				"reason", err, "retry", r.cfg.UnavailableRetry)
 			select {
 			case <-ctx.Done():
@@ -178,6 +196,33 @@ func (r *Reader) Run(ctx context.Context, handle func(Event)) error {
 	return nil
 }
 
+// readAuto reads the first source that is available, in order of what
+// they give: /dev/kmsg (sequence numbers, reads that wake on a new
+// record), syslog(2) (a copy of the buffer per poll, no sequence
+// numbers), the journal (the host's journalctl under the host root). It
+// returns the source read and its error, or SourceNone and every
+// source's reason when none is available: no data, not a failure, said
+// once and tried again quietly.
+func (r *Reader) readAuto(ctx context.Context, handle func(Event)) (string, error) {
+	var reasons []error
+	for _, s := range []struct {
+		name string
+		read func(context.Context, func(Event)) error
+	}{
+		{SourceKmsg, r.readKmsg},
+		{SourceSyslog, r.readSyslog},
+		{SourceJournal, r.readJournal},
+	} {
+		err := s.read(ctx, handle)
+		if !errors.Is(err, errUnavailable) {
+			return s.name, err
+		}
+		r.log.Debug("kernel log: source unavailable; trying the next", "source", s.name, "reason", err)
+		reasons = append(reasons, err)
+	}
+	return SourceNone, errors.Join(reasons...)
+}
+
 // loadCursor reads the persisted cursor and keeps what applies to this
 // boot.
 func (r *Reader) loadCursor() {
@@ -188,7 +233,7 @@ func (r *Reader) loadCursor() {
 	}
 	boot := ReadBootID(r.cfg.HostRoot)
 	if cur.BootID != boot {
-		if cur.HasSeq || cur.JournalCursor != "" {
+		if cur.HasSeq || cur.JournalCursor != "" || cur.SyslogCount > 0 {
 			r.log.Info("kernel log: new boot; reading the whole buffer", "bootID", boot, "cursorBootID", cur.BootID)
 		}
 		cur = Cursor{}
@@ -220,9 +265,16 @@ func (r *Reader) handleRecord(source string, rec Record, handle func(Event)) {
 		r.metrics.events.WithLabelValues(ev.Kind).Inc()
 		handle(ev)
 	}
-	if source == SourceKmsg {
+	switch source {
+	case SourceKmsg:
 		r.cur.Seq, r.cur.HasSeq = rec.Seq, true
-	} else {
+	case SourceSyslog:
+		if r.syslogCounts == nil {
+			r.syslogCounts = map[uint64]int{}
+		}
+		r.syslogCounts[rec.Usec]++
+		r.cur.SyslogUsec, r.cur.SyslogCount = rec.Usec, r.syslogCounts[rec.Usec]
+	default:
 		r.cur.JournalCursor = rec.Cursor
 	}
 	r.dirty = true
@@ -245,7 +297,7 @@ func newReaderMetrics(reg prometheus.Registerer) (*readerMetrics, error) {
 	m := &readerMetrics{
 		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpu_node_agent_kernel_log_up",
-			Help: "Whether the kernel log is being read (1) or its source failed (0), by source: kmsg, journal, or none when health.kernelLog auto finds neither available (0).",
+			Help: "Whether the kernel log is being read (1) or its source failed (0), by source: kmsg, syslog, journal, or none when health.kernelLog auto finds none available (0).",
 		}, []string{"source"}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_kernel_log_records_total",
@@ -253,7 +305,7 @@ func newReaderMetrics(reg prometheus.Registerer) (*readerMetrics, error) {
 		}, []string{"source"}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpu_node_agent_kernel_log_records_lost_total",
-			Help: "Kernel log records overwritten in the kernel's ring buffer before they were read (/dev/kmsg EPIPE and sequence gaps).",
+			Help: "Kernel log records overwritten in the kernel's ring buffer before they were read (/dev/kmsg EPIPE and sequence gaps; syslog(2): 1 each time the ring wrapped past the cursor, a lower bound).",
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_node_agent_kernel_log_source_errors_total",
@@ -282,7 +334,7 @@ func newReaderMetrics(reg prometheus.Registerer) (*readerMetrics, error) {
 // setUp marks source as read (or failed), and drops the other source's
 // series so only the one in use shows.
 func (m *readerMetrics) setUp(source string, up bool) {
-	for _, s := range []string{SourceKmsg, SourceJournal, SourceNone} {
+	for _, s := range []string{SourceKmsg, SourceSyslog, SourceJournal, SourceNone} {
 		if s != source {
 			m.up.DeleteLabelValues(s)
 		}

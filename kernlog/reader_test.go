@@ -62,10 +62,24 @@ type running struct {
 	stop   func()
 }
 
+// start runs a reader whose syslog(2) calls are refused (EPERM, as
+// without CAP_SYSLOG under dmesg_restrict), so auto mode does not depend
+// on the test machine's kernel log.
 func start(t *testing.T, cfg Config) *running {
+	t.Helper()
+	return startWith(t, cfg, refusedKlogctl)
+}
+
+func refusedKlogctl(int, []byte) (int, error) { return 0, unix.EPERM }
+
+// startWith is start with a syslog(2) stand-in.
+func startWith(t *testing.T, cfg Config, klogctl klogctlFunc) *running {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Poll = 10 * time.Millisecond
+	if cfg.SyslogPoll == 0 {
+		cfg.SyslogPoll = 10 * time.Millisecond
+	}
 	if cfg.Retry == 0 {
 		cfg.Retry = 20 * time.Millisecond
 	}
@@ -73,6 +87,7 @@ func start(t *testing.T, cfg Config) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.klogctl = klogctl
 	ctx, cancel := context.WithCancel(context.Background())
 	ev := make(chan Event, 100)
 	done := make(chan struct{})

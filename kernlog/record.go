@@ -9,7 +9,8 @@ import (
 
 // Record is one kernel log record.
 type Record struct {
-	// Seq is the kmsg sequence number (0 for journal records).
+	// Seq is the kmsg sequence number (0 for syslog(2) and journal
+	// records).
 	Seq uint64
 	// Priority is the syslog priority and facility (prio field).
 	Priority int
@@ -17,7 +18,7 @@ type Record struct {
 	Usec uint64
 	// Message is the record's text, \xNN escapes undone (it may hold
 	// newlines: the kernel keeps a printk's embedded newlines in one
-	// record).
+	// record; syslog(2) gives each part as a line of its own).
 	Message string
 	// Cursor is the journal's __CURSOR of a journal record ("" for kmsg).
 	Cursor string

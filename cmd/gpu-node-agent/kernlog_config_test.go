@@ -17,7 +17,8 @@ func TestConfigKernelLog(t *testing.T) {
 	for _, tc := range []struct{ yaml, want, wantErr string }{
 		{yaml: "health:\n  kernelLog: off\n", want: "off"},
 		{yaml: "health:\n  kernelLog: journal\n", want: "journal"},
-		{yaml: "health:\n  kernelLog: dmesg\n", wantErr: `health.kernelLog "dmesg": must be auto, kmsg, journal or off`},
+		{yaml: "health:\n  kernelLog: syslog\n", want: "syslog"},
+		{yaml: "health:\n  kernelLog: dmesg\n", wantErr: `health.kernelLog "dmesg": must be auto, kmsg, syslog, journal or off`},
 	} {
 		path := filepath.Join(t.TempDir(), "config.yaml")
 		if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {

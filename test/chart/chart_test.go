@@ -512,10 +512,10 @@ func TestGPUProcessCheckPrivileges(t *testing.T) {
 		caps       []corev1.Capability
 		noEscalate bool
 	}{
-		{name: "report (default), no MIG", vals: map[string]any{"config": map[string]any{"mig-strategy": "none"}}, hostPID: true, noEscalate: true},
-		{name: "check disabled", vals: map[string]any{"config": disabled}, noEscalate: true},
-		{name: "kill", vals: map[string]any{"config": kill("none")}, hostPID: true, caps: []corev1.Capability{"KILL"}, noEscalate: true},
-		{name: "kill with MIG served", vals: map[string]any{"config": kill("mixed")}, hostPID: true, caps: []corev1.Capability{"SYS_ADMIN", "KILL"}},
+		{name: "report (default), no MIG", vals: map[string]any{"config": map[string]any{"mig-strategy": "none"}}, hostPID: true, caps: []corev1.Capability{"SYSLOG"}, noEscalate: true},
+		{name: "check disabled", vals: map[string]any{"config": disabled}, caps: []corev1.Capability{"SYSLOG"}, noEscalate: true},
+		{name: "kill", vals: map[string]any{"config": kill("none")}, hostPID: true, caps: []corev1.Capability{"KILL", "SYSLOG"}, noEscalate: true},
+		{name: "kill with MIG served", vals: map[string]any{"config": kill("mixed")}, hostPID: true, caps: []corev1.Capability{"SYS_ADMIN", "KILL", "SYSLOG"}},
 		{name: "kill on a simulated node", vals: map[string]any{"simulate": "dgx-h100", "config": kill("none")}, caps: []corev1.Capability{"MKNOD"}, noEscalate: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -720,14 +720,53 @@ const (
 )
 
 // allowedCaps is docs/install.md's "Privileges" table as an allow-list: the
-// capabilities each mode may add to an otherwise empty set.
+// capabilities each mode may add to an otherwise empty set. On real GPUs
+// the kernel-log check adds SYSLOG (syslog(2) under dmesg_restrict;
+// TestKernelLogPrivileges says when).
 var allowedCaps = map[string][]corev1.Capability{
-	modeReal:        nil,                   // none, as NVIDIA's device plugin
-	modeRealMIG:     {"SYS_ADMIN"},         // the NVIDIA runtime injects the MIG monitor capability only then
-	modeRealKill:    {"KILL"},              // zombie processes of pods run as other users
-	modeRealMIGKill: {"SYS_ADMIN", "KILL"}, // both
-	modeSimulate:    {"MKNOD"},             // the simulated /dev/infiniband character devices
-	modeRealReset:   {"SYS_ADMIN"},         // nvidia-smi -r resets a GPU only for an administrator
+	modeReal:        {"SYSLOG"},                      // the kernel log only, otherwise none, as NVIDIA's device plugin
+	modeRealMIG:     {"SYS_ADMIN", "SYSLOG"},         // the NVIDIA runtime injects the MIG monitor capability only then
+	modeRealKill:    {"KILL", "SYSLOG"},              // zombie processes of pods run as other users
+	modeRealMIGKill: {"SYS_ADMIN", "KILL", "SYSLOG"}, // both
+	modeSimulate:    {"MKNOD"},                       // the simulated /dev/infiniband character devices
+	modeRealReset:   {"SYS_ADMIN", "SYSLOG"},         // nvidia-smi -r resets a GPU only for an administrator
+}
+
+// TestKernelLogPrivileges: CAP_SYSLOG is added on real GPUs while the
+// kernel-log check may read /dev/kmsg or syslog(2) (auto, kmsg, syslog),
+// and not when it is off (an unquoted off is the YAML boolean false),
+// disabled, reads the journal only, or on a simulated node.
+func TestKernelLogPrivileges(t *testing.T) {
+	health := func(h map[string]any) map[string]any {
+		return map[string]any{"config": map[string]any{"mig-strategy": "none", "health": h}}
+	}
+	for _, tt := range []struct {
+		name   string
+		vals   map[string]any
+		syslog bool
+	}{
+		{name: "default (auto)", vals: map[string]any{"config": map[string]any{"mig-strategy": "none"}}, syslog: true},
+		{name: "auto", vals: health(map[string]any{"kernelLog": "auto"}), syslog: true},
+		{name: "kmsg", vals: health(map[string]any{"kernelLog": "kmsg"}), syslog: true},
+		{name: "syslog", vals: health(map[string]any{"kernelLog": "syslog"}), syslog: true},
+		{name: "journal", vals: health(map[string]any{"kernelLog": "journal"})},
+		{name: "off", vals: health(map[string]any{"kernelLog": "off"})},
+		{name: "unquoted off", vals: health(map[string]any{"kernelLog": false})},
+		{name: "check disabled", vals: health(map[string]any{"disabledChecks": []any{"kernel-log"}})},
+		{name: "simulate", vals: map[string]any{"simulate": "dgx-h100"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := decode[appsv1.DaemonSet](t, render(t, tt.vals), "daemonset.yaml")
+			sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+			var add []corev1.Capability
+			if sc != nil && sc.Capabilities != nil {
+				add = sc.Capabilities.Add
+			}
+			if got := slices.Contains(add, "SYSLOG"); got != tt.syslog {
+				t.Errorf("capabilities add %v: SYSLOG %v, want %v", add, got, tt.syslog)
+			}
+		})
+	}
 }
 
 // privilegeViolations lists what the DaemonSet asks for beyond the
