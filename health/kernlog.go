@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,6 +19,9 @@ import (
 // causes are a GPU fallen off the bus (key "fallen-off-the-bus") and a
 // fatal NVSwitch SXid (key "sxid").
 const CheckKernelLog = "kernel-log"
+
+// kernelLogFirstStartHorizon is kernlog.Config.FirstStartHorizon.
+const kernelLogFirstStartHorizon = 10 * time.Minute
 
 // SourceKernelLog is Observation.Source of what the kernel log reports.
 const SourceKernelLog = "kernel-log"
@@ -44,6 +48,11 @@ func newKernelLogCheck(m *Monitor, reg prometheus.Registerer) (*kernelLogCheck, 
 		HostRoot:   m.cfg.HostRoot,
 		StateDir:   m.cfg.StateDir,
 		Journalctl: m.cfg.journalctl,
+		// Long enough for the agent's start after a boot (the driver
+		// loads, the DaemonSet's pod starts) so that the boot's own
+		// faults are acted on; short enough that a first rollout over a
+		// fleet does not hold GPUs for XIDs logged days ago.
+		FirstStartHorizon: kernelLogFirstStartHorizon,
 	}, m.log.With("check", CheckKernelLog), reg)
 	if err != nil {
 		return nil, err

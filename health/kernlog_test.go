@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
@@ -190,7 +191,13 @@ func TestKernelLogRunsFromFile(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	rec := kernlog.FormatKmsg(4, 1, 5, "NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, An uncorrectable double bit error")
+	// Logged now (time since boot, as printk stamps it): within the
+	// first start's horizon.
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	rec := kernlog.FormatKmsg(4, 1, uint64(ts.Nano()/1000), "NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, An uncorrectable double bit error")
 	if err := os.WriteFile(filepath.Join(root, "dev/kmsg"), []byte(rec), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -50,6 +50,16 @@ type Cursor struct {
 	SyslogCount int    `json:"syslogCount,omitempty"`
 }
 
+// CursorExists says whether dir holds a cursor file (usable or not); an
+// empty dir (no persistence) holds none.
+func CursorExists(dir string) bool {
+	if dir == "" {
+		return false
+	}
+	_, err := os.Lstat(filepath.Join(dir, CursorFile))
+	return !errors.Is(err, fs.ErrNotExist)
+}
+
 // ErrCorruptCursor is returned (wrapped) by LoadCursor for a cursor file
 // that exists but cannot be used.
 var ErrCorruptCursor = errors.New("kernel log cursor file unusable")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 )
 
 // Modes say where the kernel log is read from (agent config
@@ -64,6 +65,19 @@ type Config struct {
 	// SyslogPoll is how often the syslog(2) source copies the ring
 	// buffer; default DefaultSyslogPoll.
 	SyslogPoll time.Duration
+	// FirstStartHorizon: with no cursor file at all (the agent's first
+	// start on the node, an agent upgraded from a version that kept
+	// none, or no StateDir), a fault logged longer than this before the
+	// start is history: counted and logged, not handed on, so that
+	// rolling the agent out over a fleet does not hold GPUs for XIDs a
+	// reset answered long ago, while a fault of the boot the agent was
+	// started in is still seen. 0 hands on every record. A cursor from
+	// another boot, or a corrupt one, reads the whole buffer regardless.
+	FirstStartHorizon time.Duration
+	// Uptime is the time since boot in the clock of the records' time
+	// stamps (printk's local_clock, the journal's monotonic time stamp);
+	// nil reads CLOCK_MONOTONIC. Tests set it.
+	Uptime func() time.Duration
 }
 
 // DefaultSyslogPoll is the syslog(2) source's default poll interval: a
@@ -95,7 +109,21 @@ func (c Config) withDefaults() Config {
 	if c.SyslogPoll == 0 {
 		c.SyslogPoll = DefaultSyslogPoll
 	}
+	if c.Uptime == nil {
+		c.Uptime = monotonicUptime
+	}
 	return c
+}
+
+// monotonicUptime is CLOCK_MONOTONIC: time since boot, without suspend,
+// as printk's time stamps (local_clock) and the journal's
+// __MONOTONIC_TIMESTAMP count it.
+func monotonicUptime() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 // errUnavailable marks a source that cannot be opened at all (as opposed
@@ -128,6 +156,9 @@ type Reader struct {
 	// syslogCounts counts the syslog(2) lines handled per time stamp in
 	// the current read (the cursor's count).
 	syslogCounts map[uint64]int
+	// firstStart is set when there was no cursor file (Config.
+	// FirstStartHorizon).
+	firstStart bool
 }
 
 // NewReader builds a reader; reg may be nil (no metrics).
@@ -226,6 +257,7 @@ func (r *Reader) readAuto(ctx context.Context, handle func(Event)) (string, erro
 // loadCursor reads the persisted cursor and keeps what applies to this
 // boot.
 func (r *Reader) loadCursor() {
+	r.firstStart = !CursorExists(r.cfg.StateDir)
 	cur, err := LoadCursor(r.cfg.StateDir)
 	if err != nil {
 		r.metrics.cursorErrors.Inc()
@@ -261,7 +293,14 @@ func (r *Reader) saveCursor() {
 func (r *Reader) handleRecord(source string, rec Record, handle func(Event)) {
 	r.metrics.records.WithLabelValues(source).Inc()
 	ev, ok := r.parser.Parse(rec.Message)
-	if ok {
+	switch {
+	case ok && r.history(rec):
+		r.metrics.history.WithLabelValues(ev.Kind).Inc()
+		r.log.Warn("kernel log: a fault logged before the agent's first start on this boot; not acted on",
+			"kind", ev.Kind, "pci", ev.BusID, "code", ev.Code, "loggedAgo", r.cfg.Uptime()-time.Duration(rec.Usec)*time.Microsecond,
+			"horizon", r.cfg.FirstStartHorizon)
+		ok = false
+	case ok:
 		r.metrics.events.WithLabelValues(ev.Kind).Inc()
 		handle(ev)
 	}
@@ -283,6 +322,16 @@ func (r *Reader) handleRecord(source string, rec Record, handle func(Event)) {
 	}
 }
 
+// history says whether rec is older than Config.FirstStartHorizon on a
+// first start (no cursor file).
+func (r *Reader) history(rec Record) bool {
+	if !r.firstStart || r.cfg.FirstStartHorizon <= 0 {
+		return false
+	}
+	logged := time.Duration(rec.Usec) * time.Microsecond
+	return r.cfg.Uptime()-logged > r.cfg.FirstStartHorizon
+}
+
 // readerMetrics are the reader's series.
 type readerMetrics struct {
 	up           *prometheus.GaugeVec
@@ -291,6 +340,7 @@ type readerMetrics struct {
 	errors       *prometheus.CounterVec
 	cursorErrors prometheus.Counter
 	events       *prometheus.CounterVec
+	history      *prometheus.CounterVec
 }
 
 func newReaderMetrics(reg prometheus.Registerer) (*readerMetrics, error) {
@@ -319,11 +369,15 @@ func newReaderMetrics(reg prometheus.Registerer) (*readerMetrics, error) {
 			Name: "gpu_node_agent_kernel_log_events_total",
 			Help: "GPU faults found in the kernel log, by kind (xid, sxid, fallen-off-the-bus).",
 		}, []string{"kind"}),
+		history: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_node_agent_kernel_log_history_events_total",
+			Help: "GPU faults in the kernel log that were logged longer than the first-start horizon before the agent's first start on the node (no cursor yet): logged, not acted on; by kind.",
+		}, []string{"kind"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.up, m.records, m.lost, m.errors, m.cursorErrors, m.events} {
+	for _, c := range []prometheus.Collector{m.up, m.records, m.lost, m.errors, m.cursorErrors, m.events, m.history} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kernel log metrics: %w", err)
 		}

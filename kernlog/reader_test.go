@@ -431,3 +431,63 @@ func TestAutoFindsNoSource(t *testing.T) {
 		t.Errorf("kernel_log_up{source=kmsg} = %v, want 1", got)
 	}
 }
+
+// TestFirstStartHorizon: with no cursor file, a fault logged longer than
+// FirstStartHorizon before the start is history (counted, not handed on),
+// one within it is handed on; once the cursor exists, a restart hands on
+// whatever is past it, however old; a new boot reads the whole buffer.
+func TestFirstStartHorizon(t *testing.T) {
+	root := hostTree(t, "boot-a")
+	state := t.TempDir()
+	// appendXID stamps record seq at seq ms since boot; "now" is 10 s
+	// after boot, the horizon 5 s: seq 1..4999 are history.
+	uptime := func() time.Duration { return 10 * time.Second }
+	cfg := Config{Mode: ModeKmsg, HostRoot: root, StateDir: state, FirstStartHorizon: 5 * time.Second, Uptime: uptime}
+	appendXID(t, root, 1000, 79)
+	appendXID(t, root, 6000, 48)
+
+	r := start(t, cfg)
+	if e := r.next(t); e.Code != 48 {
+		t.Fatalf("first start: xid %d handed on, want 48 (79 is history)", e.Code)
+	}
+	if got := r.codes(); len(got) != 0 {
+		t.Fatalf("first start: extra events %v", got)
+	}
+	if got := testutil.ToFloat64(r.reader.metrics.history.WithLabelValues(KindXID)); got != 1 {
+		t.Errorf("history events = %v, want 1", got)
+	}
+
+	// The cursor exists now: an old record past it is not history.
+	appendXID(t, root, 6001, 13)
+	later := func() time.Duration { return time.Hour }
+	cfg.Uptime = later
+	r = start(t, cfg)
+	if e := r.next(t); e.Code != 13 {
+		t.Fatalf("restart: xid %d, want 13", e.Code)
+	}
+	if got := r.codes(); len(got) != 0 {
+		t.Fatalf("restart: extra events %v", got)
+	}
+
+	// A new boot with the cursor of the last one: the whole buffer.
+	setBoot(t, root, "boot-b")
+	r = start(t, cfg)
+	for _, want := range []uint64{79, 48, 13} {
+		if e := r.next(t); e.Code != want {
+			t.Fatalf("new boot: xid %d, want %d", e.Code, want)
+		}
+	}
+	r.stop()
+
+	// No persistence at all: every start is a first start.
+	r = start(t, Config{Mode: ModeKmsg, HostRoot: root, FirstStartHorizon: 5 * time.Second, Uptime: uptime})
+	if e := r.next(t); e.Code != 48 {
+		t.Fatalf("no state dir: xid %d handed on first, want 48", e.Code)
+	}
+	if e := r.next(t); e.Code != 13 {
+		t.Fatalf("no state dir: xid %d, want 13", e.Code)
+	}
+	if got := r.codes(); len(got) != 0 {
+		t.Fatalf("no state dir: extra events %v", got)
+	}
+}

@@ -8,7 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
 )
@@ -22,10 +23,9 @@ import (
 
 // kmsgLog appends records to the simulated /dev/kmsg.
 type kmsgLog struct {
-	mu    sync.Mutex
-	path  string
-	seq   uint64
-	start time.Time
+	mu   sync.Mutex
+	path string
+	seq  uint64
 }
 
 // kmsgPriority is the prio field of the driver's records: facility kern
@@ -41,7 +41,7 @@ func (n *Node) installKmsg() error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	k := &kmsgLog{path: path, start: time.Now()}
+	k := &kmsgLog{path: path}
 	f, err := os.Open(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -79,7 +79,13 @@ func (k *kmsgLog) write(msgs ...string) error {
 	defer f.Close()
 	for _, m := range msgs {
 		k.seq++
-		usec := uint64(time.Since(k.start) / time.Microsecond)
+		// Time stamped as printk does: time since boot (CLOCK_MONOTONIC,
+		// which the simulated node shares with its host).
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			return err
+		}
+		usec := uint64(ts.Nano() / 1000)
 		if _, err := f.WriteString(kernlog.FormatKmsg(kmsgPriority, k.seq, usec, m)); err != nil {
 			return err
 		}
