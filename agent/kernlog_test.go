@@ -17,9 +17,9 @@ import (
 // TestKernelLogWhileNVMLHangs: with every NVML call on GPU 1 blocked (the
 // simulator's hang fault) an XID 79 still makes GPU 1 unhealthy in
 // ListAndWatch, through the kernel log the simulator writes
-// (<host-root>/dev/kmsg): NVML's own XID events are switched off and the
-// NVML call timeout is longer than the test, so neither NVML's event nor
-// the hang check can be what marks it.
+// (<host-root>/dev/kmsg): the simulator holds a hung GPU's NVML events
+// until the hang ends, and the NVML call timeout is longer than the test,
+// so neither NVML's event nor the hang check can be what marks it.
 func TestKernelLogWhileNVMLHangs(t *testing.T) {
 	dir := testutil.ShortTempDir(t)
 	cfg := defaults()
@@ -29,7 +29,6 @@ func TestKernelLogWhileNVMLHangs(t *testing.T) {
 	cfg.SimControlAddress = ""
 	cfg.RescanInterval = 0
 	cfg.NVMLCallTimeout = 10 * time.Minute
-	cfg.Health.DisabledChecks = []string{health.CheckXID}
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)

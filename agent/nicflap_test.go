@@ -25,7 +25,7 @@ import (
 
 // flapRDMAConfig serves the simulated InfiniBand ports as rdma/ib with the
 // port state polled every 50ms and the counters every 50ms: three link
-// downs within 10s make a port flapping, 2s without one clear it.
+// downs within 10s make a port flapping, 6s without one clear it.
 func flapRDMAConfig() rdma.Config {
 	return rdma.Config{
 		PollInterval: rdma.Duration(50 * time.Millisecond),
@@ -35,7 +35,7 @@ func flapRDMAConfig() rdma.Config {
 			RateWindow:     rdma.Duration(time.Second),
 			FlapWindow:     rdma.Duration(10 * time.Second),
 			FlapThreshold:  3,
-			RecoveryPeriod: rdma.Duration(2 * time.Second),
+			RecoveryPeriod: rdma.Duration(6 * time.Second),
 		},
 	}
 }
@@ -127,7 +127,7 @@ func TestAgentFlappingPortUnhealthyInListAndWatch(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	t.Logf("nic-flap (300ms period, 3 downs in 10s) to Unhealthy on ListAndWatch: %s; flap cleared to Healthy (2s counter quiet period + 20ms health recovery): %s",
+	t.Logf("nic-flap (300ms period, 3 downs in 10s) to Unhealthy on ListAndWatch: %s; flap cleared to Healthy (6s counter quiet period + 20ms health recovery): %s",
 		toUnhealthy.Round(time.Millisecond), toRecovered.Round(time.Millisecond))
 }
 

@@ -21,9 +21,9 @@ import (
 // The windows live in memory only and start empty at every agent start:
 // what a fired rule did is a device cause and is persisted with the rest
 // of the state (health-state.json), so a restart forgets no fault; what
-// is lost is evidence that has not yet added up to one, which delays a
-// firing by at most one window. NVML does not replay the XIDs raised
-// while the agent was down either.
+// is lost is evidence that has not yet added up to one (occurrences
+// before the restart no longer count towards a rule). NVML does not
+// replay the XIDs raised while the agent was down either.
 //
 // Lock order: Monitor.mu before correlator.mu, never the other way.
 type correlator struct {
@@ -39,8 +39,9 @@ type correlator struct {
 	// links[gpu][link] are the link's error counter rises.
 	links map[string]map[int][]linkRise
 
-	fired     *prometheus.CounterVec
-	cancelled *prometheus.CounterVec
+	fired      *prometheus.CounterVec
+	cancelled  *prometheus.CounterVec
+	suppressed *prometheus.CounterVec
 }
 
 // xidWindow is one rule's window on one device: when each counted
@@ -92,6 +93,10 @@ func newCorrelator(cfg CorrelationConfig, reg prometheus.Registerer) (*correlato
 			Name: "gpu_node_agent_correlation_xid_cancelled_total",
 			Help: "XIDs a pair-cancel rule of health.correlation turned informational because their partner XID explained them, by rule and device.",
 		}, []string{"rule", "device"}),
+		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_node_agent_correlation_rule_suppressed_total",
+			Help: "Times an escalation rule of health.correlation would have fired on a device but did not, because its XID was also seen on another GPU of the node within the rule's window (the application's, not the GPU's), by rule and device.",
+		}, []string{"rule", "device"}),
 	}
 	for _, r := range cfg.Rules {
 		if r.cancels() {
@@ -101,7 +106,7 @@ func newCorrelator(cfg CorrelationConfig, reg prometheus.Registerer) (*correlato
 		}
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{c.fired, c.cancelled} {
+		for _, col := range []prometheus.Collector{c.fired, c.cancelled, c.suppressed} {
 			if err := reg.Register(col); err != nil {
 				return nil, err
 			}
@@ -174,6 +179,17 @@ func (m *Monitor) correlate(o Observation) (Observation, correlated) {
 		if !fire {
 			continue
 		}
+		if d, ok := c.sightedElsewhereLocked(related, r.XID, now, r.Window); ok {
+			// The same XID on another GPU of the node within the window
+			// is the application's, not this GPU's: NVSentinel's
+			// RepeatedXID31OnDifferentGPU and
+			// RepeatedXID13OnDifferentGPCAndTPC ("App passing bad data",
+			// action NONE) beside its same-GPU rules.
+			c.suppressed.WithLabelValues(r.Name, o.DeviceID).Inc()
+			m.log.Info("correlation rule not fired: the xid was also seen on another gpu of the node, which points at the application",
+				"rule", r.Name, "device", o.DeviceID, "also", d, "xid", r.XID)
+			continue
+		}
 		class, _ := r.escalation()
 		c.fired.WithLabelValues(r.Name, o.DeviceID).Inc()
 		out.fire = append(out.fire, Observation{DeviceID: o.DeviceID, Kind: o.Kind, Check: CheckCorrelation, Key: r.Name,
@@ -238,6 +254,20 @@ func escalationAction(class string) string {
 	return ActionInvestigate
 }
 
+// sightedElsewhereLocked reports a device not in related (another GPU, or
+// a MIG device of another GPU) on which xid was seen within d before now.
+func (c *correlator) sightedElsewhereLocked(related []string, xid uint64, now time.Time, d time.Duration) (string, bool) {
+	for id, byXID := range c.seen {
+		if slices.Contains(related, id) {
+			continue
+		}
+		if s, ok := byXID[xid]; ok && now.Sub(s.at) < d && !s.explained {
+			return id, true
+		}
+	}
+	return "", false
+}
+
 // sightedLocked reports a device of ids on which xid was seen within d of
 // now (either side), and whether there is one.
 func (c *correlator) sightedLocked(ids []string, xid uint64, now time.Time, d time.Duration) (string, bool) {
@@ -270,7 +300,7 @@ func (c *correlator) countLocked(id string, r CorrelationRule, now time.Time) (i
 		c.windows[id][r.Name] = w
 	}
 	w.starts = slices.DeleteFunc(w.starts, func(t time.Time) bool { return now.Sub(t) >= r.Window })
-	folded := r.Burst > 0 && !w.last.IsZero() && now.Sub(w.last) < r.Burst
+	folded := r.Burst > 0 && !w.last.IsZero() && now.Sub(w.last) <= r.Burst
 	if now.After(w.last) {
 		w.last = now
 	}
@@ -307,6 +337,7 @@ func (c *correlator) forget(ids ...string) {
 func (c *correlator) forgetSeries(id string) {
 	c.fired.DeletePartialMatch(prometheus.Labels{"device": id})
 	c.cancelled.DeletePartialMatch(prometheus.Labels{"device": id})
+	c.suppressed.DeletePartialMatch(prometheus.Labels{"device": id})
 }
 
 // nvlinkRate judges every up NVLink of one GPU's sample by its error rate
@@ -336,7 +367,14 @@ func (m *Monitor) nvlinkRate(in *checkInput) []Observation {
 	var out []Observation
 	for _, l := range in.Cur.Links {
 		pi, had := prev[l.Link]
+		key := "link " + strconv.Itoa(l.Link) + " error-rate"
 		if l.Up.Status != nvmlowner.OK || l.Up.V != 1 || !had {
+			// Not judged: its window starts again, and a rate cause it
+			// had clears (a link that is down is the nvlink check's).
+			if _, judged := c.links[in.UUID][l.Link]; judged {
+				delete(c.links[in.UUID], l.Link)
+				out = append(out, flag(in.UUID, CheckNVLink, key, false, fmt.Sprintf("nvlink %d not judged by rate (down or unread)", l.Link)))
+			}
 			continue
 		}
 		rises := append(c.links[in.UUID][l.Link], linkRise{at: at, n: linkErrorRise(l, in.Prev.Links[pi])})
@@ -347,7 +385,6 @@ func (m *Monitor) nvlinkRate(in *checkInput) []Observation {
 			sum += r.n
 		}
 		rate := float64(sum) / rc.Window.Minutes()
-		key := "link " + strconv.Itoa(l.Link) + " error-rate"
 		out = append(out, flag(in.UUID, CheckNVLink, key, rate >= rc.PerMinute,
 			fmt.Sprintf("nvlink %d errors at %.0f/min over %s (limit %g/min)", l.Link, rate, rc.Window, rc.PerMinute)))
 	}

@@ -110,7 +110,8 @@ const (
 //
 //   - RepeatedXID13OnSameGPU: NVSentinel's RepeatedXIDErrorOnSameGPU
 //     ("XID errors (any XID except 31) on the same GPU 5 times within 24
-//     hours where the burst window is 3 minutes", CONTACT_SUPPORT), for
+//     hours where the burst window is 3 minutes", CONTACT_SUPPORT; its
+//     query leaves 45 out too), for
 //     XID 13, the application XID it most often catches. NVIDIA's catalog
 //     investigates a repeated 13 (WORKFLOW_XID_13) as a possible hardware
 //     fault.

@@ -477,3 +477,78 @@ func TestSimCorrelation(t *testing.T) {
 	}
 	waitUntil(t, "recovery", func() bool { return m.Healthy(gpu) })
 }
+
+// TestCorrelationSuppressedOnOtherGPU: an escalation rule does not fire
+// when its XID was also seen on another GPU of the node within the
+// window (the application's), and still fires when the other sighting is
+// older than the window or on the same GPU's MIG device.
+func TestCorrelationSuppressedOnOtherGPU(t *testing.T) {
+	rule := CorrelationRule{Name: "XID31x2", XID: 31, Count: 2, Window: time.Hour, Action: "escalate-to fatal"}
+	t.Run("seen on another GPU within the window", func(t *testing.T) {
+		m, clk := corrMonitor(t, []CorrelationRule{rule}, nil)
+		xidAt(m, clk, "GPU-2", 31, 0)
+		xidAt(m, clk, "GPU-0", 31, 10*time.Minute)
+		xidAt(m, clk, "GPU-0", 31, 20*time.Minute)
+		if !m.Healthy("GPU-0") {
+			t.Fatalf("GPU-0 unhealthy: %v", m.Status("GPU-0").Reasons)
+		}
+		if got := testutil.ToFloat64(m.corr.suppressed.WithLabelValues(rule.Name, "GPU-0")); got != 1 {
+			t.Errorf("suppressed_total = %v, want 1", got)
+		}
+		if got := fired(m, rule.Name, "GPU-0"); got != 0 {
+			t.Errorf("fired_total = %v, want 0", got)
+		}
+	})
+	t.Run("seen on another GPU before the window", func(t *testing.T) {
+		m, clk := corrMonitor(t, []CorrelationRule{rule}, nil)
+		xidAt(m, clk, "GPU-2", 31, 0)
+		xidAt(m, clk, "GPU-0", 31, 70*time.Minute)
+		xidAt(m, clk, "GPU-0", 31, 80*time.Minute)
+		if m.Healthy("GPU-0") {
+			t.Fatal("GPU-0 healthy: the rule did not fire")
+		}
+	})
+	t.Run("seen on the GPU's own MIG device", func(t *testing.T) {
+		m, clk := corrMonitor(t, []CorrelationRule{rule}, nil)
+		xidAt(m, clk, "MIG-1-a", 31, 0)
+		xidAt(m, clk, "GPU-1", 31, 10*time.Minute)
+		xidAt(m, clk, "GPU-1", 31, 20*time.Minute)
+		if m.Healthy("GPU-1") {
+			t.Fatal("GPU-1 healthy: its own MIG device's xid suppressed the rule")
+		}
+	})
+}
+
+// TestCorrelationNVLinkRateClearsWhenLinkDown: a link's error-rate cause
+// clears when the link is no longer judged (down), rather than staying
+// until the link comes back.
+func TestCorrelationNVLinkRateClearsWhenLinkDown(t *testing.T) {
+	const poll = 10 * time.Second
+	m, clk := corrMonitor(t, nil, nil)
+	cfg := m.cfg
+	prev := linkSample(0, 0)
+	var total uint64
+	for i := 1; i <= 25; i++ {
+		total += 15
+		cur := linkSample(time.Duration(i)*poll, total)
+		clk.SetTime(cur.Time)
+		for _, o := range m.nvlinkRate(&checkInput{UUID: "GPU-0", Prev: prev, Cur: cur, Cfg: cfg}) {
+			m.Observe(o)
+		}
+		prev = cur
+	}
+	if !slices.Contains(m.Status("GPU-0").Causes, "nvlink-link-0-error-rate") {
+		t.Fatalf("no error-rate cause: %+v", m.Status("GPU-0"))
+	}
+	down := linkSample(26*poll, total)
+	down.Links[0].Up.V = 0
+	clk.SetTime(down.Time)
+	var cleared bool
+	for _, o := range m.nvlinkRate(&checkInput{UUID: "GPU-0", Prev: prev, Cur: down, Cfg: cfg}) {
+		cleared = cleared || (o.Cleared && o.Key == "link 0 error-rate")
+		m.Observe(o)
+	}
+	if !cleared {
+		t.Fatal("the error-rate cause was not cleared when the link went down")
+	}
+}

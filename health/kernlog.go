@@ -86,6 +86,11 @@ func (c *kernelLogCheck) handle(e kernlog.Event) {
 	gpus := c.m.gpuList()
 	switch e.Kind {
 	case kernlog.KindXID:
+		if !c.m.cfg.Enabled(CheckXID) {
+			// health.disabledChecks: [xid] switches XIDs off whichever
+			// source reports them.
+			return
+		}
 		g, ok := gpuByBus(gpus, e.BusID)
 		if !ok {
 			c.unattributedEvent(e)

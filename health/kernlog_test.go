@@ -235,3 +235,17 @@ func TestKernelLogConfig(t *testing.T) {
 		t.Errorf("disabling %s: %v", CheckKernelLog, err)
 	}
 }
+
+// TestKernelLogXIDDisabled: health.disabledChecks: [xid] switches off the
+// kernel log's XIDs as well as NVML's; its other lines still count.
+func TestKernelLogXIDDisabled(t *testing.T) {
+	m, c, _, _ := logMonitor(t, Config{KernelLog: kernlog.ModeOff, DisabledChecks: []string{CheckXID}})
+	c.handle(parse(t, "NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, An uncorrectable double bit error"))
+	if !m.Healthy("GPU-0") {
+		t.Fatalf("GPU-0 unhealthy from a kernel-log xid with xid disabled: %v", m.Status("GPU-0").Reasons)
+	}
+	c.handle(parse(t, "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\nNVRM: fallen off the bus and is not responding to commands."))
+	if m.Healthy("GPU-2") {
+		t.Fatal("GPU-2 healthy after falling off the bus: the kernel-log check itself was switched off")
+	}
+}

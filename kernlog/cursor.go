@@ -66,10 +66,9 @@ var ErrCorruptCursor = errors.New("kernel log cursor file unusable")
 
 // LoadCursor reads the cursor in dir. A missing file (or an empty dir:
 // no persistence) is the zero Cursor and no error; an unreadable or
-// corrupt one is the zero Cursor and an error wrapping ErrCorruptCursor,
-// so the caller reads the whole buffer: a fault read again is one the
-// monitor already holds (its state file dedups held faults), whereas
-// skipping records could lose one.
+// corrupt one is the zero Cursor and an error wrapping ErrCorruptCursor;
+// the Reader then reads the buffer as on a first start
+// (Config.FirstStartHorizon).
 func LoadCursor(dir string) (Cursor, error) {
 	if dir == "" {
 		return Cursor{}, nil

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // journalctlPaths are where distributions install journalctl, relative to
@@ -88,7 +89,12 @@ func (e journalEntry) message() string {
 // ends or journalctl exits (an error: the caller runs it again after
 // Retry, after the cursor).
 func (r *Reader) readJournal(ctx context.Context, handle func(Event)) error {
-	cmd, err := r.journalCommand(ctx, journalArgs(r.cur.JournalCursor))
+	// jctx ends journalctl when its output can no longer be read (a line
+	// over the scanner's limit, a read error): journalctl -f never exits
+	// on its own, so Wait would not return.
+	jctx, stop := context.WithCancel(ctx)
+	defer stop()
+	cmd, err := r.journalCommand(jctx, journalArgs(r.cur.JournalCursor))
 	if err != nil {
 		return err
 	}
@@ -98,6 +104,10 @@ func (r *Reader) readJournal(ctx context.Context, handle func(Event)) error {
 	}
 	var stderr limitedBuffer
 	cmd.Stderr = &stderr
+	// Once journalctl has exited or been stopped, its output pipes are
+	// closed after this even if a child of it still holds them, so Wait
+	// returns.
+	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
@@ -117,6 +127,9 @@ func (r *Reader) readJournal(ctx context.Context, handle func(Event)) error {
 		r.handleRecord(SourceJournal, rec, handle)
 	}
 	scanErr := sc.Err()
+	if scanErr != nil {
+		stop()
+	}
 	waitErr := cmd.Wait()
 	if ctx.Err() != nil {
 		return nil

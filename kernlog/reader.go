@@ -71,8 +71,9 @@ type Config struct {
 	// start is history: counted and logged, not handed on, so that
 	// rolling the agent out over a fleet does not hold GPUs for XIDs a
 	// reset answered long ago, while a fault of the boot the agent was
-	// started in is still seen. 0 hands on every record. A cursor from
-	// another boot, or a corrupt one, reads the whole buffer regardless.
+	// started in is still seen. 0 hands on every record. A corrupt
+	// cursor file counts as none; a cursor from another boot reads the
+	// whole buffer (every record came after the last run).
 	FirstStartHorizon time.Duration
 	// Uptime is the time since boot in the clock of the records' time
 	// stamps (printk's local_clock, the journal's monotonic time stamp);
@@ -260,8 +261,11 @@ func (r *Reader) loadCursor() {
 	r.firstStart = !CursorExists(r.cfg.StateDir)
 	cur, err := LoadCursor(r.cfg.StateDir)
 	if err != nil {
+		// As good as none: the buffer is read, faults older than the
+		// first-start horizon as history.
+		r.firstStart = true
 		r.metrics.cursorErrors.Inc()
-		r.log.Warn("kernel log cursor unusable; reading the whole kernel log buffer (held faults are not doubled: the health state keeps them)", "error", err)
+		r.log.Warn("kernel log cursor unusable; reading the kernel log buffer as on a first start", "error", err, "horizon", r.cfg.FirstStartHorizon)
 	}
 	boot := ReadBootID(r.cfg.HostRoot)
 	if cur.BootID != boot {

@@ -435,7 +435,8 @@ func TestAutoFindsNoSource(t *testing.T) {
 // TestFirstStartHorizon: with no cursor file, a fault logged longer than
 // FirstStartHorizon before the start is history (counted, not handed on),
 // one within it is handed on; once the cursor exists, a restart hands on
-// whatever is past it, however old; a new boot reads the whole buffer.
+// whatever is past it, however old; a new boot reads the whole buffer; a
+// corrupt cursor file counts as none.
 func TestFirstStartHorizon(t *testing.T) {
 	root := hostTree(t, "boot-a")
 	state := t.TempDir()
@@ -479,6 +480,22 @@ func TestFirstStartHorizon(t *testing.T) {
 	}
 	r.stop()
 
+	// A corrupt cursor file counts as none.
+	if err := os.WriteFile(filepath.Join(state, CursorFile), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Uptime = uptime
+	r = start(t, cfg)
+	if e := r.next(t); e.Code != 48 {
+		t.Fatalf("corrupt cursor: xid %d handed on first, want 48 (79 is history)", e.Code)
+	}
+	if e := r.next(t); e.Code != 13 {
+		t.Fatalf("corrupt cursor: xid %d, want 13", e.Code)
+	}
+	if got := r.codes(); len(got) != 0 {
+		t.Fatalf("corrupt cursor: extra events %v", got)
+	}
+
 	// No persistence at all: every start is a first start.
 	r = start(t, Config{Mode: ModeKmsg, HostRoot: root, FirstStartHorizon: 5 * time.Second, Uptime: uptime})
 	if e := r.next(t); e.Code != 48 {
@@ -489,5 +506,22 @@ func TestFirstStartHorizon(t *testing.T) {
 	}
 	if got := r.codes(); len(got) != 0 {
 		t.Fatalf("no state dir: extra events %v", got)
+	}
+}
+
+// TestJournalUnreadableLineRestarts: a journal line over the reader's
+// limit ends that journalctl (which follows, -f, and would never exit on
+// its own) and counts a source error; it is run again after Retry.
+func TestJournalUnreadableLineRestarts(t *testing.T) {
+	bin := t.TempDir()
+	path := fakeJournalctl(t, bin, journalEntryJSON("s=1", strings.Repeat("x", 1100*1024)))
+	r := start(t, Config{Mode: ModeJournal, HostRoot: t.TempDir(), Journalctl: []string{path}})
+	waitFor(t, "journalctl run twice", func() bool {
+		b, _ := os.ReadFile(filepath.Join(bin, "args"))
+		return strings.Count(string(b), "\n") >= 2
+	})
+	r.stop()
+	if got := testutil.ToFloat64(r.reader.metrics.errors.WithLabelValues(SourceJournal)); got < 1 {
+		t.Errorf("journal source errors = %v, want at least 1", got)
 	}
 }

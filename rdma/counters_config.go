@@ -25,13 +25,19 @@ const (
 // link_error_recovery (a retrain that kept the link up) counts at a lower
 // rate, being already a near link-down. port_xmit_discards is off (0):
 // it counts congestion as well as a dead link.
+//
+// excessive_buffer_overrun_errors and local_link_integrity_errors are
+// 4-bit fields of the IBTA PortCounters attribute the kernel reads them
+// from (they stop at 15): a rate of ten a minute over five minutes could
+// never be seen, so their default is 0.5 a minute, three in the default
+// five-minute window.
 func DefaultErrorRateThresholds() map[string]float64 {
 	return map[string]float64{
 		"symbol_error":                    10,
 		"link_error_recovery":             3,
 		"port_rcv_errors":                 10,
-		"excessive_buffer_overrun_errors": 10,
-		"local_link_integrity_errors":     10,
+		"excessive_buffer_overrun_errors": 0.5,
+		"local_link_integrity_errors":     0.5,
 		"port_xmit_discards":              0,
 	}
 }

@@ -395,3 +395,32 @@ func TestPortCountersConfigDefaults(t *testing.T) {
 		t.Errorf("defaults not applied: %+v", c)
 	}
 }
+
+// TestPortCountersFourBitDefaults: the 4-bit counters (they stop at 15)
+// are judged by default at a rate they can show: three increments within
+// the default 5-minute window mark the port, two do not.
+func TestPortCountersFourBitDefaults(t *testing.T) {
+	for _, counter := range []string{"local_link_integrity_errors", "excessive_buffer_overrun_errors"} {
+		for _, n := range []uint64{2, 3} {
+			cfg := testCounterConfig
+			cfg.RateWindow = Duration(DefaultCounterRateWindow)
+			cfg.ErrorRateThresholds = nil
+			r := newCounterRig(t, cfg)
+			r.c.poll()
+			r.take()
+			var marked bool
+			for i := range uint64(6) { // one a minute, n of them
+				if i < n {
+					r.add(counter, 1)
+				}
+				r.step(time.Minute)
+				for _, bad := range changes(r.take()) {
+					marked = marked || bad
+				}
+			}
+			if want := n >= 3; marked != want {
+				t.Errorf("%s: %d in 5m marked %v, want %v", counter, n, marked, want)
+			}
+		}
+	}
+}

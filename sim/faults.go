@@ -296,6 +296,19 @@ func (es *eventSet) registered(gpu int, typ uint64) bool {
 // device (gpu noDevice) goes to every set registered for typ on any GPU,
 // with the NULL device.
 func (n *Node) deliver(fs *faultState, gpu int, typ, data uint64, gi, ci uint32) {
+	if gpu != noDevice {
+		if h := n.gates[gpu].hang.Load(); h != nil {
+			// A hung GPU's events wait for the hang to end, as its
+			// calls do: while NVML hangs only the kernel log (kmsg.go)
+			// tells, which is why NVSentinel and node-problem-detector
+			// read it.
+			go func() {
+				<-h.ch
+				n.deliver(fs, gpu, typ, data, gi, ci)
+			}()
+			return
+		}
+	}
 	dev := n.nullDevice
 	if gpu != noDevice {
 		dev = n.handle(gpu)

@@ -749,7 +749,6 @@ func TestKernelLogPrivileges(t *testing.T) {
 		{name: "auto", vals: health(map[string]any{"kernelLog": "auto"}), syslog: true},
 		{name: "kmsg", vals: health(map[string]any{"kernelLog": "kmsg"}), syslog: true},
 		{name: "syslog", vals: health(map[string]any{"kernelLog": "syslog"}), syslog: true},
-		{name: "journal", vals: health(map[string]any{"kernelLog": "journal"})},
 		{name: "off", vals: health(map[string]any{"kernelLog": "off"})},
 		{name: "unquoted off", vals: health(map[string]any{"kernelLog": false})},
 		{name: "check disabled", vals: health(map[string]any{"disabledChecks": []any{"kernel-log"}})},
@@ -1449,6 +1448,7 @@ func TestDRAValuesRefused(t *testing.T) {
 		{"no state dir on real GPUs", map[string]any{"stateDir": "", "dra": map[string]any{"enabled": true}}, "dra.enabled needs stateDir"},
 		{"mig on demand without mig", map[string]any{"dra": map[string]any{"enabled": true, "devices": []any{"gpu", "nic"}, "migOnDemand": true}}, "dra.migOnDemand needs mig in dra.devices"},
 		{"dra section in config", map[string]any{"config": map[string]any{"dra": map[string]any{"devices": []any{"gpu"}}}}, "config.dra is written by the chart"},
+		{"kernel log from the journal", map[string]any{"config": map[string]any{"health": map[string]any{"kernelLog": "journal"}}}, "config.health.kernelLog journal runs the host's journalctl"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Render(ch, tt.vals)
