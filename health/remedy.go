@@ -4,6 +4,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
 )
 
 // Remedy is what a device's faults ask of the node itself, as the
@@ -65,4 +67,4 @@ func (m *Monitor) Remedies() []Remedy {
 
 // BootID is the kernel's boot ID under hostRoot (/ when empty), "" when
 // it cannot be read.
-func BootID(hostRoot string) string { return readBootID(hostRoot) }
+func BootID(hostRoot string) string { return kernlog.ReadBootID(hostRoot) }

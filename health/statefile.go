@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-node-agent/gpu-node-agent/internal/atomicfile"
+	"github.com/gpu-node-agent/gpu-node-agent/kernlog"
 )
 
 // CheckState is the check of the node-wide cause that keeps every GPU
@@ -138,19 +139,6 @@ func setStateAside(dir string, now time.Time) (string, error) {
 	return to, nil
 }
 
-// readBootID reads the kernel's boot ID under hostRoot ("" if unreadable:
-// then a reboot cannot be told and nothing is released for it).
-func readBootID(hostRoot string) string {
-	if hostRoot == "" {
-		hostRoot = "/"
-	}
-	b, err := os.ReadFile(filepath.Join(hostRoot, "proc/sys/kernel/random/boot_id"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // persistence is the monitor's state-file bookkeeping.
 type persistence struct {
 	dir    string
@@ -162,7 +150,7 @@ type persistence struct {
 }
 
 func newPersistence(dir, hostRoot string, reg prometheus.Registerer) (*persistence, error) {
-	p := &persistence{dir: dir, bootID: readBootID(hostRoot),
+	p := &persistence{dir: dir, bootID: kernlog.ReadBootID(hostRoot),
 		writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpu_node_agent_state_write_errors_total",
 			Help: "Failed writes of the persisted health state (--state-dir).",
