@@ -875,7 +875,8 @@ func runExtendedResourcePod(ctx context.Context, t *testing.T, a *agentdeploy.Ag
 	}
 	checkContainerDevices(t, name, nodes)
 	checkPodAttribution(t, a, pod, uuids)
-	t.Logf("pod %s (nvidia.com/gpu: 2, rdma/ib: 1, no claim of its own) Running after %s on %v and %s through the scheduler's claim %s; NVIDIA_VISIBLE_DEVICES, NCCL_IB_HCA=%s and the metrics' pod labels follow",
+	checkClaimLabels(t, a, claim, gpus, node)
+	t.Logf("pod %s (nvidia.com/gpu: 2, rdma/ib: 1, no claim of its own) Running after %s on %v and %s through the scheduler's claim %s; NVIDIA_VISIBLE_DEVICES, NCCL_IB_HCA=%s, the metrics' pod labels and dcgm-exporter's DRA claim labels follow",
 		name, running.Round(time.Millisecond), gpus, nics[0], claim.Name, env["NCCL_IB_HCA"])
 
 	deletePod(t, name)
@@ -1394,5 +1395,50 @@ func checkDeviceMetadata(t *testing.T, name string, devices, uuids map[string]st
 			}
 		}
 		t.Logf("pod %s: %s names %s with %d attributes", name, path, dev, len(attrs))
+	}
+}
+
+// checkClaimLabels: the DCGM series of each GPU the claim holds (devices,
+// by their names in the pool) carry dcgm-exporter's DRA labels naming the
+// claim, our driver, this node's pool and the device, as the kubelet's
+// pod-resources API reports the allocation.
+func checkClaimLabels(t *testing.T, a *agentdeploy.Agent, claim *resourcev1.ResourceClaim, devices []string, node *topology.Node) {
+	t.Helper()
+	want := map[string][]string{}
+	for _, d := range devices {
+		want[gpuByName(t, node, d).UUID] = []string{
+			`dra_claim_name="` + claim.Name + `"`, `dra_claim_namespace="` + claim.Namespace + `"`,
+			`dra_driver_name="` + dra.DriverName + `"`, `dra_pool_name="` + shared.NodeName + `"`, `dra_device_name="` + d + `"`,
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var missing []string
+	err := poll(ctx, func(ctx context.Context) (bool, error) {
+		body, ok := scrapeAgent(ctx, a)
+		if !ok {
+			return false, nil
+		}
+		missing = missing[:0]
+		for uuid, labels := range want {
+			found := slices.ContainsFunc(strings.Split(body, "\n"), func(line string) bool {
+				if !strings.HasPrefix(line, "DCGM_FI_DEV_FB_USED{") || !strings.Contains(line, `UUID="`+uuid+`"`) {
+					return false
+				}
+				for _, l := range labels {
+					if !strings.Contains(line, l) {
+						return false
+					}
+				}
+				return true
+			})
+			if !found {
+				missing = append(missing, uuid)
+			}
+		}
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("no DCGM_FI_DEV_FB_USED series of GPUs %v with the DRA labels of claim %s/%s: %v", missing, claim.Namespace, claim.Name, err)
 	}
 }
