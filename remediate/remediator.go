@@ -349,6 +349,13 @@ func (r *Remediator) remedyReset(ctx context.Context, n *need) {
 			fmt.Sprintf("GPU %s needs a reset (%s); waiting: the kubelet's pod resources cannot be read, so whether a pod holds it is unknown", n.gpu, faults))
 		return
 	}
+	if listed := a.Listed(); !listed.IsZero() && listed.Before(n.seen) {
+		// The kubelet's assignments were read before the fault was
+		// (last) seen: a pod given the GPU in between is not in them.
+		// The tracker's next cycle (Options.Changes) brings fresh ones.
+		r.log.Debug("GPU needs a reset; waiting for the kubelet's pod resources read after the fault", "gpu", n.gpu, "listed", listed, "seen", n.seen)
+		return
+	}
 	if holders := holdersOf(a, g); len(holders) > 0 {
 		r.drain(ctx, n, g, holders)
 		return

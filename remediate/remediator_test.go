@@ -566,3 +566,28 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestResetWaitsForAssignmentsAfterTheFault: assignments listed before
+// the fault was seen may miss a pod given the GPU in between, so no step
+// is taken on them; the next ones, listed after it, decide (here: the
+// pod holds the GPU, so it is drained, not reset).
+func TestResetWaitsForAssignmentsAfterTheFault(t *testing.T) {
+	ctx := context.Background()
+	g := newRig(t, on())
+	fault := resetFault
+	fault.Seen = g.now
+	g.h.set(fault)
+	g.a = assignments(nil).WithListed(g.now.Add(-time.Second))
+	g.r.Reconcile(ctx)
+	if len(g.reset.calls) != 0 || len(g.c.evicted) != 0 || len(g.c.events) != 0 {
+		t.Fatalf("on assignments listed before the fault: resets %v, evictions %v, events %v", g.reset.calls, g.c.evicted, g.c.events)
+	}
+	g.a = assignments(map[string][]string{"ml/train-0": {"GPU-1"}}).WithListed(g.now.Add(time.Second))
+	g.r.Reconcile(ctx)
+	if len(g.reset.calls) != 0 {
+		t.Fatalf("GPU reset under the pod the fresh assignments name: %v", g.reset.calls)
+	}
+	if len(g.c.evicted) != 1 {
+		t.Fatalf("evictions %v, want the pod holding the GPU", g.c.evicted)
+	}
+}

@@ -630,6 +630,8 @@ func TestDRAUnresolvedLoggedOnce(t *testing.T) {
 	}
 	if r.tr.Assignments() == nil {
 		t.Error("an unresolved device failed the cycle")
+	} else if r.tr.Assignments().Listed().IsZero() {
+		t.Error("the tracker's assignments do not say when they were listed")
 	}
 }
 

@@ -101,6 +101,28 @@ type Assignments struct {
 	// container's processes used in the cycle (holders.go); set by the
 	// tracker before the Assignments are published.
 	uses map[string]map[holderKey]*Use
+	// listed is when the tracker began the List these come from (zero:
+	// not known, as for NewAssignments).
+	listed time.Time
+}
+
+// Listed is when the List these assignments come from was begun: a
+// device given to a pod after it is not in them. Zero when not known.
+func (a *Assignments) Listed() time.Time {
+	if a == nil {
+		return time.Time{}
+	}
+	return a.listed
+}
+
+// WithListed returns a copy of a that says it was listed at t (Listed).
+func (a *Assignments) WithListed(t time.Time) *Assignments {
+	if a == nil {
+		return nil
+	}
+	c := *a
+	c.listed = t
+	return &c
 }
 
 // Container returns the first container (in the kubelet's List order)

@@ -336,6 +336,7 @@ func (t *Tracker) Cycle(ctx context.Context) {
 
 	if attr.assignments != nil {
 		attr.assignments.uses = holderUses(attr.assignments, devices, verdicts)
+		attr.assignments.listed = now
 	}
 	t.assignments.Store(attr.assignments)
 	if attr.assignments != nil && t.opts.Allocations != nil {
