@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -39,8 +40,8 @@ const (
 // fleetPageSize is the page size of the metadata-only Node LIST.
 const fleetPageSize = 500
 
-// maxSlotWrites bounds the Create/Update attempts per listing of the
-// slots; Acquire lists at most twice.
+// maxSlotWrites bounds the Create/Update attempts per reading of the
+// slots (a listing of all of them, one bucket, or the followed bucket).
 const maxSlotWrites = 2
 
 // Annotations of the fleet size recorded on every slot Lease this node
@@ -171,9 +172,12 @@ type Decision struct {
 	// are 0 when Acquire did not need them (this node already held a
 	// slot, or the safeguard is off).
 	Limit, Fleet int
-	// Occupied is how many slots under Limit were occupied by other
-	// nodes when this node was refused or took its slot.
-	Occupied int
+	// Occupied is how many of the slots this node read under Limit were
+	// occupied by other nodes when it was refused or took its slot, and
+	// Seen how many it read: all K when it listed them all (after a
+	// restart), otherwise its probes' and the buckets' it read. A refusal
+	// says that the Seen slots were occupied, not that all K were.
+	Occupied, Seen int
 }
 
 // Slots is one node's view of the taint slots: the node may carry the
@@ -212,10 +216,25 @@ type Slots struct {
 	// staleRefused says the last decision was a refusal on a size that
 	// was not fresh: the next Acquire without a fresh size measures.
 	staleRefused bool
-	// refused says the last Acquire was refused (every slot under K
+	// refused says the last Acquire was refused (every slot it read
 	// occupied, or every race for a free one lost): the next Acquire
-	// lists at once instead of probing (see probe).
+	// reads the followed bucket and one more instead of probing (see
+	// probe and lookAround).
 	refused bool
+	// follow is the watch of one bucket of slots while refused, nil when
+	// none; room is signalled when it sees a slot of that bucket freed
+	// (Room).
+	follow *follower
+	room   chan struct{}
+	// askedAgain says a refused node scheduled its own ask
+	// (askAgainLater) since it last held or released a slot; againTimer
+	// signals it.
+	askedAgain bool
+	againTimer *time.Timer
+	// hintWait is the random delay before a hint write (tests replace
+	// it); hintWrites are the writes under way.
+	hintWait   func(ctx context.Context) error
+	hintWrites sync.WaitGroup
 }
 
 // New returns the slots of node. cfg is used with its defaults
@@ -225,7 +244,9 @@ func New(client kubernetes.Interface, meta metadata.Interface, node string, cfg 
 	s := &Slots{
 		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
 		now: time.Now, randIntN: rand.IntN, jitter: randJitter, sleep: sleepCtx,
+		room: make(chan struct{}, 1),
 	}
+	s.hintWait = func(ctx context.Context) error { return s.sleep(ctx, s.jitter(hintDelay)) }
 	for _, o := range opts {
 		o(s)
 	}
@@ -279,30 +300,69 @@ type slotState struct {
 
 // Acquire makes sure this node holds a slot: if it already holds one (at
 // any index, even at or above K after the fleet shrank) it renews it;
-// otherwise it takes a free slot under K, starting at a random one, or
-// refuses when none is free. A refusal, including losing every race for
-// a slot, is a Decision with Held false and a nil error; an error means
-// the API server could not be asked. Held means the Lease was written
-// just now, so the taint may follow without a separate Renew.
+// otherwise it takes a free slot under K or refuses when it finds none.
+// A refusal, including losing every race for a slot, is a Decision with
+// Held false and a nil error; an error means the API server could not be
+// asked. Held means the Lease was written just now, so the taint may
+// follow without a separate Renew.
+//
+// A node that knows what it holds (after its first Acquire or Release)
+// never lists all K slots: it probes (see probe), then reads buckets of
+// slots (see lookAround), and once refused it follows one bucket with a
+// watch until it holds a slot or releases (Room says when to ask again).
+// Only a node that does not know yet (after a restart) lists them all,
+// once, to find a Lease of its own.
 func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 	if s.cfg.Disabled() {
 		return Decision{Held: true, Slot: -1}, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held == nil && !s.freshCache() {
+	d, err := s.acquire(ctx)
+	if err == nil && d.Held {
+		s.unfollow()
+		s.stopAgain()
+	}
+	return d, err
+}
+
+func (s *Slots) acquire(ctx context.Context) (Decision, error) {
+	if s.held != nil {
+		err := s.renewLocked(ctx, s.held)
+		if err == nil {
+			return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, s.held.Name)}, nil
+		}
+		if !errors.Is(err, ErrNotHeld) {
+			return Decision{Slot: -1}, err
+		}
+		// Taken over or deleted: this node holds nothing now.
+	}
+	if !s.freshCache() {
 		// Spread nodes faulting together (see coldSpread).
 		if err := s.sleep(ctx, s.jitter(coldSpread)); err != nil {
 			return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
 		}
 	}
-	if s.held == nil && s.known && !s.refused {
+	if !s.known {
+		return s.acquireListingAll(ctx)
+	}
+	if !s.refused {
 		d, err := s.probe(ctx)
 		if err != nil || d.Held {
 			return d, err
 		}
 	}
+	return s.lookAround(ctx)
+}
+
+// acquireListingAll is Acquire for a node that does not know whether it
+// holds a slot (a Lease of a previous run may exist): one LIST of every
+// slot Lease finds it, and with all slots read the node takes a free one
+// under K or refuses knowing all K are occupied. A node that lost every
+// race lists once more after a random delay.
+func (s *Slots) acquireListingAll(ctx context.Context) (Decision, error) {
 	d := Decision{Slot: -1}
+	var v *view
 	for round := range 2 {
 		if round > 0 {
 			if err := s.sleep(ctx, s.jitter(retrySpread)); err != nil {
@@ -322,59 +382,55 @@ func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 			// Taken over between our LIST and renew: list again.
 			continue
 		}
-		var free []slotState
-		d, free, err = s.free(ctx, slots)
-		if err != nil {
+		v = newView()
+		v.all = true
+		for _, sl := range slots {
+			v.leases[sl.index] = sl.lease
+		}
+		var refuse bool
+		if d, refuse, err = s.limitFrom(ctx, v); err != nil {
 			return Decision{Slot: -1}, err
 		}
-		if len(free) == 0 {
-			s.refused = true
-			return d, nil
+		if refuse {
+			return s.refuse(ctx, d, v), nil
 		}
-		start := s.randIntN(len(free))
-		for i := range min(maxSlotWrites, len(free)) {
-			c := free[(start+i)%len(free)]
-			won, err := s.take(ctx, c)
-			if err != nil {
-				return Decision{Slot: -1}, err
-			}
-			if won {
-				d.Held, d.Slot = true, c.index
-				s.log.Info("took taint slot", "node", s.node, "slot", c.index, "limit", d.Limit, "fleet", d.Fleet, "occupied", d.Occupied)
-				return d, nil
-			}
+		won, err := s.takeFrom(ctx, &d, v, v.indices(d.Limit))
+		if err != nil || won {
+			return d, err
+		}
+		if len(v.lost) == 0 {
+			break
 		}
 		s.log.Debug("lost the race for taint slots", "node", s.node, "round", round)
 	}
-	s.refused = true
-	return d, nil
+	return s.refuse(ctx, d, v), nil
 }
 
 // probe tries to take a slot without listing them: it creates the Leases
 // of up to probeSlots distinct random slots under K, and the first Create
 // that succeeds holds that slot. It is Acquire's first step when this node
 // knows it holds no slot (a previous listing or Release said so) and its
-// last Acquire was not refused (a refused node asking again would only
-// find the slots held again: it lists at once, one request, no write).
+// last Acquire was not refused (a refused node asking again would most
+// likely find the slots held again: it reads the bucket it follows and one
+// more, see lookAround).
 //
 // It is as safe as the listing path: an absent Lease is a free slot (see
 // Slots), and Create is create-if-absent, so a probe can only win a slot
 // no one holds. A probe that finds its slot's Lease present (AlreadyExists)
 // learns nothing about whether that Lease has expired, so when every
-// probe misses, Acquire lists the slots as before, to take an expired
-// slot or to refuse.
+// probe misses, Acquire reads buckets of slots (lookAround), to take an
+// absent or expired slot there or to refuse.
 //
 // Why: in a mass fault most of the nodes that will get a slot find one
-// free, and listing the slots reads up to K Leases (at K = 1,500 about
-// 1 MB in protobuf) per node. Probing makes a node that finds a free slot
-// read no Lease at all; only the nodes that miss list them: the ones to be
-// refused once the slots fill, and those whose probes collided with other
-// nodes' (25 of 96 holders in TestSlotsHoldUnderConcurrency's probing
-// repetitions, 20 nodes for 8 slots). K needs a fresh fleet size:
-// this node's own, or, with no node selector, one measured now (a LIST of
-// limit 1 counted by the API server, see measure). With a selector and no
-// fresh size of its own, measuring reads every selected Node, so the node
-// lists the slots instead to adopt the sizes other holders recorded.
+// free, and reading slots costs about 650 bytes per Lease (protobuf).
+// Probing makes a node that finds a free slot read no Lease at all; only
+// the nodes that miss read buckets: the ones to be refused once the slots
+// fill, and those whose probes collided with other nodes'. K needs a
+// fresh fleet size: this node's own, or, with no node selector, one
+// measured now (a LIST of limit 1 counted by the API server, see
+// measure). With a selector and no fresh size of its own, measuring reads
+// every selected Node, so the node reads a bucket instead to adopt the
+// sizes other holders recorded.
 //
 // The Decision's Occupied counts only the probed slots found held.
 func (s *Slots) probe(ctx context.Context) (Decision, error) {
@@ -396,6 +452,7 @@ func (s *Slots) probe(ctx context.Context) (Decision, error) {
 		if err != nil {
 			return Decision{Slot: -1}, err
 		}
+		d.Seen++
 		if won {
 			d.Held, d.Slot = true, idx
 			s.log.Info("took taint slot", "node", s.node, "slot", idx, "limit", k, "fleet", n, "probed", i+1)
@@ -403,7 +460,7 @@ func (s *Slots) probe(ctx context.Context) (Decision, error) {
 		}
 		d.Occupied++
 	}
-	s.log.Debug("probed taint slots held, listing them", "node", s.node, "limit", k, "probed", d.Occupied)
+	s.log.Debug("probed taint slots held, reading buckets", "node", s.node, "limit", k, "probed", d.Occupied)
 	return d, nil
 }
 
@@ -453,10 +510,12 @@ func (s *Slots) Allow(ctx context.Context) (bool, error) {
 }
 
 // Release gives this node's slot back; call it after the taint was
-// removed. It deletes our Lease only if it is still ours (preconditions
-// on its UID and resourceVersion); a slot already gone or taken over is
-// success. After a restart it first lists the slots once to find a Lease
-// of ours; once nothing is held it makes no requests.
+// removed, and after a refusal once the node no longer needs a slot (it
+// stops the watch a refused node follows a bucket with). It deletes our
+// Lease only if it is still ours (preconditions on its UID and
+// resourceVersion); a slot already gone or taken over is success. After
+// a restart it first lists the slots once to find a Lease of ours; once
+// nothing is held it makes no requests.
 func (s *Slots) Release(ctx context.Context) error {
 	if s.cfg.Disabled() {
 		return nil
@@ -486,6 +545,8 @@ func (s *Slots) Release(ctx context.Context) error {
 	}
 	// A refusal is old news by the next fault.
 	s.held, s.known, s.refused = nil, true, false
+	s.unfollow()
+	s.stopAgain()
 	return nil
 }
 
@@ -529,47 +590,23 @@ func (s *Slots) mine(ctx context.Context, slots []slotState) *coordinationv1.Lea
 	return keep
 }
 
-// free computes K and returns the slots under K that may be taken, with
-// the Decision for a refusal. It takes a fresh fleet size from its cache
-// or the Leases' records, else refuses on a stale size when the
-// unexpired Leases alone fill its K, else measures the size; then it
-// reads, for each expired Lease under K, its holder's Node.
-func (s *Slots) free(ctx context.Context, slots []slotState) (Decision, []slotState, error) {
-	n, ok := s.freshSize(slots)
+// limitFrom computes K from what v read: a fresh fleet size from this
+// node's cache or the records on the Leases read, else a refusal on a
+// stale size when the unexpired Leases read fill it (see staleRefusal),
+// else the size measured now.
+func (s *Slots) limitFrom(ctx context.Context, v *view) (d Decision, refuse bool, err error) {
+	n, ok := s.freshSize(v.slots())
 	if !ok {
-		if d, refuse := s.staleRefusal(slots); refuse {
-			return d, nil, nil
+		if d, refuse := s.staleRefusal(v); refuse {
+			return d, true, nil
 		}
-		var err error
 		if n, err = s.measure(ctx); err != nil {
-			return Decision{Slot: -1}, nil, err
+			return Decision{Slot: -1}, false, err
 		}
 	}
 	s.staleRefused = false
 	k := Limit(n, s.cfg.MaxFraction)
-	d := Decision{Slot: -1, Limit: k, Fleet: n}
-	byIndex := map[int]*coordinationv1.Lease{}
-	for _, sl := range slots {
-		byIndex[sl.index] = sl.lease
-	}
-	var free []slotState
-	for i := range k {
-		l := byIndex[i]
-		if l == nil {
-			free = append(free, slotState{index: i})
-			continue
-		}
-		busy, err := s.occupied(ctx, l)
-		if err != nil {
-			return d, nil, err
-		}
-		if busy {
-			d.Occupied++
-		} else {
-			free = append(free, slotState{index: i, lease: l})
-		}
-	}
-	return d, free, nil
+	return Decision{Slot: -1, Limit: k, Fleet: n}, false, nil
 }
 
 // occupied says whether Lease l's slot is occupied: unexpired, or its
@@ -622,7 +659,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		l := &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: slotName(s.cfg.Prefix, c.index), Namespace: s.cfg.Namespace,
-				Labels: map[string]string{SlotLabel: s.cfg.Prefix},
+				Labels: s.setLabels(nil, c.index),
 			},
 			Spec: coordinationv1.LeaseSpec{
 				HolderIdentity: &s.node, LeaseDurationSeconds: s.durationSeconds(),
@@ -637,10 +674,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		if l.Spec.LeaseTransitions != nil {
 			transitions = *l.Spec.LeaseTransitions + 1
 		}
-		if l.Labels == nil {
-			l.Labels = map[string]string{}
-		}
-		l.Labels[SlotLabel] = s.cfg.Prefix
+		l.Labels = s.setLabels(l.Labels, c.index)
 		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &s.node, s.durationSeconds()
 		l.Spec.AcquireTime, l.Spec.RenewTime, l.Spec.LeaseTransitions = &now, &now, &transitions
 		// The previous holder's record is replaced: a record is always
@@ -654,10 +688,23 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
+		// The write may have landed without its answer reaching us: until
+		// a listing of every slot says otherwise, a Lease of ours may exist.
+		s.known = false
 		return false, fmt.Errorf("take taint slot %s: %w", slotName(s.cfg.Prefix, c.index), err)
 	}
 	s.held, s.known = got, true
 	return true, nil
+}
+
+// setLabels returns labels (a copy, or a new map when nil) with slot
+// index's: SlotLabel and its BucketLabel.
+func (s *Slots) setLabels(labels map[string]string, index int) map[string]string {
+	out := make(map[string]string, len(labels)+2)
+	maps.Copy(out, labels)
+	out[SlotLabel] = s.cfg.Prefix
+	out[BucketLabel] = strconv.Itoa(bucketOf(index))
+	return out
 }
 
 // renewLocked renews our Lease l with its resourceVersion. On a Conflict
@@ -669,6 +716,10 @@ func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error 
 		u := l.DeepCopy()
 		now := metav1.NewMicroTime(s.now())
 		u.Spec.RenewTime, u.Spec.LeaseDurationSeconds = &now, s.durationSeconds()
+		// A Lease an older agent created has no BucketLabel yet.
+		if idx := slotIndex(s.cfg.Prefix, u.Name); idx >= 0 {
+			u.Labels = s.setLabels(u.Labels, idx)
+		}
 		s.record(u)
 		got, err := leases.Update(ctx, u, metav1.UpdateOptions{})
 		if err == nil {
@@ -836,16 +887,16 @@ func (s *Slots) freshSize(slots []slotState) (n int, ok bool) {
 	return best.n, true
 }
 
-// staleRefusal is the refusal the slots alone prove without a fresh size:
+// staleRefusal is the refusal the slots read prove without a fresh size:
 // with the largest size known (cached or recorded, however old), every
-// slot under its K held by an unexpired Lease. It is not made twice in a
-// row (the size may predate the fleet's growth).
-func (s *Slots) staleRefusal(slots []slotState) (Decision, bool) {
+// slot read under its K held by an unexpired Lease. It is not made twice
+// in a row (the size may predate the fleet's growth).
+func (s *Slots) staleRefusal(v *view) (Decision, bool) {
 	if s.staleRefused {
 		return Decision{Slot: -1}, false
 	}
 	n := s.fleet
-	for _, sl := range slots {
+	for _, sl := range v.slots() {
 		if r, ok := recordOf(sl.lease); ok && r.n > n && r.at.Before(s.now().Add(s.cfg.FleetSizeTTL)) {
 			n = r.n
 		}
@@ -855,16 +906,17 @@ func (s *Slots) staleRefusal(slots []slotState) (Decision, bool) {
 	}
 	k := Limit(n, s.cfg.MaxFraction)
 	d := Decision{Slot: -1, Limit: k, Fleet: n}
-	for _, sl := range slots {
-		if sl.index < k && sl.lease != nil && !s.expired(sl.lease) {
+	for _, i := range v.indices(k) {
+		d.Seen++
+		if l := v.leases[i]; l != nil && !s.expired(l) {
 			d.Occupied++
 		}
 	}
-	if d.Occupied < k {
+	if d.Seen == 0 || d.Occupied < d.Seen {
 		return Decision{Slot: -1}, false
 	}
 	s.staleRefused = true
-	s.log.Debug("taint slots full by a fleet size that is not fresh", "node", s.node, "limit", k, "fleet", n)
+	s.log.Debug("taint slots read full by a fleet size that is not fresh", "node", s.node, "limit", k, "fleet", n, "read", d.Seen)
 	return d, true
 }
 

@@ -33,7 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -145,8 +145,11 @@ func run() int {
 	if l1 != nil && l1.violation {
 		fails = append(fails, fmt.Errorf("level 1: more Nodes tainted than the limit %d", l1.limit))
 	}
-	if l1 != nil && l1.total.deniedTotal() > 0 {
-		fails = append(fails, fmt.Errorf("level 1: %d agent requests refused: %s", l1.total.deniedTotal(), l1.total.describeDenied()))
+	if l1 != nil && len(l1.watchLeaks) > 0 {
+		fails = append(fails, fmt.Errorf("level 1: watches of slot Leases outlived their need: %s", strings.Join(l1.watchLeaks, "; ")))
+	}
+	if l1 != nil && l1.total.DeniedTotal() > 0 {
+		fails = append(fails, fmt.Errorf("level 1: %d agent requests refused: %s", l1.total.DeniedTotal(), l1.total.DescribeDenied()))
 	}
 	if l2 != nil && l2.violation {
 		fails = append(fails, fmt.Errorf("level 2: tainted count outside 1..%d", l2.limit))
@@ -207,8 +210,6 @@ func createNodes(ctx context.Context, c kubernetes.Interface, names []string, fl
 func tokenExpiry(o options) time.Duration {
 	return max(time.Hour, o.steady+time.Duration(2*o.reps)*o.settle+30*time.Minute)
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
 
 func fmtDur(d time.Duration) string {
 	if d < 0 {

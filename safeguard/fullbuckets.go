@@ -1,0 +1,241 @@
+package safeguard
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// FullBucketsAnnotation prefixes the annotations of the full-bucket
+// hint, the Lease <Prefix>-full: annotation <prefix><g> holds, as two hex
+// digits, the buckets 8g..8g+7 nodes last found without a free slot (bit
+// j for bucket 8g+j). One annotation per 8 buckets (12 at K = 1,500) keeps
+// the hint small, and lets nodes write different groups at once without
+// a Conflict.
+const FullBucketsAnnotation = "gpu-node-agent.io/full-buckets-"
+
+// hintGroup is how many buckets one annotation of the hint holds.
+const hintGroup = 8
+
+// hintDelay bounds the random delay before a node writes what it found
+// into the hint (publishHint), hintTimeout the whole write.
+const (
+	hintDelay   = time.Second
+	hintTimeout = 10 * time.Second
+)
+
+// hintFieldManager owns the hint's annotations, whichever node writes
+// them, so that its managedFields stay one entry.
+const hintFieldManager = "gpu-node-agent-safeguard"
+
+// fullHint is the full-bucket hint as one Acquire read it: which buckets
+// to look in first. It is only a hint: a slot is still taken by Create or
+// a resourceVersion-guarded Update, whatever the hint says, so a wrong
+// hint can cost a look, never a slot too many.
+//
+// Why: a node that reads a few random buckets of many finds the last free
+// slots of a fleet at its limit only by luck (at K = 1,500, 94 buckets, a
+// mass fault of exactly K nodes leaves about 34 of them refused beside as
+// many free slots in test/cmd/slotsmodel's model of the protocol without
+// the hint, none with it). Nodes that find a bucket full mark it, and the
+// next nodes look first in the buckets no one marked. Its size is one bit
+// per bucket, in annotations of 8 buckets each. A node's credentials,
+// however misused, can only make the others look elsewhere first.
+type fullHint struct {
+	lease *coordinationv1.Lease // nil: absent
+	full  map[int]bool
+	// marked and cleared are the changes this Acquire found.
+	marked, cleared map[int]bool
+}
+
+func (s *Slots) hintName() string { return s.cfg.Prefix + "-full" }
+
+// readHint reads the hint (one GET, from kube-apiserver's watch cache:
+// resourceVersion "0"; a hint a moment old serves as well). A hint that
+// cannot be read is an empty one: it only orders the looks.
+func (s *Slots) readHint(ctx context.Context) *fullHint {
+	h := &fullHint{full: map[int]bool{}, marked: map[int]bool{}, cleared: map[int]bool{}}
+	l, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).Get(ctx, s.hintName(), metav1.GetOptions{ResourceVersion: "0"})
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			s.log.Debug("full-bucket hint not read; looking at random", "node", s.node, "err", err)
+		}
+		return h
+	}
+	h.lease = l
+	h.full = decodeBuckets(l.Annotations)
+	return h
+}
+
+// openUnread says whether a bucket under n is neither marked full (by
+// the hint or this Acquire) nor read by v.
+func (h *fullHint) openUnread(n int, v *view) bool {
+	for b := range n {
+		if _, read := v.leases[b*BucketSize]; read || v.all {
+			continue
+		}
+		if !h.full[b] && !h.marked[b] {
+			return true
+		}
+	}
+	return false
+}
+
+// note records what bucket b showed: full (no free slot left under K
+// once this node took its own) or not.
+func (h *fullHint) note(b int, full bool) {
+	switch {
+	case full && !h.full[b]:
+		h.marked[b] = true
+	case !full && h.full[b]:
+		h.cleared[b] = true
+	}
+}
+
+// publishHint writes what this Acquire found into the hint, later and
+// only if it is still news: after a random delay of up to hintDelay it
+// reads the hint again and writes the buckets that the hint does not
+// show as found yet. Nodes that find the same buckets full at once (the
+// end of a mass fault: hundreds of them) then write it once or a few
+// times, not each, so that the one Lease is no hot spot. It runs on its
+// own goroutine, the Acquire that found it returned.
+func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
+	if len(h.marked) == 0 && len(h.cleared) == 0 {
+		return
+	}
+	marked, cleared := maps.Clone(h.marked), maps.Clone(h.cleared)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hintTimeout)
+	s.hintWrites.Go(func() {
+		defer cancel()
+		if err := s.hintWait(ctx); err != nil {
+			return
+		}
+		fresh := s.readHint(ctx)
+		for b := range marked {
+			if fresh.full[b] {
+				delete(marked, b)
+			}
+		}
+		for b := range cleared {
+			if !fresh.full[b] {
+				delete(cleared, b)
+			}
+		}
+		fresh.marked, fresh.cleared = marked, cleared
+		s.writeHint(ctx, fresh)
+	})
+}
+
+// writeHint writes h's news into the hint: for each group of 8 buckets
+// it changes, the group as h read it with the marks and clears, in one
+// JSON merge patch (Create when the hint is absent). Nodes writing the
+// same group at once overwrite one another's news; the buckets lost are
+// found again by the next node that reads them. Failing is only logged:
+// the hint only orders the looks.
+func (s *Slots) writeHint(ctx context.Context, h *fullHint) {
+	if len(h.marked) == 0 && len(h.cleared) == 0 {
+		return
+	}
+	full := maps.Clone(h.full)
+	groups := map[int]bool{}
+	for b := range h.marked {
+		full[b], groups[b/hintGroup] = true, true
+	}
+	for b := range h.cleared {
+		delete(full, b)
+		groups[b/hintGroup] = true
+	}
+	annotations := map[string]string{}
+	for g := range groups {
+		annotations[FullBucketsAnnotation+strconv.Itoa(g)] = encodeGroup(full, g)
+	}
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
+	// The writer is its holder: the admission policy lets a node write
+	// only Leases it holds.
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": annotations},
+		"spec":     map[string]any{"holderIdentity": s.node},
+	})
+	if err != nil {
+		s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
+		return
+	}
+	create := func() error {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: s.hintName(), Namespace: s.cfg.Namespace, Annotations: annotations},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &s.node},
+		}
+		_, err := leases.Create(ctx, l, metav1.CreateOptions{FieldManager: hintFieldManager})
+		return err
+	}
+	update := func() error {
+		_, err := leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
+		return err
+	}
+	// Create when it was absent, patch when it was there; either may
+	// find the other case since.
+	if h.lease == nil {
+		if err = create(); apierrors.IsAlreadyExists(err) {
+			err = update()
+		}
+	} else if err = update(); apierrors.IsNotFound(err) {
+		err = create()
+	}
+	if err != nil {
+		s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
+	}
+}
+
+// encodeGroup is group g of full as two hex digits.
+func encodeGroup(full map[int]bool, g int) string {
+	var by byte
+	for j := range hintGroup {
+		if full[g*hintGroup+j] {
+			by |= 1 << j
+		}
+	}
+	return hex.EncodeToString([]byte{by})
+}
+
+// decodeBuckets reads the hint's annotations; a group that does not
+// parse marks no bucket.
+func decodeBuckets(annotations map[string]string) map[int]bool {
+	out := map[int]bool{}
+	for k, v := range annotations {
+		rest, ok := strings.CutPrefix(k, FullBucketsAnnotation)
+		if !ok {
+			continue
+		}
+		g, err := strconv.Atoi(rest)
+		by, herr := hex.DecodeString(v)
+		if err != nil || g < 0 || strconv.Itoa(g) != rest || herr != nil || len(by) != 1 {
+			continue
+		}
+		for j := range hintGroup {
+			if by[0]&(1<<j) != 0 {
+				out[g*hintGroup+j] = true
+			}
+		}
+	}
+	return out
+}
+
+// sortedBuckets is set's buckets in order (for logs).
+func sortedBuckets(set map[int]bool) []int {
+	var out []int
+	for b := range set {
+		out = append(out, b)
+	}
+	slices.Sort(out)
+	return out
+}
