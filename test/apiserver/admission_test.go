@@ -415,6 +415,7 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 			"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count", "8", "nvidia.com/mig-1g.10gb.count", "7",
 			"gpu-node-agent.io/nvlink", "true", "gpu-node-agent.io/owned-labels", "x")), ""},
 		{"every label the agent writes on a DGX H100 with MIG (golden file)", agent, patchNode(nodeA, types.MergePatchType, labels(goldenLabels(t, goldenMixed)...)), ""},
+		{"own multi-node NVLink clique label", agent, patchNode(nodeA, types.MergePatchType, labels("nvidia.com/gpu.clique", "3f2c8a6e-0b41-4d7e-9c15-5e8b7a1c2d90.7")), ""},
 		{"own node, GPU operator's deploy label", agent, patchNode(nodeA, types.MergePatchType, labels("nvidia.com/gpu.deploy.driver", "false")), "labels it does not own: nvidia.com/gpu.deploy.driver"},
 		{"node B's GFD label", agent, patchNode(nodeB, types.MergePatchType, labels("nvidia.com/gpu.product", "x")), "may only update its own Node"},
 		{"own annotation", agent, patchNode(nodeA, types.MergePatchType, annotations("gpu-node-agent.io/nics", `{"mlx5_0":{"numaNode":0}}`)), ""},
