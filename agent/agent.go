@@ -78,6 +78,13 @@ type Config struct {
 	Taint kubeapi.TaintConfig
 	// NodeLabels keeps the topology labels and annotations on the Node.
 	NodeLabels bool
+	// MoveAdvice keeps the move advice on the Node
+	// (kubeapi.MoveAdviceAnnotation; needs NodeName): the pods whose
+	// moving elsewhere would free a larger NVLink block, read from the
+	// API server for their priority and owner. Advice only: nothing is
+	// evicted. The fragmentation metrics carry the advice's numbers
+	// either way.
+	MoveAdvice bool
 	// KubeClients builds the API clients; nil builds them from Kubeconfig
 	// with KubeClient's rate limit.
 	KubeClients func() (kubeapi.Clients, error)
@@ -105,10 +112,10 @@ type Config struct {
 }
 
 // needsAPI says whether anything talks to the API server: only with a
-// node name, and only for tainting, labels, the GPU process check's
-// Events or the preflight gate.
+// node name, and only for tainting, labels, the move advice, the GPU
+// process check's Events or the preflight gate.
 func (c Config) needsAPI() bool {
-	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels ||
+	return c.NodeName != "" && (c.Taint.WithDefaults().Mode != kubeapi.TaintOff || c.NodeLabels || c.MoveAdvice ||
 		c.Health.Enabled(health.CheckGPUProcesses) || c.Preflight.Enabled || c.Remediation.Enabled())
 }
 
@@ -141,8 +148,8 @@ type Agent struct {
 	// counters is nil unless the watcher runs and the port counter check
 	// is on.
 	counters *rdma.PortCounters
-	// node is nil unless a node name and tainting, labels, the GPU process
-	// check or DRA are set.
+	// node is nil unless a node name and tainting, labels, the move
+	// advice, the GPU process check or DRA are set.
 	node *kubeapi.NodeObject
 	// split says which API serves each device kind; dra is nil unless
 	// DRA serves or should serve one.
@@ -370,6 +377,7 @@ func (a *Agent) nodeConfig() kubeapi.NodeObjectConfig {
 		Preflight:   a.preflightGateConfig(),
 		Remediation: cfg.Remediation.Enabled(),
 		PodUID:      cfg.PodUID,
+		MoveAdvice:  cfg.MoveAdvice,
 	}
 }
 
@@ -394,14 +402,19 @@ func (a *Agent) newTracker(hcfg health.Config, hostRoot string) (*usage.Tracker,
 	}
 	// The preflight skips held GPUs (its re-checks, and the disruptive
 	// items of a gating run on a node in use); a GPU reset waits for the
-	// pods holding the GPU.
+	// pods holding the GPU; the move advice names the pods holding GPUs.
 	pf := a.cfg.Preflight
-	if a.cfg.PodAttribution || judge || pf.Enabled || pf.RecheckInterval > 0 || a.cfg.Remediation.Reset.Enabled {
+	if a.cfg.PodAttribution || judge || pf.Enabled || pf.RecheckInterval > 0 || a.cfg.Remediation.Reset.Enabled || a.cfg.MoveAdvice {
 		ucfg.PodResourcesSocket = usage.PodResourcesSocketPath(hostRoot)
 	}
 	// The fragmentation gauges (free GPUs, the largest free NVLink block,
-	// free MIG devices) follow every cycle's assignments.
-	frag := usage.NewFragmentation(a.hostname())
+	// free MIG devices, what the move advice would free) follow every
+	// cycle's assignments; the node object keeps the advice on the Node.
+	var fopts usage.FragmentationOptions
+	if a.cfg.MoveAdvice && a.node != nil {
+		fopts.Advice = a.node
+	}
+	frag := usage.NewFragmentation(a.hostname(), fopts)
 	if err := a.reg.Register(frag); err != nil {
 		return nil, fmt.Errorf("fragmentation metrics: %w", err)
 	}

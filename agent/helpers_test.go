@@ -43,6 +43,7 @@ func defaults() testConfig {
 			MetricsInterval: metrics.DefaultInterval,
 			PodAttribution:  true,
 			NodeLabels:      true,
+			MoveAdvice:      true,
 			KubeClient:      kubeapi.ClientConfig{}.WithDefaults(),
 		},
 		SimControlAddress: "127.0.0.1:9402",

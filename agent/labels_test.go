@@ -124,3 +124,46 @@ func labelPatches(client *fake.Clientset) int {
 	}
 	return n
 }
+
+// TestCliqueLabelFollowsFabric: on a multi-node NVLink node the agent
+// writes nvidia.com/gpu.clique; a GPU whose fabric registration is back
+// in progress removes it from the Node (a complete discovery without it),
+// and the registration completing puts it back.
+func TestCliqueLabelFollowsFabric(t *testing.T) {
+	const clique = "3f2c8a6e-0b41-4d7e-9c15-5e8b7a1c2d90.7"
+	cfg := defaults()
+	cfg.Simulate = "gb200-nvl72"
+	cfg.DevicePluginDir = testutil.ShortTempDir(t)
+	cfg.MetricsAddress = ""
+	cfg.SimControlAddress = freeAddr(t)
+	cfg.RescanInterval = 0
+	cfg.NodeName = "gpu-node-1"
+	cfg.Taint.Mode = kubeapi.TaintOff
+	cfg.Health.DCGMMode = "off"
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	cfg.KubeClients = func() (kubeapi.Clients, error) {
+		return kubeapi.Clients{Core: client, Meta: fakeMetadata(t, cfg.NodeName)}, nil
+	}
+	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, _ := startAgent(t, a)
+	label := func() (string, bool) {
+		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := n.Labels["nvidia.com/gpu.clique"]
+		return v, ok
+	}
+	testutil.WaitFor(t, "the clique label", func() bool { v, _ := label(); return v == clique })
+
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodPost, `{"kind":"fabric-not-ready","gpu":1}`)
+	a.Rescan()
+	testutil.WaitFor(t, "the clique label removed while gpu 1 registers", func() bool { _, ok := label(); return !ok })
+
+	testutil.SimFault(t, cfg.SimControlAddress, http.MethodDelete, `{"kind":"fabric-not-ready","gpu":1}`)
+	a.Rescan()
+	testutil.WaitFor(t, "the clique label back", func() bool { v, _ := label(); return v == clique })
+}

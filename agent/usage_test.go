@@ -104,10 +104,11 @@ func TestUsageCheckDisabled(t *testing.T) {
 	})
 }
 
-// TestUsageEventsOnly: with a node name but tainting and labels off, the
-// GPU process check still posts its Events about the Node (a host
-// process's zombie memory on a GPU no pod holds, then its kill through
-// the simulator), and nothing else is requested (no Node informer).
+// TestUsageEventsOnly: with a node name but tainting, labels and the move
+// advice off, the GPU process check still posts its Events about the Node
+// (a host process's zombie memory on a GPU no pod holds, then its kill
+// through the simulator), and nothing else is requested (no Node
+// informer).
 func TestUsageEventsOnly(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
@@ -118,6 +119,7 @@ func TestUsageEventsOnly(t *testing.T) {
 	cfg.NodeName = "gpu-node-1"
 	cfg.Taint.Mode = kubeapi.TaintOff
 	cfg.NodeLabels = false
+	cfg.MoveAdvice = false
 	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill, Grace: 200 * time.Millisecond, KillGrace: time.Second}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	cfg.KubeClients = func() (kubeapi.Clients, error) {

@@ -52,6 +52,14 @@ const (
 	AttrPCIeSwitch   resourceapi.QualifiedName = "pcieSwitch"
 	AttrNVLinkDomain resourceapi.QualifiedName = "nvlinkDomain"
 	AttrNVLinkIsland resourceapi.QualifiedName = "nvlinkIsland"
+	// AttrNVLinkClique is the multi-node NVLink domain of a whole GPU,
+	// "<ClusterUUID>.<CliqueID>": the value of the node's
+	// nvidia.com/gpu.clique label (topology.Clique), and absent with it.
+	// NVIDIA's DRA driver publishes no such attribute on its GPUs (its
+	// compute-domain plugin reads the clique for IMEX), so the name is
+	// ours. MIG devices do not get it: NVIDIA's GFD reads fabric IDs of
+	// whole GPUs only.
+	AttrNVLinkClique resourceapi.QualifiedName = "nvlinkClique"
 	AttrProfile      resourceapi.QualifiedName = "profile"
 	AttrParentUUID   resourceapi.QualifiedName = "parentUUID"
 	AttrParentIndex  resourceapi.QualifiedName = "parentIndex"
@@ -140,7 +148,7 @@ func Build(n *topology.Node, opts Options) (Result, error) {
 	if n == nil {
 		return Result{}, errors.New("dra devices: nil node")
 	}
-	b := builder{node: n, opts: opts}
+	b := builder{node: n, opts: opts, clique: topology.Clique(n)}
 	b.domain, b.island = nvlinkGroups(n)
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
@@ -192,7 +200,9 @@ type builder struct {
 	node           *topology.Node
 	opts           Options
 	domain, island []int
-	res            Result
+	// clique is the node's multi-node NVLink domain, "" for none.
+	clique string
+	res    Result
 }
 
 func (b *builder) add(d resourceapi.Device, id string) {
@@ -281,6 +291,7 @@ func (b *builder) gpu(g *topology.GPU) resourceapi.Device {
 		a.str(AttrNVLinkDomain, GPUName(b.domain[i]))
 		a.str(AttrNVLinkIsland, GPUName(b.island[i]))
 	}
+	a.str(AttrNVLinkClique, b.clique)
 	d := resourceapi.Device{Name: name, Attributes: a}
 	if g.MemoryMiB > 0 {
 		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: mib(g.MemoryMiB)}

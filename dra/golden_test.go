@@ -45,6 +45,7 @@ var goldenCases = []struct {
 		},
 	},
 	{name: "pcie-8gpu", profile: "pcie-8gpu"},
+	{name: "gb200-nvl72", profile: "gb200-nvl72"},
 }
 
 // simNode returns a profile's model and the host root the simulator wrote

@@ -16,11 +16,12 @@ import (
 // migNames are the smallest and the 3-slice MIG profile of each simulated
 // MIG-capable GPU model; the V100 profiles have none.
 var migNames = map[string][2]string{
-	"dgx-a100":  {"1g.5gb", "3g.20gb"},
-	"dgx-h100":  {"1g.10gb", "3g.40gb"},
-	"dgx-h200":  {"1g.18gb", "3g.71gb"},
-	"dgx-b200":  {"1g.23gb", "3g.90gb"},
-	"pcie-8gpu": {"1g.10gb", "3g.40gb"},
+	"dgx-a100":    {"1g.5gb", "3g.20gb"},
+	"dgx-h100":    {"1g.10gb", "3g.40gb"},
+	"dgx-h200":    {"1g.18gb", "3g.71gb"},
+	"dgx-b200":    {"1g.23gb", "3g.90gb"},
+	"gb200-nvl72": {"1g.23gb", "3g.90gb"},
+	"pcie-8gpu":   {"1g.10gb", "3g.40gb"},
 }
 
 func repeat(s string, n int) []string {
@@ -37,7 +38,7 @@ func repeat(s string, n int) []string {
 func TestResourcesOnSimProfiles(t *testing.T) {
 	type layout struct {
 		name string
-		opts func(small, mid string) []sim.ProfileOption
+		opts func(n int, small, mid string) []sim.ProfileOption
 		// want returns the expected resource counts for n GPUs, or an
 		// error substring for the strategy.
 		want func(strategy string, n int, small, mid string) (map[string]int, string)
@@ -45,14 +46,14 @@ func TestResourcesOnSimProfiles(t *testing.T) {
 	layouts := []layout{
 		{
 			name: "no MIG",
-			opts: func(string, string) []sim.ProfileOption { return nil },
+			opts: func(int, string, string) []sim.ProfileOption { return nil },
 			want: func(_ string, n int, _, _ string) (map[string]int, string) {
 				return map[string]int{ResourceGPU: n}, ""
 			},
 		},
 		{
 			name: "MIG on GPUs 0,1",
-			opts: func(small, mid string) []sim.ProfileOption {
+			opts: func(_ int, small, mid string) []sim.ProfileOption {
 				return []sim.ProfileOption{sim.WithMIG(0, mid, small, small), sim.WithMIG(1, repeat(small, 7)...)}
 			},
 			want: func(strategy string, n int, small, mid string) (map[string]int, string) {
@@ -67,9 +68,9 @@ func TestResourcesOnSimProfiles(t *testing.T) {
 		},
 		{
 			name: "7 small MIG on every GPU",
-			opts: func(small, _ string) []sim.ProfileOption {
+			opts: func(n int, small, _ string) []sim.ProfileOption {
 				var o []sim.ProfileOption
-				for i := 0; i < 8; i++ {
+				for i := 0; i < n; i++ {
 					o = append(o, sim.WithMIG(i, repeat(small, 7)...))
 				}
 				return o
@@ -89,11 +90,15 @@ func TestResourcesOnSimProfiles(t *testing.T) {
 	var table []string
 	for _, profile := range sim.Profiles() {
 		names, migCapable := migNames[profile]
+		whole, err := sim.Profile(profile)
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, l := range layouts {
 			if !migCapable && l.name != "no MIG" {
 				continue
 			}
-			node, err := sim.Profile(profile, l.opts(names[0], names[1])...)
+			node, err := sim.Profile(profile, l.opts(len(whole.GPUs), names[0], names[1])...)
 			if err != nil {
 				t.Fatalf("%s %s: %v", profile, l.name, err)
 			}

@@ -6,7 +6,9 @@
 // since the host booted (NodeObject.SetPreflight), the Events other parts
 // post about the node (NodeEvents: GPU process findings and kills, posted
 // once each), the operator's clear-faults and preflight-rerun annotations,
-// the topology labels and annotations (Labeler), the remediation's API
+// the topology labels and annotations and the move advice annotation
+// (Labeler; the advice's pods read once each for their priority and
+// owner, its writes spaced by MoveAdviceInterval), the remediation's API
 // calls (RemediationAPI), and jittered retries. The tainter asks its
 // Safeguard before adding the taint; the agent's is package safeguard's
 // slot, shared with remediation and given this package's clients. It talks

@@ -29,11 +29,20 @@ import (
 // controllers own.
 const OwnedLabelsAnnotation = "gpu-node-agent.io/owned-labels"
 
+// AnnotationKeys returns every Node annotation key the labeler owns (a
+// fresh slice): those topology.Annotations can return and
+// MoveAdviceAnnotation. OwnedLabelsAnnotation is the labeler's own
+// bookkeeping, not among them.
+func AnnotationKeys() []string {
+	return append(topology.AnnotationKeys(), MoveAdviceAnnotation)
+}
+
 // Labeler keeps the agent's topology labels and annotations
-// (topology.Labels, topology.Annotations) on one Node object. It compares
-// with the Node in the NodeWatch's cache, writes only when what it owns
-// differs, removes what it owns and no longer wants, and never touches
-// any other label or annotation.
+// (topology.Labels, topology.Annotations) and its move advice
+// (MoveAdviceAnnotation) on one Node object. It compares with the Node in
+// the NodeWatch's cache, writes only when what it owns differs, removes
+// what it owns and no longer wants, and never touches any other label or
+// annotation.
 type Labeler struct {
 	client kubernetes.Interface
 	watch  *NodeWatch
@@ -62,9 +71,30 @@ func NewLabeler(client kubernetes.Interface, watch *NodeWatch, log *slog.Logger)
 // exponential backoff, until ctx ends. want returns ok false while there
 // is nothing to apply yet.
 func (l *Labeler) Run(ctx context.Context, changed <-chan struct{}, want func() (labels, annotations map[string]string, ok bool)) {
+	l.run(ctx, changed, func() (nodeMeta, bool) {
+		labels, annotations, ok := want()
+		return nodeMeta{labels: labels, ownLabels: true, annotations: annotations, keys: AnnotationKeys()}, ok
+	})
+}
+
+// nodeMeta is what one apply makes true on the Node: the labels (when
+// ownLabels) and the annotations with keys, each absent from annotations
+// removed. What it does not own (the labels without ownLabels, the other
+// annotation keys) is left as it is: the node object applies the
+// topology's part only from complete discoveries and the move advice's
+// only once it is known, each without holding up the other.
+type nodeMeta struct {
+	labels      map[string]string
+	ownLabels   bool
+	annotations map[string]string
+	keys        []string
+}
+
+// run is Run with the scope of each apply chosen by want.
+func (l *Labeler) run(ctx context.Context, changed <-chan struct{}, want func() (nodeMeta, bool)) {
 	reconcileLoop(ctx, l.retryBackoff, func(ctx context.Context) error {
-		if labels, annotations, ok := want(); ok {
-			return l.Apply(ctx, labels, annotations)
+		if m, ok := want(); ok {
+			return l.apply(ctx, m)
 		}
 		return nil
 	}, func(err error, retry time.Duration) {
@@ -76,17 +106,32 @@ func (l *Labeler) Run(ctx context.Context, changed <-chan struct{}, want func() 
 // to labels and annotations: it adds and updates those, and removes the
 // ones it set before that are no longer wanted. Owned labels are the ones
 // listed in OwnedLabelsAnnotation; owned annotations are the fixed keys
-// topology.Annotations can return (any other key in annotations is
-// refused), so restarts need no bookkeeping for them. Nothing is sent when
-// the cached Node is already as wanted; otherwise one JSON merge patch
-// carries every change (no read-modify-write race with other writers),
-// retried with jittered backoff on conflicts and transient API errors.
+// AnnotationKeys returns (any other key in annotations is refused), so
+// restarts need no bookkeeping for them. Nothing is sent when the cached
+// Node is already as wanted; otherwise one JSON merge patch carries every
+// change (no read-modify-write race with other writers), retried with
+// jittered backoff on conflicts and transient API errors.
 func (l *Labeler) Apply(ctx context.Context, labels, annotations map[string]string) error {
-	keys := topology.AnnotationKeys()
-	for k := range annotations {
-		if !slices.Contains(keys, k) {
+	return l.apply(ctx, nodeMeta{labels: labels, ownLabels: true, annotations: annotations, keys: AnnotationKeys()})
+}
+
+// apply is Apply on m's scope: labels only when m.ownLabels, annotations
+// only of m.keys (each one the labeler owns).
+func (l *Labeler) apply(ctx context.Context, m nodeMeta) error {
+	all := AnnotationKeys()
+	for _, k := range m.keys {
+		if !slices.Contains(all, k) {
 			return fmt.Errorf("node %s: annotation %s is not one the agent owns", l.watch.Name(), k)
 		}
+	}
+	for k := range m.annotations {
+		if !slices.Contains(m.keys, k) {
+			return fmt.Errorf("node %s: annotation %s is not one the agent owns", l.watch.Name(), k)
+		}
+	}
+	labels := m.labels
+	if !m.ownLabels {
+		labels = nil
 	}
 
 	l.mu.Lock()
@@ -96,7 +141,11 @@ func (l *Labeler) Apply(ctx context.Context, labels, annotations map[string]stri
 	if err != nil {
 		return err
 	}
-	haveLabels, haveAnnotations := owned(node, keys)
+	haveLabels, haveAnnotations := owned(node, m.keys)
+	if !m.ownLabels {
+		haveLabels = nil
+	}
+	annotations := m.annotations
 	if maps.Equal(haveLabels, labels) && maps.Equal(haveAnnotations, annotations) {
 		return nil
 	}
@@ -133,7 +182,13 @@ func (l *Labeler) Apply(ctx context.Context, labels, annotations map[string]stri
 	if err != nil {
 		return fmt.Errorf("patch node %s labels and annotations: %w", l.watch.Name(), err)
 	}
-	l.log.Info("node labels and annotations updated", "node", l.watch.Name(),
+	level := slog.LevelInfo
+	if _, advice := patchAnnotations[MoveAdviceAnnotation]; advice && len(patchAnnotations) == 1 && len(patchLabels) == 0 {
+		// The move advice follows the node's pods: one line per change
+		// at info would be noise.
+		level = slog.LevelDebug
+	}
+	l.log.Log(ctx, level, "node labels and annotations updated", "node", l.watch.Name(),
 		"labelsSet", len(patchLabels)-len(removedLabels), "labelsRemoved", removedLabels,
 		"annotationsSet", setAnnotations, "annotationsRemoved", removedAnnotations)
 	l.reader.wrote(ctx, patched)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -42,15 +43,23 @@ type NodeObjectConfig struct {
 	Remediation bool
 	// PodUID is the agent's own pod, which remediation never evicts.
 	PodUID string
+	// MoveAdvice keeps the move advice (SetMoveAdvice) on the Node as
+	// MoveAdviceAnnotation, the pods it names read from the API server
+	// for their priority and owner. Off, the annotation is never written
+	// (and, with Labels, one an earlier run left is removed).
+	MoveAdvice bool
+	// Clock times the move advice's writes (nil: the real clock).
+	Clock clock.Clock
 }
 
 // NodeObject keeps this node's Node object in step with the agent: the
 // health taint and condition (Tainter), the preflight taint and condition
-// (the preflight gate) and the topology labels and annotations (Labeler),
-// all reading the Node from one informer scoped to it (NodeWatch), and the
-// Events other parts post about the node (NodeEvents). The agent serves
-// devices whether or not the API server is reachable: the client is
-// built, and every write retried, in the background.
+// (the preflight gate), the topology labels and annotations and the move
+// advice annotation (Labeler), all reading the Node from one informer
+// scoped to it (NodeWatch), and the Events other parts post about the
+// node (NodeEvents). The agent serves devices whether or not the API
+// server is reachable: the client is built, and every write retried, in
+// the background.
 type NodeObject struct {
 	cfg    NodeObjectConfig
 	health Health
@@ -79,6 +88,9 @@ type NodeObject struct {
 
 	// remediation is the remediation's API (nil unless configured).
 	remediation *RemediationAPI
+	// advice renders the move advice annotation (nil unless
+	// NodeObjectConfig.MoveAdvice).
+	advice *moveAdvisor
 }
 
 // NewNodeObject returns the node object for cfg; the tainter follows
@@ -109,7 +121,34 @@ func NewNodeObject(cfg NodeObjectConfig, health Health, reg prometheus.Registere
 		o.remediation = &RemediationAPI{ownPod: types.UID(cfg.PodUID), events: events, log: log.With("component", "remediation"),
 			changes: make(chan struct{}, 1)}
 	}
+	if cfg.MoveAdvice {
+		clk := cfg.Clock
+		if clk == nil {
+			clk = clock.RealClock{}
+		}
+		o.advice = newMoveAdvisor(log.With("component", "move-advice"), clk, MoveAdviceInterval, o.kickLabels)
+	}
 	return o
+}
+
+// kickLabels wakes the labeler; it never blocks.
+func (o *NodeObject) kickLabels() {
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+}
+
+// SetMoveAdvice is told the node's move advice whenever it changes
+// (usage.AdviceObserver); podUIDs maps its pods (namespace/name) to their
+// UIDs where known. The Node's MoveAdviceAnnotation follows it, no more
+// often than MoveAdviceInterval. It never blocks; without
+// NodeObjectConfig.MoveAdvice it does nothing.
+func (o *NodeObject) SetMoveAdvice(n *topology.Node, a topology.MoveAdvice, podUIDs map[string]string) {
+	if o.advice == nil {
+		return
+	}
+	o.advice.set(adviceInput{node: n, advice: a, uids: podUIDs})
 }
 
 // Remediation is the remediation's view of the API server (nil unless
@@ -129,10 +168,7 @@ func (o *NodeObject) Event(eventType, reason, message string) {
 // it.
 func (o *NodeObject) SetNode(n *topology.Node) {
 	o.node.Store(n)
-	select {
-	case o.kick <- struct{}{}:
-	default:
-	}
+	o.kickLabels()
 }
 
 // SetPreflight is told the preflight verdict; the gate (when
@@ -209,14 +245,31 @@ func (o *NodeObject) setWatch(w *NodeWatch) {
 	})
 }
 
-// want is what the labeler applies: the latest discovered node's labels
-// and annotations.
-func (o *NodeObject) want() (labels, annotations map[string]string, ok bool) {
-	n := o.node.Load()
-	if n == nil {
-		return nil, nil, false
+// want is what the labeler applies: with Labels, the latest discovered
+// node's labels and annotations (none before the first); with
+// MoveAdvice, the move advice annotation once the advice is known. Each
+// part is applied without the other: a discovery that is never complete
+// does not hold the advice back, and an advice change rewrites no label.
+// With Labels and not MoveAdvice the advice annotation is kept absent.
+func (o *NodeObject) want() (nodeMeta, bool) {
+	m := nodeMeta{annotations: map[string]string{}}
+	if n := o.node.Load(); o.cfg.Labels && n != nil {
+		m.labels, m.ownLabels = topology.Labels(n, o.cfg.MIGStrategy, o.cfg.Sharing), true
+		m.annotations = topology.Annotations(n)
+		m.keys = topology.AnnotationKeys()
+		if o.advice == nil {
+			m.keys = append(m.keys, MoveAdviceAnnotation)
+		}
 	}
-	return topology.Labels(n, o.cfg.MIGStrategy, o.cfg.Sharing), topology.Annotations(n), true
+	if o.advice != nil {
+		if v, known := o.advice.current(); known {
+			m.keys = append(m.keys, MoveAdviceAnnotation)
+			if v != "" {
+				m.annotations[MoveAdviceAnnotation] = v
+			}
+		}
+	}
+	return m, len(m.keys) > 0 || m.ownLabels
 }
 
 // Run builds the client (retrying until it can), starts the node informer
@@ -230,7 +283,7 @@ func (o *NodeObject) Run(ctx context.Context) error {
 	}
 	taint := o.cfg.Taint.WithDefaults()
 	var wg sync.WaitGroup
-	if taint.Mode == TaintOff && !o.cfg.Labels && o.cfg.Preflight == nil && o.remediation == nil {
+	if taint.Mode == TaintOff && !o.cfg.Labels && o.advice == nil && o.cfg.Preflight == nil && o.remediation == nil {
 		// Events only: no informer on the Node.
 		o.setWatch(nil)
 		o.events.run(ctx, clients.Core, func() types.UID { return "" })
@@ -275,9 +328,12 @@ func (o *NodeObject) Run(ctx context.Context) error {
 			wg.Go(func() { g.run(ctx, o.preflightKick, o.verdict.Load) })
 		}
 	}
-	if o.cfg.Labels {
+	if o.advice != nil {
+		wg.Go(func() { o.advice.run(ctx, clients.Core) })
+	}
+	if o.cfg.Labels || o.advice != nil {
 		l := NewLabeler(clients.Core, watch, o.log.With("component", "labels"))
-		wg.Go(func() { l.Run(ctx, o.kick, o.want) })
+		wg.Go(func() { l.run(ctx, o.kick, o.want) })
 	}
 	wg.Wait()
 	return nil

@@ -33,8 +33,9 @@ lint-manifests: $(KUBECONFORM) $(KUBE_SCHEMAS)/daemonset-apps-v1.json ## validat
 manifests: ## render deploy/manifests from the Helm chart's default values
 	cd test/chart && $(GO) run ./cmd/render ../..
 
-check-manifests: ## lint and render the chart, assert its key fields, fail if deploy/manifests is stale; kubeconform them
+check-manifests: ## lint and render the chart, assert its key fields, fail if deploy/manifests is stale; kubeconform them; check deploy/examples
 	cd test/chart && $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory lint-manifests
+	cd test && $(GO) test -count=1 ./examples/...
 
 test-chart: check-manifests

@@ -91,7 +91,7 @@ deps-perf: ## install perf (Debian's linux-perf) when missing
 measure-devices: ## table of devices served per simulator profile, MIG layout and strategy
 	$(GO) test -count=1 -v -run 'TestResourcesOnSimProfiles$$' ./gpu | sed -n '/devices served per profile/,/^--- /p'
 
-SERVED_PROFILES   ?= dgx-1v dgx-2 dgx-a100 dgx-b200 dgx-h100 dgx-h200 pcie-8gpu
+SERVED_PROFILES   ?= dgx-1v dgx-2 dgx-a100 dgx-b200 dgx-h100 dgx-h200 gb200-nvl72 pcie-8gpu
 SERVED_STRATEGIES ?= none single mixed
 SERVED_MIG        ?= dgx-h100,mig=0:3g.40gb+2g.20gb+1g.10gb+1g.10gb,mig=1:1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb+1g.10gb
 

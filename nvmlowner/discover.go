@@ -18,11 +18,11 @@ import (
 )
 
 // Discoverer reads a node's topology through an Owner, again and again:
-// GPUs (UUID, bus ID, NUMA node, model, memory, minor, PCI path), MIG mode
-// and MIG devices, NVLink counts per GPU pair (direct links, and links
-// through NVSwitch: a pair on the switch fabric gets the smaller of the two
-// GPUs' switch link counts) and the PCIe common-ancestor level of every
-// pair.
+// GPUs (UUID, bus ID, NUMA node, model, memory, minor, PCI path, NVLink
+// fabric registration), MIG mode and MIG devices, NVLink counts per GPU
+// pair (direct links, and links through NVSwitch: a pair on the switch
+// fabric gets the smaller of the two GPUs' switch link counts) and the PCIe
+// common-ancestor level of every pair.
 //
 // Every NVML call is the Owner's: bounded by the call timeout and run on
 // the lane of its GPU (by index until the UUID is known, then by UUID, the
@@ -334,8 +334,31 @@ func (d *discovery) gpu(i int) (g topology.GPU) {
 	} else if !more {
 		return g
 	}
+	// The v1 call, as the sampler makes it (go-nvml's GetGpuFabricInfoV
+	// returns a handler around the real C handle, which a simulated
+	// library cannot answer). NOT_SUPPORTED (no fabric) leaves Fabric
+	// nil; any other failure is Unread, so the node's labels, gpu.clique
+	// among them, are kept rather than recomputed (topology.Clique).
+	fi, err := call(d, uuid, "GetGpuFabricInfo", func(dev Device) (nvml.GpuFabricInfo, nvml.Return) { return dev.GetGpuFabricInfo() })
+	if ok, more := d.check(&g, "GetGpuFabricInfo", err); ok {
+		g.Fabric = fabricOf(fi)
+	} else if !more {
+		return g
+	}
 	d.mig(&g, totalMemory)
 	return g
+}
+
+// fabricOf is the model of a GPU's nvmlGpuFabricInfo_t, read as it is:
+// the status too, which nvml.h says to check only once the state is
+// completed.
+func fabricOf(fi nvml.GpuFabricInfo) *topology.Fabric {
+	return &topology.Fabric{
+		State:       topology.FabricStateOf(fi.State),
+		Status:      fi.Status,
+		ClusterUUID: topology.FabricClusterUUID(fi.ClusterUuid),
+		CliqueID:    fi.CliqueId,
+	}
 }
 
 // migRead is what the MIG call batch hands back.

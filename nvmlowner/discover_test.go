@@ -61,6 +61,7 @@ func TestDiscoverProfiles(t *testing.T) {
 		}},
 		{"dgx-h200", 8, 18, []pairWant{{0, 1, 18, topology.PCIeHostBridge}, {1, 5, 18, topology.PCIeCrossCPU}}},
 		{"dgx-b200", 8, 18, []pairWant{{2, 3, 18, topology.PCIeHostBridge}, {0, 7, 18, topology.PCIeCrossCPU}}},
+		{"gb200-nvl72", 4, 18, []pairWant{{0, 1, 18, topology.PCIeSameCPU}, {1, 2, 18, topology.PCIeCrossCPU}}},
 		{"dgx-2", 16, 6, []pairWant{
 			{0, 1, 6, topology.PCIeSingleSwitch}, {0, 2, 6, topology.PCIeMultiSwitch}, {0, 4, 6, topology.PCIeHostBridge},
 			{0, 8, 6, topology.PCIeCrossCPU}, {7, 15, 6, topology.PCIeCrossCPU}, {14, 15, 6, topology.PCIeSingleSwitch},

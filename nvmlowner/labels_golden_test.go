@@ -44,6 +44,7 @@ func TestGFDLabelsGolden(t *testing.T) {
 		{"pcie-8gpu-single", "pcie-8gpu", nil, "single"},
 		{"pcie-8gpu-mixed", "pcie-8gpu", nil, "mixed"},
 		{"dgx-1v-none", "dgx-1v", nil, "none"},
+		{"gb200-nvl72-none", "gb200-nvl72", nil, "none"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.golden, func(t *testing.T) {

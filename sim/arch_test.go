@@ -27,6 +27,7 @@ var archCases = []archCase{
 	{profile: "dgx-h100", arch: nvml.DEVICE_ARCH_HOPPER, remap: true, nvlinkErr: true, nvlinks: true},
 	{profile: "dgx-h200", arch: nvml.DEVICE_ARCH_HOPPER, remap: true, nvlinkErr: true, nvlinks: true},
 	{profile: "dgx-b200", arch: nvml.DEVICE_ARCH_BLACKWELL, remap: true, nvlinks: true},
+	{profile: "gb200-nvl72", arch: nvml.DEVICE_ARCH_BLACKWELL, remap: true, nvlinks: true},
 }
 
 func newArchNode(t *testing.T, profile string, opts ...ProfileOption) *Node {

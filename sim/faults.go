@@ -556,8 +556,7 @@ func (n *Node) applyFault(f Fault, on bool) error {
 			}
 		}
 	case FaultFabricNotReady:
-		if !n.onFabric(gpu) {
-			g := n.gpus[gpu]
+		if g := n.gpus[gpu]; g.fabric == nil {
 			return fmt.Errorf("kind: fault %q on gpu %d: %s is not on an NVSwitch fabric; GetGpuFabricInfo answers NOT_SUPPORTED", f.Kind, gpu, g.cfg.Name)
 		}
 		setGPU(func(g *gpuFaults) { g.fabricNotReady = on })

@@ -162,13 +162,18 @@ func (n *Node) logKmsg(msgs ...string) {
 
 // injectSXID writes an SXid on NVSwitch 0: fault f's XID is the SXid
 // number, Link its port, NonFatal its severity. Only a node whose GPUs
-// sit on an NVSwitch fabric has one.
+// sit on an NVSwitch fabric has one, and not a node of a multi-node NVLink
+// domain: its NVSwitches are in the rack's switch trays, whose own kernel
+// logs their SXids.
 func (n *Node) injectSXID(f Fault) error {
 	if f.XID == 0 {
 		return fmt.Errorf("xid: required for fault kind %q (the SXid number)", f.Kind)
 	}
 	if len(n.gpus) == 0 || !n.onFabric(0) {
 		return fmt.Errorf("kind: fault %q: this node has no NVSwitch (its GPUs are not on an NVSwitch fabric)", f.Kind)
+	}
+	if n.multiNodeNVLink() {
+		return fmt.Errorf("kind: fault %q: this node's NVSwitches are off the node (a multi-node NVLink domain's switch trays log their SXids)", f.Kind)
 	}
 	n.logKmsg(sxidLine(f.XID, f.Link, !f.NonFatal))
 	return nil

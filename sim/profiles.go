@@ -66,6 +66,18 @@ type profileDef struct {
 	// simulated host's firmware reports: the system's name, not copied
 	// from any real firmware.
 	machine string
+	// nvlinkDomain is the multi-node NVLink domain the GPUs register in
+	// (nil: none; a Hopper or later NVSwitch system then registers with
+	// an all-zero cluster UUID, fabric.go).
+	nvlinkDomain *nvlinkDomain
+}
+
+// nvlinkDomain is what every GPU of a multi-node NVLink profile reads from
+// nvmlDeviceGetGpuFabricInfo once the Fabric Manager has registered it:
+// the cluster UUID and clique ID of its NVLink domain.
+type nvlinkDomain struct {
+	clusterUUID string
+	cliqueID    uint32
 }
 
 // dgxA100Storage is the DGX A100's storage NIC: one dual-port ConnectX
@@ -122,6 +134,28 @@ var profiles = map[string]profileDef{
 		shape:        treeShape{gpusPerLeaf: 2, nicsPerLeaf: 1, leavesPerTop: 2, subtreesPerHostBridge: 2},
 		nicLinkLayer: "InfiniBand",
 		machine:      "DGX-2",
+	},
+	// One compute tray of a GB200 NVL72 rack: two Grace CPUs with two
+	// Blackwell GPUs each, every GPU's 18 NVLink 5 links going out of the
+	// tray to the rack's NVLink switch trays (18 NVSwitch chips), and one
+	// InfiniBand NIC per GPU. The 18 trays of a rack form one NVLink
+	// domain: their GPUs register with one cluster UUID and clique ID,
+	// fixed here (not taken from a real system).
+	//
+	// Approximations: the GPUs are go-nvml's B200 mock (the simulator has
+	// no GB200 model; a GB200 names itself "NVIDIA GB200", with about
+	// 186 GB of HBM3e); they hang off PCIe root ports of PCI domain 0
+	// like the other profiles' (on the real tray each GPU sits behind its
+	// Grace CPU's NVLink-C2C, in a PCI domain of its own); the BlueField
+	// DPUs of the tray are left out; the links' far ends get the bus IDs
+	// the simulator gives any 18-link GPU's switches (four, a DGX
+	// H100's), which discovery does not read.
+	"gb200-nvl72": {
+		gpu: realisticMIG(gpus.B200_SXM5_180GB), count: 4, nvswitchLinks: 18, nvswitches: 18,
+		shape:        treeShape{gpusPerLeaf: 1, nicsPerLeaf: 1, subtreesPerHostBridge: 1},
+		nicLinkLayer: "InfiniBand",
+		machine:      "GB200 NVL72",
+		nvlinkDomain: &nvlinkDomain{clusterUUID: "3f2c8a6e-0b41-4d7e-9c15-5e8b7a1c2d90", cliqueID: 7},
 	},
 	"pcie-8gpu": {
 		gpu: realisticMIG(gpus.A100_PCIE_80GB), count: 8,
@@ -199,6 +233,7 @@ func Profile(name string, opts ...ProfileOption) (*topology.Node, error) {
 			PCIClass:     0x030200,
 			ComputeMajor: def.gpu.CudaMajor,
 			ComputeMinor: def.gpu.CudaMinor,
+			Fabric:       def.fabric(),
 		}
 		node.GPUs = append(node.GPUs, g)
 	}
@@ -257,6 +292,22 @@ func Profile(name string, opts ...ProfileOption) (*topology.Node, error) {
 		}
 	}
 	return node, nil
+}
+
+// fabric is what a GPU of the profile reads from
+// nvmlDeviceGetGpuFabricInfo: nothing (NOT_SUPPORTED) off an NVSwitch or
+// before Hopper; registered with its NVLink domain on a multi-node NVLink
+// profile; registered with an all-zero cluster UUID and clique 0 on a
+// single-node NVSwitch system (fabric.go says why).
+func (def profileDef) fabric() *topology.Fabric {
+	if def.nvswitchLinks == 0 || !fabricArch(def.gpu.Architecture) {
+		return nil
+	}
+	f := &topology.Fabric{State: topology.FabricCompleted}
+	if d := def.nvlinkDomain; d != nil {
+		f.ClusterUUID, f.CliqueID = d.clusterUUID, d.cliqueID
+	}
+	return f
 }
 
 // netdevName is the predictable interface name systemd gives an InfiniBand

@@ -80,6 +80,9 @@ type gpuState struct {
 	maxMIG     int
 	// memBytes is the GPU's memory, what MIG profile names are relative to.
 	memBytes uint64
+	// fabric is the GPU's NVLink fabric registration (fabric.go); nil
+	// when GetGpuFabricInfo answers NOT_SUPPORTED.
+	fabric *topology.Fabric
 
 	// guarded by Node.mu
 	lost bool
@@ -417,6 +420,10 @@ func cloneNode(in *topology.Node) *topology.Node {
 	for i := range out.GPUs {
 		out.GPUs[i].PCIPath = slices.Clone(out.GPUs[i].PCIPath)
 		out.GPUs[i].MIG = slices.Clone(out.GPUs[i].MIG)
+		if f := out.GPUs[i].Fabric; f != nil {
+			c := *f
+			out.GPUs[i].Fabric = &c
+		}
 	}
 	for i := range out.NICs {
 		out.NICs[i].PCIPath = slices.Clone(out.NICs[i].PCIPath)

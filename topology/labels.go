@@ -29,6 +29,9 @@ const (
 	LabelVGPUPresent        = "nvidia.com/vgpu.present"
 	LabelVGPUHostDriver     = "nvidia.com/vgpu.host-driver-version"
 	LabelVGPUHostBranch     = "nvidia.com/vgpu.host-driver-branch"
+	// LabelGPUClique is the node's multi-node NVLink domain,
+	// "<ClusterUUID>.<CliqueID>" (Clique).
+	LabelGPUClique = "nvidia.com/gpu.clique"
 
 	LabelNVLink    = "gpu-node-agent.io/nvlink"
 	LabelNVSwitch  = "gpu-node-agent.io/nvswitch"
@@ -95,7 +98,10 @@ type Sharing map[string]SharedResource
 //     without MIG, gets the gpu.* labels of that profile (product
 //     "<model>-MIG-<profile>", the MIG device count, memory and attributes);
 //     any other node with MIG enabled gets GFD's "<model>-MIG-INVALID" set.
-//     Under mixed each profile gets nvidia.com/mig-<profile>.* labels.
+//     Under mixed each profile gets nvidia.com/mig-<profile>.* labels;
+//   - gpu.clique: the multi-node NVLink domain every GPU reports (Clique,
+//     which says where it is stricter than GFD); none on a node outside
+//     one, or while a GPU's fabric registration is not completed.
 //
 // GFD's optional nvidia.com/gfd.timestamp is not set: it would change the
 // Node on every relabel. gpu-node-agent.io/nvswitch is inferred, since the
@@ -116,6 +122,9 @@ func Labels(n *Node, migStrategy string, sharing Sharing) map[string]string {
 	if migStrategy != MIGStrategyNone {
 		l[LabelMIGStrategy] = migStrategy
 		addMIGLabels(l, n, migStrategy, sharing)
+	}
+	if c := Clique(n); c != "" {
+		l[LabelGPUClique] = c
 	}
 	addWiringLabels(l, n)
 	return l

@@ -86,6 +86,11 @@ type GPU struct {
 	// every placement the driver allows for it, read only while MIG mode
 	// is on and only when asked for (MIG devices made on demand).
 	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
+	// Fabric is the GPU's registration with an NVLink fabric
+	// (nvmlDeviceGetGpuFabricInfo); nil when the GPU has none (NVML
+	// answers NOT_SUPPORTED: no NVSwitch, or older than Hopper) or the
+	// read failed (then Node.Unread says so).
+	Fabric *Fabric `json:"fabric,omitempty"`
 	// Lost is set when NVML reports the GPU lost or unreachable during
 	// discovery; the GPU stays in the model so it can be reported unhealthy.
 	Lost bool `json:"lost,omitempty"`

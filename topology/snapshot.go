@@ -230,7 +230,8 @@ func ValidPCIeLevel(l PCIeLevel) bool {
 }
 
 // Validate checks that the model is self-consistent: GPUs listed in index
-// order from 0 with unique "GPU-" UUIDs and bus IDs, MIG devices with unique
+// order from 0 with unique "GPU-" UUIDs and bus IDs, fabric states nvml.h
+// names and cluster UUIDs in canonical form, MIG devices with unique
 // "MIG-" UUIDs, valid profile names and distinct GPU/compute instances,
 // links between two different known GPUs with at most one entry per pair and
 // a known PCIe level, and NICs with unique names referring to known GPUs.
@@ -271,6 +272,9 @@ func (n *Node) Validate() error {
 			return fmt.Errorf("%s.minor: %d is negative", p, g.Minor)
 		}
 		if err := validatePath(g.PCIPath, g.PCIBusID, p); err != nil {
+			return err
+		}
+		if err := g.Fabric.validate(p); err != nil {
 			return err
 		}
 		if len(g.MIG) > 0 && !g.MIGEnabled {

@@ -7,7 +7,8 @@
 // devices in this node's pool, with the pod log directories for pod
 // UIDs). It owns the kubelet pod-resources client the GPU metrics
 // label their series from (and hands each cycle's allocations to the
-// fragmentation collector), and the GPU process check: processes of gone
+// fragmentation collector, which also computes the move advice and hands
+// a changed one to the node object), and the GPU process check: processes of gone
 // pods or of the host holding memory on a device no running pod is
 // assigned (zombie), memory held with no process at all (leaked), another
 // pod's or the host's process on an assigned device (foreign), reported

@@ -511,7 +511,7 @@ func TestDRANeverKillsRunningPod(t *testing.T) {
 func TestDRAFreeAndLabels(t *testing.T) {
 	for _, judge := range []bool{true, false} {
 		t.Run(map[bool]string{true: "judged", false: "labels-only"}[judge], func(t *testing.T) {
-			frag := NewFragmentation(draPool)
+			frag := NewFragmentation(draPool, FragmentationOptions{})
 			r := draRig(t, func(c *Config, o *Options) {
 				c.Judge = judge
 				o.Allocations = frag

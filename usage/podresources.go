@@ -1,6 +1,7 @@
 package usage
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
+	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
 
 // podResourcesMaxMsgSize matches the kubelet's own pod-resources client
@@ -156,6 +158,51 @@ func (a *Assignments) Allocated() map[string]bool {
 		return nil
 	}
 	return a.ids
+}
+
+// Holds lists, for the move advice (topology.AdviseMoves), each pod
+// holding a device with every device ID it holds as the kubelet assigned
+// it (replicas keep their "::<n>"; DRA devices by the ID their name
+// resolved to; RDMA devices too, which the advice ignores), each ID once
+// and sorted; pods sorted by namespace then name.
+func (a *Assignments) Holds() []topology.PodHold {
+	if a == nil {
+		return nil
+	}
+	byPod := map[podName]map[string]bool{}
+	for _, l := range a.byBase {
+		for _, as := range l {
+			p := podName{namespace: as.Namespace, name: as.Pod}
+			if byPod[p] == nil {
+				byPod[p] = map[string]bool{}
+			}
+			byPod[p][as.DeviceID] = true
+		}
+	}
+	out := make([]topology.PodHold, 0, len(byPod))
+	for p, ids := range byPod {
+		out = append(out, topology.PodHold{Namespace: p.namespace, Name: p.name, Devices: slices.Sorted(maps.Keys(ids))})
+	}
+	slices.SortFunc(out, func(x, y topology.PodHold) int {
+		return cmp.Or(cmp.Compare(x.Namespace, y.Namespace), cmp.Compare(x.Name, y.Name))
+	})
+	return out
+}
+
+// PodUID is the UID of the running pod namespace/name as the assignments
+// know it ("" when unknown: see Assignment.PodUID).
+func (a *Assignments) PodUID(namespace, name string) string {
+	if a == nil {
+		return ""
+	}
+	for _, l := range a.byBase {
+		for _, as := range l {
+			if as.Namespace == namespace && as.Pod == name && as.PodUID != "" {
+				return as.PodUID
+			}
+		}
+	}
+	return ""
 }
 
 // Pods is the number of running pods the kubelet listed.

@@ -43,11 +43,13 @@ type EventRecorder interface {
 }
 
 // AllocationObserver is told, once per cycle in which the kubelet
-// answered, the node, which device IDs are offered to the kubelet and
-// which it has allocated (as it allocated them: GPU UUIDs, MIG UUIDs,
-// replicas "<uuid>::<n>"): the fragmentation collector.
+// answered, the node, which device IDs are offered to the kubelet and the
+// cycle's assignments (never nil): which device IDs the kubelet has
+// allocated (Assignments.Allocated: GPU UUIDs, MIG UUIDs, replicas
+// "<uuid>::<n>") and which pod holds each (Assignments.Holds): the
+// fragmentation collector and its move advice.
 type AllocationObserver interface {
-	Update(n *topology.Node, offered func(id string) bool, allocated map[string]bool)
+	Update(n *topology.Node, offered func(id string) bool, a *Assignments)
 }
 
 // Event types and reasons the tracker posts.
@@ -345,7 +347,7 @@ func (t *Tracker) Cycle(ctx context.Context) {
 			set := t.opts.Offered()
 			offered = func(id string) bool { return set[id] }
 		}
-		t.opts.Allocations.Update(node, offered, attr.assignments.Allocated())
+		t.opts.Allocations.Update(node, offered, attr.assignments)
 	}
 	t.subsMu.Lock()
 	for _, ch := range t.subs {

@@ -534,9 +534,9 @@ type fakeAllocations struct {
 	allocated map[string]bool
 }
 
-func (f *fakeAllocations) Update(n *topology.Node, offered func(string) bool, allocated map[string]bool) {
+func (f *fakeAllocations) Update(n *topology.Node, offered func(string) bool, a *Assignments) {
 	f.calls++
-	f.node, f.offered, f.allocated = n, offered, allocated
+	f.node, f.offered, f.allocated = n, offered, a.Allocated()
 }
 
 // TestRunFollowsSampler: Run runs a cycle for every snapshot the sampler

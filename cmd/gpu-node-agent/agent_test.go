@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -128,7 +129,7 @@ func TestRunRejectsBadConfigBeforeServing(t *testing.T) {
 func TestRunUnknownProfile(t *testing.T) {
 	var stderr bytes.Buffer
 	code := run([]string{"--simulate", "dgx-h999", "--device-plugin-dir", testutil.ShortTempDir(t), "--metrics-address="}, io.Discard, &stderr, func(string) string { return "" })
-	if code != 2 || !strings.Contains(stderr.String(), `simulate: unknown profile "dgx-h999" (known: dgx-1v, dgx-2, dgx-a100, dgx-b200, dgx-h100, dgx-h200, pcie-8gpu)`) {
+	if code != 2 || !strings.Contains(stderr.String(), `simulate: unknown profile "dgx-h999" (known: dgx-1v, dgx-2, dgx-a100, dgx-b200, dgx-h100, dgx-h200, gb200-nvl72, pcie-8gpu)`) {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
 }
@@ -148,5 +149,47 @@ func TestTopologyDump(t *testing.T) {
 	}
 	if code := run([]string{"topology", "dump", "--mig-strategy", "mixed"}, io.Discard, io.Discard, nil); code == 0 {
 		t.Error("topology dump accepted an agent-only flag")
+	}
+}
+
+// TestTopologyLabels: topology labels prints the labels the agent writes,
+// under the agent's own settings (mig-strategy), one key=value a line.
+func TestTopologyLabels(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	var out, stderr bytes.Buffer
+	code := run([]string{"topology", "labels", "--simulate", "gb200-nvl72", "--log-level", "warn"}, &out, &stderr, noEnv)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if !slices.IsSorted(lines) {
+		t.Errorf("lines not sorted:\n%s", out.String())
+	}
+	for _, want := range []string{"nvidia.com/gpu.clique=3f2c8a6e-0b41-4d7e-9c15-5e8b7a1c2d90.7", "nvidia.com/gpu.count=4", "nvidia.com/gpu.family=blackwell"} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("no line %q in:\n%s", want, out.String())
+		}
+	}
+	if slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "nvidia.com/mig.strategy=") }) {
+		t.Errorf("mig.strategy under the default none:\n%s", out.String())
+	}
+
+	out.Reset()
+	code = run([]string{"topology", "labels", "--simulate", "dgx-h100,mig=2:3g.40gb+3g.40gb", "--mig-strategy", "mixed"}, &out, &stderr, noEnv)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{"nvidia.com/mig.strategy=mixed", "nvidia.com/mig-3g.40gb.count=2"} {
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("no line %q in:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "gpu.clique") {
+		t.Errorf("a DGX H100 got a clique label:\n%s", out.String())
+	}
+
+	stderr.Reset()
+	if code := run([]string{"topology", "labels", "--mig-strategy", "both"}, io.Discard, &stderr, noEnv); code != 2 || !strings.Contains(stderr.String(), "mig-strategy") {
+		t.Errorf("bad mig-strategy: exit %d, stderr %q", code, stderr.String())
 	}
 }

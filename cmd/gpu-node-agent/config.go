@@ -97,6 +97,8 @@ type Config struct {
 	// Remediation is the self-healing steps (GPU reset, drain, reboot
 	// request), each off unless enabled.
 	Remediation RemediationSection `json:"remediation"`
+	// Placement is advice on where pods go: the move advice.
+	Placement PlacementSection `json:"placement"`
 }
 
 // MetricsSection configures the GPU metrics collector and the endpoint
@@ -133,6 +135,7 @@ func defaults() Config {
 		LogFormat:          "text",
 		LogLevel:           "info",
 		NodeLabels:         true,
+		Placement:          PlacementSection{Placement{MoveAdvice: true}},
 		KubeAPIQPS:         kubeapi.ClientConfig{}.WithDefaults().QPS,
 		KubeAPIBurst:       kubeapi.ClientConfig{}.WithDefaults().Burst,
 		Metrics: MetricsSection{
@@ -190,6 +193,7 @@ var options = []option{
 	{name: "log-level", usage: "log level: debug, info, warn or error", bind: str(func(c *Config) *string { return &c.LogLevel })},
 	{name: "print-inventory", usage: "print what is served at start and on every change", bind: boolean(func(c *Config) *bool { return &c.PrintInventory })},
 	{name: "node-labels", usage: "keep topology labels (gpu count, product, MIG, NVLink) and the NIC↔GPU annotation on the Node (needs node-name)", bind: boolean(func(c *Config) *bool { return &c.NodeLabels })},
+	{name: "move-advice", usage: "keep the move advice on the Node (annotation gpu-node-agent.io/move-advice: the fewest pods whose moving elsewhere frees a larger NVLink block, each read from the API server for its priority and owner); advice only, nothing is evicted (needs node-name; config placement.moveAdvice)", bind: boolean(func(c *Config) *bool { return &c.Placement.MoveAdvice })},
 	{name: "taint-mode", usage: "taint the Node while it is unfit: off, dry-run or on (needs node-name; config taint.mode)", bind: str(func(c *Config) *string { return &c.Taint.Mode })},
 	{name: "taint-lease-namespace", env: "POD_NAMESPACE", usage: "namespace of the fleet safeguard's slot Leases: the agent's own (env POD_NAMESPACE; config taint.leaseNamespace; default \"default\")", bind: str(func(c *Config) *string { return &c.Taint.LeaseNamespace })},
 	{name: "recovery-period", usage: "how long every cause of a device fault must stay clear before it is healthy again (config health.recoveryPeriod; default 5m)", bind: stdDuration(func(c *Config) *time.Duration { return &c.Health.RecoveryPeriod })},

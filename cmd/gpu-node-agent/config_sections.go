@@ -89,6 +89,22 @@ func (s *RemediationSection) UnmarshalJSON(b []byte) error {
 	return decodeStrict("remediation", b, &s.Config)
 }
 
+// Placement is the `placement` config key: advice on where pods go.
+type Placement struct {
+	// MoveAdvice keeps the move advice annotation on the Node
+	// (agent.Config.MoveAdvice; --move-advice). Default true.
+	MoveAdvice bool `json:"moveAdvice"`
+}
+
+// PlacementSection is the `placement` config key, read strictly with
+// errors naming the key (e.g. placement.moveAdvice).
+type PlacementSection struct{ Placement }
+
+// UnmarshalJSON reads the section strictly (see decodeStrict).
+func (s *PlacementSection) UnmarshalJSON(b []byte) error {
+	return decodeStrict("placement", b, &s.Placement)
+}
+
 // decodeStrict decodes section b into v (a pointer to a struct whose
 // durations unmarshal from text): an unknown key at any depth, or a value
 // of the wrong form, is an error naming its path.

@@ -39,7 +39,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 			fmt.Fprintln(stdout, "gpu-node-agent", version)
 			return 0
 		case "topology":
-			return runTopology(args[1:], stdout, stderr)
+			return runTopology(args[1:], stdout, stderr, getenv)
 		case "demo":
 			return runDemo(args[1:], stdout, stderr, getenv)
 		case "preflight":
@@ -47,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		case "nvml":
 			return runNVML(args[1:], stdout, stderr)
 		default:
-			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: demo, preflight, version, topology dump, topology preferred, nvml census)\n", args[0])
+			fmt.Fprintf(stderr, "gpu-node-agent: unknown command %q (commands: demo, preflight, version, topology dump, topology labels, topology preferred, nvml census)\n", args[0])
 			return 2
 		}
 	}

@@ -32,6 +32,7 @@ func TestNoSimulator(t *testing.T) {
 		{name: "sim faults flag", args: []string{"--sim-faults", "nvml-failure"}},
 		{name: "demo", args: []string{"demo"}},
 		{name: "topology dump simulate", args: []string{"topology", "dump", "--simulate", "dgx-h100"}},
+		{name: "topology labels simulate", args: []string{"topology", "labels", "--simulate", "dgx-h100"}},
 		{name: "preflight simulate", args: []string{"preflight", "--simulate", "dgx-h100"}},
 	}
 	for _, tc := range tests {

@@ -69,6 +69,7 @@ func (c *Config) agentConfig(hostRoot string) agent.Config {
 		PodUID:               c.PodUID,
 		Taint:                c.Taint.TaintConfig,
 		NodeLabels:           c.NodeLabels,
+		MoveAdvice:           c.Placement.MoveAdvice,
 		Kubeconfig:           c.Kubeconfig,
 		KubeClient:           c.kubeClient(),
 		PrintInventory:       c.PrintInventory,

@@ -415,10 +415,18 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 			"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count", "8", "nvidia.com/mig-1g.10gb.count", "7",
 			"gpu-node-agent.io/nvlink", "true", "gpu-node-agent.io/owned-labels", "x")), ""},
 		{"every label the agent writes on a DGX H100 with MIG (golden file)", agent, patchNode(nodeA, types.MergePatchType, labels(goldenLabels(t, goldenMixed)...)), ""},
+		{"own multi-node NVLink clique label", agent, patchNode(nodeA, types.MergePatchType, labels("nvidia.com/gpu.clique", "3f2c8a6e-0b41-4d7e-9c15-5e8b7a1c2d90.7")), ""},
 		{"own node, GPU operator's deploy label", agent, patchNode(nodeA, types.MergePatchType, labels("nvidia.com/gpu.deploy.driver", "false")), "labels it does not own: nvidia.com/gpu.deploy.driver"},
 		{"node B's GFD label", agent, patchNode(nodeB, types.MergePatchType, labels("nvidia.com/gpu.product", "x")), "may only update its own Node"},
 		{"own annotation", agent, patchNode(nodeA, types.MergePatchType, annotations("gpu-node-agent.io/nics", `{"mlx5_0":{"numaNode":0}}`)), ""},
 		{"own node, unrelated annotation", agent, patchNode(nodeA, types.MergePatchType, annotations("example.com/note", nil)), "annotations it does not own: example.com/note"},
+		{"own move advice", agent, patchNode(nodeA, types.MergePatchType, annotations("gpu-node-agent.io/move-advice",
+			`{"blockNow":6,"blockIfMoved":8,"wholeNode":true,"gpus":[0,1,2,3,4,5,6,7],"pods":[{"namespace":"ml","name":"a","priority":0,"ownerKind":"Job","gpus":[3]}]}`)), ""},
+		{"node B's move advice", agent, patchNode(nodeB, types.MergePatchType, annotations("gpu-node-agent.io/move-advice", `{}`)), "may only update its own Node"},
+		{"read a pod the move advice names", agent, func(cl kubernetes.Interface) error {
+			_, err := cl.CoreV1().Pods(sa.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			return err
+		}, ""},
 		{"remove clear-faults", agent, patchNode(nodeA, types.JSONPatchType, []byte(`[{"op":"test","path":"/metadata/annotations/gpu-node-agent.io~1clear-faults","value":"all"},{"op":"remove","path":"/metadata/annotations/gpu-node-agent.io~1clear-faults"}]`)), ""},
 		{"own condition", agent, patchNode(nodeA, types.StrategicMergePatchType, condition(conditionType), "status"), ""},
 		{"own preflight condition", agent, patchNode(nodeA, types.StrategicMergePatchType, condition(preflightType), "status"), ""},
@@ -463,7 +471,8 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 	if n := len(a.Spec.Taints); n != 3 || a.Spec.Taints[0] != otherTaint || a.Spec.Taints[n-1] != ours {
 		t.Errorf("node A taints %+v, want %s and not-ready kept and %s added", a.Spec.Taints, otherTaint.Key, agentTaintKey)
 	}
-	if a.Labels["nvidia.com/gpu.present"] != "true" || a.Annotations["example.com/note"] != "rack 7" || a.Annotations["gpu-node-agent.io/clear-faults"] != "" {
+	if a.Labels["nvidia.com/gpu.present"] != "true" || a.Annotations["example.com/note"] != "rack 7" || a.Annotations["gpu-node-agent.io/clear-faults"] != "" ||
+		!strings.Contains(a.Annotations["gpu-node-agent.io/move-advice"], `"blockIfMoved":8`) {
 		t.Errorf("node A metadata %v %v", a.Labels, a.Annotations)
 	}
 	conds := map[corev1.NodeConditionType]string{}
@@ -477,7 +486,7 @@ func TestAdmissionPolicyNodeScoped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b.Spec.Taints) != 2 || len(b.Status.Conditions) != 1 || b.Labels["nvidia.com/gpu.product"] != "" {
+	if len(b.Spec.Taints) != 2 || len(b.Status.Conditions) != 1 || b.Labels["nvidia.com/gpu.product"] != "" || b.Annotations["gpu-node-agent.io/move-advice"] != "" {
 		t.Errorf("node B changed: taints %+v conditions %+v labels %v", b.Spec.Taints, b.Status.Conditions, b.Labels)
 	}
 }

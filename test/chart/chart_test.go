@@ -137,6 +137,8 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		"nodes":        {"get", "list", "watch", "patch"},
 		"nodes/status": {"patch"},
 		"events":       {"create", "patch"},
+		// placement.moveAdvice (on by default) reads the pods it names.
+		"pods": {"get"},
 	}
 	if len(got) != len(want) {
 		t.Errorf("resources %v, want exactly %v", got, want)
@@ -583,6 +585,8 @@ func TestConfigMapCarriesValuesConfig(t *testing.T) {
 		"taint": map[string]any{"key": "gpu-node-agent.io/unhealthy"},
 		// Likewise preflight.taintKey.
 		"preflight": map[string]any{"taintKey": "gpu-node-agent.io/preflight"},
+		// The move advice, on by default (the RBAC follows it).
+		"placement": map[string]any{"moveAdvice": true},
 	}
 	if len(cfg) != len(want) {
 		t.Errorf("config keys %v, want %v", cfg, want)
@@ -654,7 +658,9 @@ func TestMonitoringObjectsAreOptional(t *testing.T) {
 	alerts := map[string]bool{}
 	for _, g := range rule.Spec.Groups {
 		for _, r := range g["rules"].([]any) {
-			alerts[r.(map[string]any)["alert"].(string)] = true
+			if a, ok := r.(map[string]any)["alert"].(string); ok { // else a recording rule
+				alerts[a] = true
+			}
 		}
 	}
 	for _, a := range []string{"GPUNodeAgentDown", "GPUDeviceUnhealthy", "GPUNodeUnfit"} {
@@ -1168,6 +1174,7 @@ func TestDRARBACAndPolicy(t *testing.T) {
 	const driver = "dra.gpu-node-agent.io"
 	wantCore := map[string][]string{
 		"nodes": {"get", "list", "watch", "patch"}, "nodes/status": {"patch"}, "events": {"create", "patch"},
+		"pods": {"get"}, // placement.moveAdvice
 	}
 	for _, enabled := range []bool{true, false} {
 		t.Run(fmt.Sprintf("dra.enabled=%v", enabled), func(t *testing.T) {

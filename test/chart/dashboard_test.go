@@ -17,6 +17,9 @@ import (
 // DashboardFile is the Grafana dashboard, relative to the root.
 const DashboardFile = "deploy/grafana/gpu-node-agent.json"
 
+// recordedName matches the agent's recording rules' series names.
+var recordedName = regexp.MustCompile(`\bgpu_node_agent:[a-z0-9_:]+`)
+
 var metricName = regexp.MustCompile(`\b(DCGM_FI_[A-Z0-9_]+|gpu_node_agent_[a-z0-9_]+|process_[a-z0-9_]+)\b`)
 
 // servedMetrics collects the metric names the agent's source declares
@@ -122,6 +125,25 @@ func TestDashboard(t *testing.T) {
 	if len(exprs) < 20 {
 		t.Fatalf("dashboard has %d queries; expected the full set", len(exprs))
 	}
+	// A recorded series a panel charts is one the rules file records.
+	groups, _ := loadRules(t)
+	recorded := map[string]bool{}
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				recorded[r.Record] = true
+			}
+		}
+	}
+	for _, p := range d.allPanels() {
+		for _, tg := range p.Targets {
+			for _, m := range recordedName.FindAllString(tg.Expr, -1) {
+				if !recorded[m] {
+					t.Errorf("panel %q charts %s, which %s does not record", p.Title, m, RulesFile)
+				}
+			}
+		}
+	}
 
 	// promtool parses every query (as recording rules, variables expanded).
 	promtool, err := exec.LookPath("promtool")
@@ -148,7 +170,11 @@ func TestDashboard(t *testing.T) {
 // NVSwitch block of 8), a DGX-1V with GPUs 0 and 5 allocated (6 free,
 // largest NVLink block 3), a DGX-1V with 0 1 4 5 allocated (4 free, block
 // 2), a DGX-2 idle (16 free, block 16), a node with every GPU allocated,
-// and two nodes with MIG devices free. GPU utilization: five whole GPUs
+// and two nodes with MIG devices free. Their move advice: none on the
+// idle nodes (wholly free: 8 and 16); on the DGX-1Vs one pod each (GPU 5's
+// pod frees the quad 4-7; the pod on 0 and 1 frees 0-3): a block of 4, not
+// the node; on the full node (a DGX H100 with one 8-GPU pod) that pod,
+// which frees the whole node. GPU utilization: five whole GPUs
 // at 0, 5, 35, 100, 100 on node-a, one at 10 on node-b, and a MIG device
 // (GPU_I_ID 1) at 0 that the fleet heat map leaves out.
 var fleetSeries = []struct{ series, values string }{
@@ -166,6 +192,21 @@ var fleetSeries = []struct{ series, values string }{
 	{`gpu_node_agent_free_mig_devices{Hostname="node-f",profile="2g.20gb"}`, "1x10"},
 	{`gpu_node_agent_free_mig_devices{Hostname="node-f",profile="3g.40gb"}`, "0x10"},
 	{`gpu_node_agent_free_mig_devices{Hostname="node-g",profile="1g.10gb"}`, "3x10"},
+	{`gpu_node_agent_move_advice_pods{Hostname="node-a"}`, "0x10"},
+	{`gpu_node_agent_move_advice_pods{Hostname="node-b"}`, "1x10"},
+	{`gpu_node_agent_move_advice_pods{Hostname="node-c"}`, "1x10"},
+	{`gpu_node_agent_move_advice_pods{Hostname="node-d"}`, "0x10"},
+	{`gpu_node_agent_move_advice_pods{Hostname="node-e"}`, "1x10"},
+	{`gpu_node_agent_largest_free_nvlink_block_if_moved_gpus{Hostname="node-a"}`, "8x10"},
+	{`gpu_node_agent_largest_free_nvlink_block_if_moved_gpus{Hostname="node-b"}`, "4x10"},
+	{`gpu_node_agent_largest_free_nvlink_block_if_moved_gpus{Hostname="node-c"}`, "4x10"},
+	{`gpu_node_agent_largest_free_nvlink_block_if_moved_gpus{Hostname="node-d"}`, "16x10"},
+	{`gpu_node_agent_largest_free_nvlink_block_if_moved_gpus{Hostname="node-e"}`, "8x10"},
+	{`gpu_node_agent_whole_node_free_if_moved_gpus{Hostname="node-a"}`, "8x10"},
+	{`gpu_node_agent_whole_node_free_if_moved_gpus{Hostname="node-b"}`, "0x10"},
+	{`gpu_node_agent_whole_node_free_if_moved_gpus{Hostname="node-c"}`, "0x10"},
+	{`gpu_node_agent_whole_node_free_if_moved_gpus{Hostname="node-d"}`, "16x10"},
+	{`gpu_node_agent_whole_node_free_if_moved_gpus{Hostname="node-e"}`, "8x10"},
 	{`DCGM_FI_DEV_GPU_UTIL{Hostname="node-a",gpu="0"}`, "0x10"},
 	{`DCGM_FI_DEV_GPU_UTIL{Hostname="node-a",gpu="1"}`, "5x10"},
 	{`DCGM_FI_DEV_GPU_UTIL{Hostname="node-a",gpu="2"}`, "35x10"},
@@ -199,6 +240,19 @@ func TestDashboardFleetQueries(t *testing.T) {
 		{"Room for $block-GPU pods", "B", map[string]float64{`{}`: 24}},
 		{"Room for $block-GPU pods", "C", map[string]float64{`{}`: 10}},
 		{"Room for $block-GPU pods", "D", map[string]float64{`{}`: 2}},
+		// The nodes whose advice names pods: node-b, node-c and node-e.
+		{"Nodes with move advice", "A", map[string]float64{
+			`{Hostname="node-b"}`: 1, `{Hostname="node-c"}`: 1, `{Hostname="node-e"}`: 1,
+		}},
+		{"Nodes with move advice", "B", map[string]float64{
+			`{Hostname="node-b"}`: 3, `{Hostname="node-c"}`: 2, `{Hostname="node-e"}`: 0,
+		}},
+		{"Nodes with move advice", "C", map[string]float64{
+			`{Hostname="node-b"}`: 4, `{Hostname="node-c"}`: 4, `{Hostname="node-e"}`: 8,
+		}},
+		{"Nodes with move advice", "D", map[string]float64{
+			`{Hostname="node-b"}`: 0, `{Hostname="node-c"}`: 0, `{Hostname="node-e"}`: 8,
+		}},
 		{"Free MIG devices by profile", "A", map[string]float64{
 			`{profile="1g.10gb"}`: 11, `{profile="2g.20gb"}`: 1, `{profile="3g.40gb"}`: 0,
 		}},
