@@ -36,12 +36,19 @@ const (
 )
 
 // A refused node that the full-bucket hint leaves buckets to read asks
-// again on its own once, againDelay after its refusal (between half of it
-// and all of it, at random). It costs one bucket more per refused node, a
-// constant share of a wave; coming when a wave has settled and the other
-// nodes have brought the hint up to date, it looks where the last free
-// slots of a wave at the limit are.
-const againDelay = 8 * time.Second
+// again on its own, up to againAsks times while the hint still does: the
+// n-th ask (n from 0) comes between half of againDelay<<n and all of it
+// after the refusal that scheduled it (4-8 s, 8-16 s, 16-32 s, 32-64 s).
+// Each such ask reads one bucket the hint leaves open and marks it when
+// it is full, so the open buckets shrink with every round of the refused
+// nodes' asks until a slot is found or the hint marks every bucket full;
+// coming when a wave has settled, they find the last free slots of a wave
+// at the limit. It costs at most againAsks buckets more per refused node,
+// whatever the fleet's size, and nothing once the hint is complete.
+const (
+	againDelay = 8 * time.Second
+	againAsks  = 4
+)
 
 func bucketOf(index int) int { return index / BucketSize }
 
@@ -134,8 +141,9 @@ func (v *view) addBucket(b int, leases []*coordinationv1.Lease, prefix string) {
 // is refused and follows one bucket with a watch (see refuse), so that a
 // slot freed there is taken as soon as Room says so; every later ask
 // reads one more bucket, and a refused node whose hint still left
-// buckets open asks once more on its own after the wave (askAgainLater),
-// so that a slot free in a bucket no refused node follows is found too.
+// buckets open asks again on its own after the wave (askAgainLater), until
+// the hint marks every bucket full, so that a slot free in a bucket no
+// refused node follows is found too.
 //
 // A refusal here means "no free slot among those read", not "all K
 // occupied": it can only err towards refusing, never past K. How often a
@@ -220,26 +228,38 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 	return d, nil
 }
 
-// askAgainLater signals Room once, againDelay (at random between half of
-// it and all of it) from now, unless it did already since this node last
-// held or released a slot: a refused node reads a bucket the full-bucket
-// hint leaves open once more, after the wave settled. Taking a slot or
-// releasing cancels it.
+// askAgainLater signals Room once, later (see againDelay), unless an ask
+// of its own is pending already or this node made againAsks of them
+// since it last held or released a slot. Taking a slot or releasing
+// cancels it.
 func (s *Slots) askAgainLater() {
-	if s.askedAgain {
+	if s.againPending.Load() || s.againCount >= againAsks {
 		return
 	}
-	s.askedAgain = true
-	s.againTimer = time.AfterFunc(againDelay/2+s.jitter(againDelay/2), s.signalRoom)
+	d := s.againAfter(s.againCount)
+	s.againCount++
+	s.againPending.Store(true)
+	s.againTimer = time.AfterFunc(d, func() {
+		s.againPending.Store(false)
+		s.signalRoom()
+	})
 }
 
-// stopAgain cancels a pending askAgainLater and allows the next.
+// againAfterDefault is when the n-th own ask comes: between half of
+// againDelay<<n and all of it.
+func (s *Slots) againAfterDefault(n int) time.Duration {
+	d := againDelay << n
+	return d/2 + s.jitter(d/2)
+}
+
+// stopAgain cancels a pending askAgainLater and allows againAsks more.
 func (s *Slots) stopAgain() {
 	if s.againTimer != nil {
 		s.againTimer.Stop()
 		s.againTimer = nil
 	}
-	s.askedAgain = false
+	s.againPending.Store(false)
+	s.againCount = 0
 }
 
 // updateHint notes in hint (when this Acquire read it) which buckets it

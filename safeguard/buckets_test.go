@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -294,30 +295,37 @@ func TestSlotsFullBucketsEncoding(t *testing.T) {
 	}
 }
 
-// TestSlotsRoomWhenFollowedSlotFreed: a refused node follows a bucket;
-// when a slot of it is freed (its holder deletes the Lease), Room is
-// signalled and the next Acquire takes that slot from the watch's cache
-// with one Create and no LIST, then stops following.
+// TestSlotsRoomWhenFollowedSlotFreed: a refused node asks again on its
+// own while the full-bucket hint leaves buckets it did not read open,
+// reading one of them each time, until the hint marks every bucket full;
+// then it follows a bucket, and when a slot of it is freed (its holder
+// deletes the Lease), Room is signalled and the next Acquire takes that
+// slot from the watch's cache with one Create and no LIST, then stops
+// following.
 func TestSlotsRoomWhenFollowedSlotFreed(t *testing.T) {
-	f := knownFixture(t, 319, heldBy(0, 64))
+	f := knownFixture(t, 319, heldBy(0, 64)) // K = 64, four buckets
+	var own []int
+	f.slots.againAfter = func(n int) time.Duration { own = append(own, n); return time.Millisecond }
 	if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
 		t.Fatalf("first ask = %+v, %v; want refused", d, err)
 	}
-	// The hint leaves buckets 2 and 3 open, which the node did not read:
-	// it signals Room itself a little later, once, and asks again.
-	select {
-	case <-f.slots.Room():
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no Room signal to ask again with the hint at %v", f.hint(t))
+	// Buckets 0 and 1 read: 2 and 3 are open. Each own ask reads one.
+	for ask, want := range []string{"[0 1 2]", "[0 1 2 3]"} {
+		select {
+		case <-f.slots.Room():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no Room signal to ask again with the hint at %v", f.hint(t))
+		}
+		f.slots.hintWrites.Wait()
+		if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+			t.Fatalf("own ask %d = %+v, %v; want refused", ask, d, err)
+		}
+		if got := f.hint(t); fmt.Sprint(got) != want {
+			t.Fatalf("full-bucket hint %v after own ask %d, want %s", got, ask, want)
+		}
 	}
-	if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
-		t.Fatalf("second ask = %+v, %v; want refused", d, err)
-	}
-	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2]" {
-		t.Fatalf("full-bucket hint %v after the second ask, want [0 1 2]", got)
-	}
-	if f.slots.againTimer != nil && f.slots.againTimer.Stop() {
-		t.Error("asks again on its own more than once per refusal")
+	if fmt.Sprint(own) != "[0 1]" || f.slots.againPending.Load() {
+		t.Errorf("own asks scheduled %v (pending %v), want [0 1]: none once the hint marks every bucket full", own, f.slots.againPending.Load())
 	}
 	b := followed(t, f.slots)
 	freed := b*BucketSize + 7
@@ -342,6 +350,130 @@ func TestSlotsRoomWhenFollowedSlotFreed(t *testing.T) {
 	}
 	if f.slots.follow != nil {
 		t.Error("still following a bucket after taking a slot")
+	}
+}
+
+// TestSlotsOwnAsksBounded: a refused node whose hint writes all fail
+// (the hint stays empty, so every bucket looks open) asks again on its
+// own at most againAsks times, each later than the one before, until it
+// holds or releases a slot; Release allows againAsks more.
+func TestSlotsOwnAsksBounded(t *testing.T) {
+	f := knownFixture(t, 799, heldBy(0, 160)) // K = 160, ten buckets
+	hintWrite := func(a k8stesting.Action) bool {
+		switch a := a.(type) {
+		case k8stesting.CreateAction:
+			return a.GetObject().(*coordinationv1.Lease).Name == DefaultSlotPrefix+"-full"
+		case k8stesting.PatchAction:
+			return a.GetName() == DefaultSlotPrefix+"-full"
+		}
+		return false
+	}
+	f.client.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if hintWrite(a) {
+			return true, nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), DefaultSlotPrefix+"-full", fmt.Errorf("denied"))
+		}
+		return false, nil, nil
+	})
+	var own []time.Duration
+	f.slots.againAfter = func(n int) time.Duration {
+		d := f.slots.againAfterDefault(n)
+		own = append(own, d)
+		return time.Hour + d // never fires: the test asks itself
+	}
+	for ask := range againAsks + 3 {
+		if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+			t.Fatalf("ask %d = %+v, %v; want refused", ask, d, err)
+		}
+		f.slots.againPending.Store(false) // as if it fired
+	}
+	if len(own) != againAsks {
+		t.Fatalf("%d own asks scheduled over %d refusals, want %d", len(own), againAsks+3, againAsks)
+	}
+	for i := 1; i < len(own); i++ {
+		if own[i] <= own[i-1] {
+			t.Errorf("own ask %d after %s, not later than the one before (%s)", i, own[i], own[i-1])
+		}
+	}
+	if err := f.slots.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+		t.Fatalf("ask after release = %+v, %v; want refused", d, err)
+	}
+	if len(own) != againAsks+1 {
+		t.Errorf("%d own asks scheduled after a release, want one more", len(own)-againAsks)
+	}
+	f.slots.stopAgain()
+}
+
+// TestSlotsHintWriteGuarded: the hint is written with the
+// resourceVersion read, so a node's marks never overwrite what another
+// node wrote since: on a Conflict it reads the hint again (the latest,
+// not the watch cache) and writes both.
+func TestSlotsHintWriteGuarded(t *testing.T) {
+	f := knownFixture(t, 319, heldBy(0, 64)) // K = 64
+	f.writeHint(t, 3)
+	conflicts := 0
+	f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := a.(k8stesting.PatchAction)
+		if !strings.Contains(string(p.GetPatch()), `"resourceVersion"`) {
+			t.Errorf("hint patch without a resourceVersion: %s", p.GetPatch())
+		}
+		if conflicts > 0 {
+			return false, nil, nil
+		}
+		conflicts++
+		// Another node marked bucket 2 meanwhile (the fake does not check
+		// resourceVersions, so the conflict is injected).
+		l, err := f.client.Tracker().Get(coordinationv1.SchemeGroupVersion.WithResource("leases"), slotNS, DefaultSlotPrefix+"-full")
+		if err != nil {
+			t.Error(err)
+			return true, nil, err
+		}
+		u := l.(*coordinationv1.Lease).DeepCopy()
+		u.Annotations[FullBucketsAnnotation+"0"] = encodeGroup(map[int]bool{2: true, 3: true}, 0)
+		if err := f.client.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), u, slotNS); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), p.GetName(), fmt.Errorf("modified"))
+	})
+	f.clearRequests()
+	if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+		t.Fatalf("ask = %+v, %v; want refused", d, err)
+	}
+	f.slots.hintWrites.Wait()
+	var rvs []string
+	for _, a := range f.client.Actions() {
+		if g, ok := a.(k8stesting.GetActionImpl); ok && g.Name == DefaultSlotPrefix+"-full" {
+			rvs = append(rvs, fmt.Sprintf("%q", g.GetOptions.ResourceVersion))
+		}
+	}
+	if got, want := strings.Join(rvs, " "), `"0" "0" ""`; got != want {
+		t.Errorf("hint reads at resourceVersions %s, want %s (the ask's and the write's from the cache, the retry's the latest)", got, want)
+	}
+	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
+		t.Errorf("full-bucket hint %v, want [0 1 2 3]: its marks of 0 and 1 and the other node's of 2", got)
+	}
+	f.slots.stopAgain()
+}
+
+// TestSlotsReleaseClearsHint: a node releasing a slot clears its
+// bucket's mark in the hint, since that bucket has a free slot now.
+func TestSlotsReleaseClearsHint(t *testing.T) {
+	f := knownFixture(t, 319, without(heldBy(0, 64), 20))
+	f.setHint(t, 0, 2, 3)
+	d, err := f.slots.Acquire(t.Context())
+	if err != nil || !d.Held || d.Slot != 20 {
+		t.Fatalf("ask = %+v, %v; want slot 20 held", d, err)
+	}
+	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
+		t.Fatalf("full-bucket hint %v after taking the last slot, want [0 1 2 3]", got)
+	}
+	if err := f.slots.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.hint(t); fmt.Sprint(got) != "[0 2 3]" {
+		t.Errorf("full-bucket hint %v after releasing slot 20, want [0 2 3]", got)
 	}
 }
 

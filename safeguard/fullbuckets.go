@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 )
 
 // FullBucketsAnnotation prefixes the annotations of the full-bucket
@@ -64,17 +66,32 @@ func (s *Slots) hintName() string { return s.cfg.Prefix + "-full" }
 // resourceVersion "0"; a hint a moment old serves as well). A hint that
 // cannot be read is an empty one: it only orders the looks.
 func (s *Slots) readHint(ctx context.Context) *fullHint {
-	h := &fullHint{full: map[int]bool{}, marked: map[int]bool{}, cleared: map[int]bool{}}
-	l, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).Get(ctx, s.hintName(), metav1.GetOptions{ResourceVersion: "0"})
+	h, err := s.getHint(ctx, "0")
 	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			s.log.Debug("full-bucket hint not read; looking at random", "node", s.node, "err", err)
-		}
-		return h
+		s.log.Debug("full-bucket hint not read; looking at random", "node", s.node, "err", err)
+		return emptyHint()
+	}
+	return h
+}
+
+func emptyHint() *fullHint {
+	return &fullHint{full: map[int]bool{}, marked: map[int]bool{}, cleared: map[int]bool{}}
+}
+
+// getHint reads the hint at resourceVersion rv ("0": the watch cache,
+// "": the latest); absent is an empty hint with a nil lease.
+func (s *Slots) getHint(ctx context.Context, rv string) (*fullHint, error) {
+	h := emptyHint()
+	l, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).Get(ctx, s.hintName(), metav1.GetOptions{ResourceVersion: rv})
+	if apierrors.IsNotFound(err) {
+		return h, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get full-bucket hint %s: %w", s.hintName(), err)
 	}
 	h.lease = l
 	h.full = decodeBuckets(l.Annotations)
-	return h
+	return h, nil
 }
 
 // openUnread says whether a bucket under n is neither marked full (by
@@ -107,8 +124,12 @@ func (h *fullHint) note(b int, full bool) {
 // reads the hint again and writes the buckets that the hint does not
 // show as found yet. Nodes that find the same buckets full at once (the
 // end of a mass fault: hundreds of them) then write it once or a few
-// times, not each, so that the one Lease is no hot spot. It runs on its
-// own goroutine, the Acquire that found it returned.
+// times, not each, so that the one Lease is no hot spot. The write is
+// guarded by the resourceVersion read, so that no node's news is lost to
+// another's write of the same group: on a Conflict it reads the hint
+// again (the latest, not the cache) and writes what is still news, as
+// client-go's retry.RetryOnConflict paces it. It runs on its own
+// goroutine, the Acquire (or Release) that found it returned.
 func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return
@@ -120,31 +141,42 @@ func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 		if err := s.hintWait(ctx); err != nil {
 			return
 		}
-		fresh := s.readHint(ctx)
-		for b := range marked {
-			if fresh.full[b] {
-				delete(marked, b)
+		rv := "0"
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			fresh, err := s.getHint(ctx, rv)
+			if err != nil {
+				return err
 			}
-		}
-		for b := range cleared {
-			if !fresh.full[b] {
-				delete(cleared, b)
+			rv = ""
+			fresh.marked, fresh.cleared = map[int]bool{}, map[int]bool{}
+			for b := range marked {
+				if !fresh.full[b] {
+					fresh.marked[b] = true
+				}
 			}
+			for b := range cleared {
+				if fresh.full[b] {
+					fresh.cleared[b] = true
+				}
+			}
+			return s.writeHint(ctx, fresh)
+		})
+		if err != nil {
+			// Only logged: the hint only orders the looks.
+			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
 		}
-		fresh.marked, fresh.cleared = marked, cleared
-		s.writeHint(ctx, fresh)
 	})
 }
 
 // writeHint writes h's news into the hint: for each group of 8 buckets
 // it changes, the group as h read it with the marks and clears, in one
-// JSON merge patch (Create when the hint is absent). Nodes writing the
-// same group at once overwrite one another's news; the buckets lost are
-// found again by the next node that reads them. Failing is only logged:
-// the hint only orders the looks.
-func (s *Slots) writeHint(ctx context.Context, h *fullHint) {
+// JSON merge patch carrying the resourceVersion h read, so that it fails
+// with a Conflict if the hint changed since (Create when h read none: it
+// fails with AlreadyExists, reported as a Conflict, if another node
+// created it since). Nothing to write is success.
+func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
-		return
+		return nil
 	}
 	full := maps.Clone(h.full)
 	groups := map[int]bool{}
@@ -160,40 +192,44 @@ func (s *Slots) writeHint(ctx context.Context, h *fullHint) {
 		annotations[FullBucketsAnnotation+strconv.Itoa(g)] = encodeGroup(full, g)
 	}
 	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
-	// The writer is its holder: the admission policy lets a node write
-	// only Leases it holds.
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": annotations},
-		"spec":     map[string]any{"holderIdentity": s.node},
-	})
-	if err != nil {
-		s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
-		return
-	}
-	create := func() error {
+	if h.lease == nil {
+		// The writer is its holder: the admission policy lets a node
+		// write only Leases it holds.
 		l := &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: s.hintName(), Namespace: s.cfg.Namespace, Annotations: annotations},
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &s.node},
 		}
 		_, err := leases.Create(ctx, l, metav1.CreateOptions{FieldManager: hintFieldManager})
-		return err
-	}
-	update := func() error {
-		_, err := leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
-		return err
-	}
-	// Create when it was absent, patch when it was there; either may
-	// find the other case since.
-	if h.lease == nil {
-		if err = create(); apierrors.IsAlreadyExists(err) {
-			err = update()
+		if apierrors.IsAlreadyExists(err) {
+			return apierrors.NewConflict(coordinationv1.Resource("leases"), s.hintName(), err)
 		}
-	} else if err = update(); apierrors.IsNotFound(err) {
-		err = create()
+		return err
 	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": annotations, "resourceVersion": h.lease.ResourceVersion},
+		"spec":     map[string]any{"holderIdentity": s.node},
+	})
 	if err != nil {
-		s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
+		return err
 	}
+	_, err = leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
+	if apierrors.IsNotFound(err) {
+		// Deleted since: read again, and create it.
+		return apierrors.NewConflict(coordinationv1.Resource("leases"), s.hintName(), err)
+	}
+	return err
+}
+
+// clearHint clears bucket b's mark in the hint, later (publishHint), if
+// it is marked then: a slot of it was just freed. A fleet whose K fits
+// in the buckets one ask reads never uses the hint, and skips it.
+func (s *Slots) clearHint(ctx context.Context, b int) {
+	if s.fleet > 0 && bucketCount(Limit(s.fleet, s.cfg.MaxFraction)) <= firstLooks {
+		return
+	}
+	h := emptyHint()
+	h.cleared[b] = true
+	s.publishHint(ctx, h)
 }
 
 // encodeGroup is group g of full as two hex digits.

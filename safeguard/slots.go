@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -226,11 +227,14 @@ type Slots struct {
 	// (Room).
 	follow *follower
 	room   chan struct{}
-	// askedAgain says a refused node scheduled its own ask
+	// againCount is how many asks of its own a refused node scheduled
 	// (askAgainLater) since it last held or released a slot; againTimer
-	// signals it.
-	askedAgain bool
-	againTimer *time.Timer
+	// signals the last, againPending until it fired; againAfter is when
+	// the n-th comes (tests replace it).
+	againCount   int
+	againTimer   *time.Timer
+	againPending atomic.Bool
+	againAfter   func(n int) time.Duration
 	// hintWait is the random delay before a hint write (tests replace
 	// it); hintWrites are the writes under way.
 	hintWait   func(ctx context.Context) error
@@ -247,6 +251,7 @@ func New(client kubernetes.Interface, meta metadata.Interface, node string, cfg 
 		room: make(chan struct{}, 1),
 	}
 	s.hintWait = func(ctx context.Context) error { return s.sleep(ctx, s.jitter(hintDelay)) }
+	s.againAfter = s.againAfterDefault
 	for _, o := range opts {
 		o(s)
 	}
@@ -541,7 +546,11 @@ func (s *Slots) Release(ctx context.Context) error {
 		if err := s.deleteOurs(ctx, l); err != nil {
 			return err
 		}
-		s.log.Info("released taint slot", "node", s.node, "slot", slotIndex(s.cfg.Prefix, l.Name))
+		idx := slotIndex(s.cfg.Prefix, l.Name)
+		s.log.Info("released taint slot", "node", s.node, "slot", idx)
+		if idx >= 0 {
+			s.clearHint(ctx, bucketOf(idx))
+		}
 	}
 	// A refusal is old news by the next fault.
 	s.held, s.known, s.refused = nil, true, false
