@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +64,7 @@ func (f *slotFixture) hint(t *testing.T) []int {
 	if _, slot := l.Labels[SlotLabel]; slot {
 		t.Error("the hint carries the slot label: slot listings would read it")
 	}
-	return sortedBuckets(decodeBuckets(l.Annotations))
+	return sortedBuckets(decodeBuckets(l.Annotations, f.slots.now()))
 }
 
 // setHint writes a hint marking buckets full, as another node would, and
@@ -76,8 +75,15 @@ func (f *slotFixture) setHint(t *testing.T, buckets ...int) {
 	f.clearRequests()
 }
 
-// writeHint writes a hint marking buckets full, as another node would.
+// writeHint writes a hint marking buckets full, as another node would
+// (now).
 func (f *slotFixture) writeHint(t *testing.T, buckets ...int) {
+	t.Helper()
+	f.writeHintAt(t, f.slots.now(), buckets...)
+}
+
+// writeHintAt writes a hint marking buckets full, dated at.
+func (f *slotFixture) writeHintAt(t *testing.T, at time.Time, buckets ...int) {
 	t.Helper()
 	m := map[int]bool{}
 	for _, b := range buckets {
@@ -85,7 +91,7 @@ func (f *slotFixture) writeHint(t *testing.T, buckets ...int) {
 	}
 	annotations := map[string]string{}
 	for b := range m {
-		annotations[FullBucketsAnnotation+strconv.Itoa(b/8)] = encodeGroup(m, b/8)
+		annotations[FullBucketsAnnotation+strconv.Itoa(b/8)] = encodeGroup(m, b/8, at)
 	}
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: DefaultSlotPrefix + "-full", Namespace: slotNS,
 		Annotations: annotations}, Spec: coordinationv1.LeaseSpec{HolderIdentity: new("fleet-9")}}
@@ -264,8 +270,10 @@ func TestSlotsHintWrittenOnlyIfNews(t *testing.T) {
 }
 
 // TestSlotsFullBucketsEncoding: the hint's groups of 8 buckets
-// round-trip, and a group that does not parse marks no bucket.
+// round-trip with their date; a group that does not parse, has no date,
+// or is dated hintTTL or more away from now marks no bucket.
 func TestSlotsFullBucketsEncoding(t *testing.T) {
+	now := slotT0
 	for _, set := range [][]int{nil, {0}, {7, 8}, {0, 3, 93}, {1499 / 16}} {
 		m := map[int]bool{}
 		for _, b := range set {
@@ -273,26 +281,58 @@ func TestSlotsFullBucketsEncoding(t *testing.T) {
 		}
 		annotations := map[string]string{"other": "x"}
 		for b := range m {
-			annotations[FullBucketsAnnotation+strconv.Itoa(b/8)] = encodeGroup(m, b/8)
+			annotations[FullBucketsAnnotation+strconv.Itoa(b/8)] = encodeGroup(m, b/8, now.Add(-time.Minute))
 		}
-		got := sortedBuckets(decodeBuckets(annotations))
+		got := sortedBuckets(decodeBuckets(annotations, now))
 		if fmt.Sprint(got) != fmt.Sprint(sortedBuckets(m)) {
 			t.Errorf("%v round-trips to %v", set, got)
 		}
 	}
-	if enc := encodeGroup(map[int]bool{8: true, 10: true, 16: true}, 1); enc != "05" {
-		t.Errorf("buckets 8 and 10 of group 1 encode as %q, want 05", enc)
+	if enc, want := encodeGroup(map[int]bool{8: true, 10: true, 16: true}, 1, now), fmt.Sprintf("05@%d", now.Unix()); enc != want {
+		t.Errorf("buckets 8 and 10 of group 1 encode as %q, want %q", enc, want)
 	}
+	date := func(d time.Duration) string { return strconv.FormatInt(now.Add(d).Unix(), 10) }
 	for _, bad := range []map[string]string{
-		{FullBucketsAnnotation + "0": "not hex"},
-		{FullBucketsAnnotation + "0": "0101"},
-		{FullBucketsAnnotation + "-1": "01"},
-		{FullBucketsAnnotation + "01": "01"},
+		{FullBucketsAnnotation + "0": "not hex@" + date(0)},
+		{FullBucketsAnnotation + "0": "0101@" + date(0)},
+		{FullBucketsAnnotation + "-1": "01@" + date(0)},
+		{FullBucketsAnnotation + "01": "01@" + date(0)},
+		{FullBucketsAnnotation + "0": "01"},
+		{FullBucketsAnnotation + "0": "01@"},
+		{FullBucketsAnnotation + "0": "01@yesterday"},
+		{FullBucketsAnnotation + "0": "01@" + date(-hintTTL)},
+		{FullBucketsAnnotation + "0": "01@" + date(hintTTL)},
 	} {
-		if got := decodeBuckets(bad); len(got) != 0 {
+		if got := decodeBuckets(bad, now); len(got) != 0 {
 			t.Errorf("%v decodes to %v, want no bucket", bad, got)
 		}
 	}
+	if got := decodeBuckets(map[string]string{FullBucketsAnnotation + "0": "01@" + date(-hintTTL+time.Second)}, now); fmt.Sprint(sortedBuckets(got)) != "[0]" {
+		t.Errorf("a group dated just under hintTTL ago decodes to %v, want [0]", got)
+	}
+}
+
+// TestSlotsHintMarksExpire: the marks of a wave that has passed do not
+// steer the next. A hint written hintTTL ago marks buckets 0-2 full of
+// K = 64: a node reads it as marking nothing, and when it writes what it
+// found, the old marks of the group are gone with it.
+func TestSlotsHintMarksExpire(t *testing.T) {
+	f := knownFixture(t, 319, heldBy(0, 64)) // K = 64, four buckets, all held
+	f.writeHintAt(t, f.slots.now().Add(-hintTTL), 0, 1, 2)
+	f.clearRequests()
+	if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+		t.Fatalf("ask = %+v, %v; want refused", d, err)
+	}
+	// With the old marks counted, it would list bucket 3 (the only open
+	// one) first; read as expired, the draw (always the first) lists
+	// buckets 0 and 1.
+	if lists := f.leaseLists(); fmt.Sprint(lists) != fmt.Sprint([]string{f.slots.bucketSelector(0), f.slots.bucketSelector(1)}) {
+		t.Errorf("listed %q, want buckets 0 and 1", lists)
+	}
+	if got := f.hint(t); fmt.Sprint(got) != "[0 1]" {
+		t.Errorf("full-bucket hint %v, want [0 1]: what this node found, the expired mark of 2 dropped", got)
+	}
+	f.slots.stopAgain()
 }
 
 // TestSlotsRoomWhenFollowedSlotFreed: a refused node asks again on its
@@ -404,77 +444,6 @@ func TestSlotsOwnAsksBounded(t *testing.T) {
 		t.Errorf("%d own asks scheduled after a release, want one more", len(own)-againAsks)
 	}
 	f.slots.stopAgain()
-}
-
-// TestSlotsHintWriteGuarded: the hint is written with the
-// resourceVersion read, so a node's marks never overwrite what another
-// node wrote since: on a Conflict it reads the hint again (the latest,
-// not the watch cache) and writes both.
-func TestSlotsHintWriteGuarded(t *testing.T) {
-	f := knownFixture(t, 319, heldBy(0, 64)) // K = 64
-	f.writeHint(t, 3)
-	conflicts := 0
-	f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		p := a.(k8stesting.PatchAction)
-		if !strings.Contains(string(p.GetPatch()), `"resourceVersion"`) {
-			t.Errorf("hint patch without a resourceVersion: %s", p.GetPatch())
-		}
-		if conflicts > 0 {
-			return false, nil, nil
-		}
-		conflicts++
-		// Another node marked bucket 2 meanwhile (the fake does not check
-		// resourceVersions, so the conflict is injected).
-		l, err := f.client.Tracker().Get(coordinationv1.SchemeGroupVersion.WithResource("leases"), slotNS, DefaultSlotPrefix+"-full")
-		if err != nil {
-			t.Error(err)
-			return true, nil, err
-		}
-		u := l.(*coordinationv1.Lease).DeepCopy()
-		u.Annotations[FullBucketsAnnotation+"0"] = encodeGroup(map[int]bool{2: true, 3: true}, 0)
-		if err := f.client.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), u, slotNS); err != nil {
-			t.Error(err)
-		}
-		return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), p.GetName(), fmt.Errorf("modified"))
-	})
-	f.clearRequests()
-	if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
-		t.Fatalf("ask = %+v, %v; want refused", d, err)
-	}
-	f.slots.hintWrites.Wait()
-	var rvs []string
-	for _, a := range f.client.Actions() {
-		if g, ok := a.(k8stesting.GetActionImpl); ok && g.Name == DefaultSlotPrefix+"-full" {
-			rvs = append(rvs, fmt.Sprintf("%q", g.GetOptions.ResourceVersion))
-		}
-	}
-	if got, want := strings.Join(rvs, " "), `"0" "0" ""`; got != want {
-		t.Errorf("hint reads at resourceVersions %s, want %s (the ask's and the write's from the cache, the retry's the latest)", got, want)
-	}
-	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
-		t.Errorf("full-bucket hint %v, want [0 1 2 3]: its marks of 0 and 1 and the other node's of 2", got)
-	}
-	f.slots.stopAgain()
-}
-
-// TestSlotsReleaseClearsHint: a node releasing a slot clears its
-// bucket's mark in the hint, since that bucket has a free slot now.
-func TestSlotsReleaseClearsHint(t *testing.T) {
-	f := knownFixture(t, 319, without(heldBy(0, 64), 20))
-	f.setHint(t, 0, 2, 3)
-	d, err := f.slots.Acquire(t.Context())
-	if err != nil || !d.Held || d.Slot != 20 {
-		t.Fatalf("ask = %+v, %v; want slot 20 held", d, err)
-	}
-	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
-		t.Fatalf("full-bucket hint %v after taking the last slot, want [0 1 2 3]", got)
-	}
-	if err := f.slots.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.hint(t); fmt.Sprint(got) != "[0 2 3]" {
-		t.Errorf("full-bucket hint %v after releasing slot 20, want [0 2 3]", got)
-	}
 }
 
 // TestSlotsFollowStops: the watch of a refused node stops on Release (the

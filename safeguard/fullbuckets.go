@@ -15,16 +15,23 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 )
 
 // FullBucketsAnnotation prefixes the annotations of the full-bucket
 // hint, the Lease <Prefix>-full: annotation <prefix><g> holds, as two hex
 // digits, the buckets 8g..8g+7 nodes last found without a free slot (bit
-// j for bucket 8g+j). One annotation per 8 buckets (12 at K = 1,500) keeps
-// the hint small, and lets nodes write different groups at once without
-// a Conflict.
+// j for bucket 8g+j), then "@" and when it was written (Unix seconds),
+// e.g. "05@1796000000". One annotation per 8 buckets (12 at K = 1,500)
+// keeps the hint small, and lets nodes write different groups at once
+// without overwriting one another.
 const FullBucketsAnnotation = "gpu-node-agent.io/full-buckets-"
+
+// hintTTL is how long a group of the hint counts: an older one marks no
+// bucket, so that the marks of a wave that has passed (its slots since
+// released) do not steer the next. It outlasts a wave and its refused
+// nodes' own asks (the last at most 2 min after the refusal, see
+// againDelay).
+const hintTTL = 3 * time.Minute
 
 // hintGroup is how many buckets one annotation of the hint holds.
 const hintGroup = 8
@@ -53,6 +60,16 @@ const hintFieldManager = "gpu-node-agent-safeguard"
 // next nodes look first in the buckets no one marked. Its size is one bit
 // per bucket, in annotations of 8 buckets each. A node's credentials,
 // however misused, can only make the others look elsewhere first.
+//
+// Its writes are merge patches of whole groups, last writer wins: nodes
+// writing the same group at once may lose one another's marks. While a
+// wave takes slots (none freed), a bucket found full stays full, so a
+// lost mark costs a look, and the refused nodes' own asks find it again;
+// a mark that outlives the slots' release expires with its group
+// (hintTTL). Writes guarded by the resourceVersion would keep every
+// mark, but cost more than the looks they save: measured at 3,000 nodes,
+// 2-3 Conflicts and re-reads per writing node, more hint requests than
+// bucket LISTs.
 type fullHint struct {
 	lease *coordinationv1.Lease // nil: absent
 	full  map[int]bool
@@ -90,7 +107,7 @@ func (s *Slots) getHint(ctx context.Context, rv string) (*fullHint, error) {
 		return nil, fmt.Errorf("get full-bucket hint %s: %w", s.hintName(), err)
 	}
 	h.lease = l
-	h.full = decodeBuckets(l.Annotations)
+	h.full = decodeBuckets(l.Annotations, s.now())
 	return h, nil
 }
 
@@ -121,15 +138,11 @@ func (h *fullHint) note(b int, full bool) {
 
 // publishHint writes what this Acquire found into the hint, later and
 // only if it is still news: after a random delay of up to hintDelay it
-// reads the hint again and writes the buckets that the hint does not
-// show as found yet. Nodes that find the same buckets full at once (the
-// end of a mass fault: hundreds of them) then write it once or a few
-// times, not each, so that the one Lease is no hot spot. The write is
-// guarded by the resourceVersion read, so that no node's news is lost to
-// another's write of the same group: on a Conflict it reads the hint
-// again (the latest, not the cache) and writes what is still news, as
-// client-go's retry.RetryOnConflict paces it. It runs on its own
-// goroutine, the Acquire (or Release) that found it returned.
+// reads the hint again (from the watch cache) and writes the buckets that
+// the hint does not show as found yet. Nodes that find the same buckets
+// full at once (the end of a mass fault: hundreds of them) then write it
+// once or a few times, not each, so that the one Lease is no hot spot. It
+// runs on its own goroutine, the Acquire that found it returned.
 func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return
@@ -141,27 +154,22 @@ func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 		if err := s.hintWait(ctx); err != nil {
 			return
 		}
-		rv := "0"
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			fresh, err := s.getHint(ctx, rv)
-			if err != nil {
-				return err
-			}
-			rv = ""
-			fresh.marked, fresh.cleared = map[int]bool{}, map[int]bool{}
-			for b := range marked {
-				if !fresh.full[b] {
-					fresh.marked[b] = true
-				}
-			}
-			for b := range cleared {
-				if fresh.full[b] {
-					fresh.cleared[b] = true
-				}
-			}
-			return s.writeHint(ctx, fresh)
-		})
+		fresh, err := s.getHint(ctx, "0")
 		if err != nil {
+			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
+			return
+		}
+		for b := range marked {
+			if !fresh.full[b] {
+				fresh.marked[b] = true
+			}
+		}
+		for b := range cleared {
+			if fresh.full[b] {
+				fresh.cleared[b] = true
+			}
+		}
+		if err := s.writeHint(ctx, fresh); err != nil {
 			// Only logged: the hint only orders the looks.
 			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
 		}
@@ -169,11 +177,10 @@ func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 }
 
 // writeHint writes h's news into the hint: for each group of 8 buckets
-// it changes, the group as h read it with the marks and clears, in one
-// JSON merge patch carrying the resourceVersion h read, so that it fails
-// with a Conflict if the hint changed since (Create when h read none: it
-// fails with AlreadyExists, reported as a Conflict, if another node
-// created it since). Nothing to write is success.
+// it changes, the group as h read it with the marks and clears, dated
+// now, in one JSON merge patch (Create when h read none; either finds
+// the other case when another node created or deleted it since). Nothing
+// to write is success.
 func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return nil
@@ -189,63 +196,56 @@ func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 	}
 	annotations := map[string]string{}
 	for g := range groups {
-		annotations[FullBucketsAnnotation+strconv.Itoa(g)] = encodeGroup(full, g)
+		annotations[FullBucketsAnnotation+strconv.Itoa(g)] = encodeGroup(full, g, s.now())
 	}
 	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
-	if h.lease == nil {
-		// The writer is its holder: the admission policy lets a node
-		// write only Leases it holds.
-		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: s.hintName(), Namespace: s.cfg.Namespace, Annotations: annotations},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &s.node},
-		}
-		_, err := leases.Create(ctx, l, metav1.CreateOptions{FieldManager: hintFieldManager})
-		if apierrors.IsAlreadyExists(err) {
-			return apierrors.NewConflict(coordinationv1.Resource("leases"), s.hintName(), err)
-		}
-		return err
-	}
+	// The writer is its holder: the admission policy lets a node write
+	// only Leases it holds.
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": annotations, "resourceVersion": h.lease.ResourceVersion},
+		"metadata": map[string]any{"annotations": annotations},
 		"spec":     map[string]any{"holderIdentity": s.node},
 	})
 	if err != nil {
 		return err
 	}
-	_, err = leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
-	if apierrors.IsNotFound(err) {
-		// Deleted since: read again, and create it.
-		return apierrors.NewConflict(coordinationv1.Resource("leases"), s.hintName(), err)
+	create := func() error {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: s.hintName(), Namespace: s.cfg.Namespace, Annotations: annotations},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &s.node},
+		}
+		_, err := leases.Create(ctx, l, metav1.CreateOptions{FieldManager: hintFieldManager})
+		return err
+	}
+	update := func() error {
+		_, err := leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
+		return err
+	}
+	if h.lease == nil {
+		if err = create(); apierrors.IsAlreadyExists(err) {
+			err = update()
+		}
+	} else if err = update(); apierrors.IsNotFound(err) {
+		err = create()
 	}
 	return err
 }
 
-// clearHint clears bucket b's mark in the hint, later (publishHint), if
-// it is marked then: a slot of it was just freed. A fleet whose K fits
-// in the buckets one ask reads never uses the hint, and skips it.
-func (s *Slots) clearHint(ctx context.Context, b int) {
-	if s.fleet > 0 && bucketCount(Limit(s.fleet, s.cfg.MaxFraction)) <= firstLooks {
-		return
-	}
-	h := emptyHint()
-	h.cleared[b] = true
-	s.publishHint(ctx, h)
-}
-
-// encodeGroup is group g of full as two hex digits.
-func encodeGroup(full map[int]bool, g int) string {
+// encodeGroup is group g of full as two hex digits, dated at.
+func encodeGroup(full map[int]bool, g int, at time.Time) string {
 	var by byte
 	for j := range hintGroup {
 		if full[g*hintGroup+j] {
 			by |= 1 << j
 		}
 	}
-	return hex.EncodeToString([]byte{by})
+	return hex.EncodeToString([]byte{by}) + "@" + strconv.FormatInt(at.Unix(), 10)
 }
 
-// decodeBuckets reads the hint's annotations; a group that does not
-// parse marks no bucket.
-func decodeBuckets(annotations map[string]string) map[int]bool {
+// decodeBuckets reads the hint's annotations as of now: a group that
+// does not parse, has no date, or is dated hintTTL or more from now
+// (either way: a date that far ahead comes from a clock that does not
+// agree with ours) marks no bucket.
+func decodeBuckets(annotations map[string]string, now time.Time) map[int]bool {
 	out := map[int]bool{}
 	for k, v := range annotations {
 		rest, ok := strings.CutPrefix(k, FullBucketsAnnotation)
@@ -253,8 +253,13 @@ func decodeBuckets(annotations map[string]string) map[int]bool {
 			continue
 		}
 		g, err := strconv.Atoi(rest)
-		by, herr := hex.DecodeString(v)
-		if err != nil || g < 0 || strconv.Itoa(g) != rest || herr != nil || len(by) != 1 {
+		bits, date, dated := strings.Cut(v, "@")
+		by, herr := hex.DecodeString(bits)
+		sec, derr := strconv.ParseInt(date, 10, 64)
+		if err != nil || g < 0 || strconv.Itoa(g) != rest || herr != nil || len(by) != 1 || !dated || derr != nil {
+			continue
+		}
+		if age := now.Sub(time.Unix(sec, 0)); age >= hintTTL || age <= -hintTTL {
 			continue
 		}
 		for j := range hintGroup {
