@@ -2,7 +2,6 @@ package safeguard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -62,10 +61,8 @@ func (s *Slots) bucketSelector(b int) string {
 
 // view is what one Acquire has read of the slots.
 type view struct {
-	// all says every slot Lease was listed: an index not in leases is
-	// absent. Otherwise an index is known only when leases has it (a nil
-	// value: read, and absent).
-	all    bool
+	// leases are the slots read, by index: an index is known only when
+	// leases has it (a nil value: read, and absent).
 	leases map[int]*coordinationv1.Lease
 	// busy are the indices found occupied (unexpired, or the holder's
 	// Node tainted) or lost to another node; lost are the buckets in
@@ -85,13 +82,6 @@ func newView() *view {
 
 // indices are the indices under k whose state v knows, in order.
 func (v *view) indices(k int) []int {
-	if v.all {
-		out := make([]int, k)
-		for i := range out {
-			out[i] = i
-		}
-		return out
-	}
 	var out []int
 	for i := range v.leases {
 		if i < k {
@@ -182,7 +172,9 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 	var hint *fullHint
 	for {
 		if len(v.mine) > 0 {
-			held, err := s.adopt(ctx, v)
+			mine := v.mine
+			v.mine = nil
+			held, err := s.adopt(ctx, mine)
 			if err != nil {
 				return Decision{Slot: -1}, err
 			}
@@ -307,29 +299,12 @@ func (s *Slots) listBucket(ctx context.Context, b int, v *view) error {
 	return nil
 }
 
-// adopt renews the first Lease of ours a bucket showed (held) and
-// releases the others, as mine does after a listing of every slot.
-func (s *Slots) adopt(ctx context.Context, v *view) (bool, error) {
-	mine := v.mine
-	v.mine = nil
-	for _, l := range mine[1:] {
-		if err := s.deleteOurs(ctx, l); err != nil {
-			s.log.Warn("releasing an extra taint slot failed", "node", s.node, "lease", l.Name, "err", err)
-		}
-	}
-	err := s.renewLocked(ctx, mine[0])
-	if errors.Is(err, ErrNotHeld) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
 // pickBucket is a random bucket under k that v has not read, one the
 // hint does not mark full when there is one; -1 when v read them all.
 func (s *Slots) pickBucket(k int, v *view, hint *fullHint) int {
 	var unread, open []int
 	for b := range bucketCount(k) {
-		if _, read := v.leases[b*BucketSize]; read || v.all {
+		if _, read := v.leases[b*BucketSize]; read {
 			continue
 		}
 		unread = append(unread, b)
@@ -426,7 +401,7 @@ func (s *Slots) refuse(ctx context.Context, d Decision, v *view) Decision {
 		if slices.Contains(v.lost, b) {
 			lost = append(lost, b)
 		}
-		if _, ok := v.leases[b*BucketSize]; ok || v.all {
+		if _, ok := v.leases[b*BucketSize]; ok {
 			read = append(read, b)
 		}
 	}

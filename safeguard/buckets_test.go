@@ -512,7 +512,8 @@ func TestSlotsFollowStops(t *testing.T) {
 // carries no BucketLabel, so no bucket's LIST shows it; its slot looks
 // absent, and the Create that would take it fails with AlreadyExists:
 // refused, never a second holder. The older holder renewing it (after an
-// upgrade, its first Acquire lists every slot) labels it.
+// upgrade, its first Acquire finds it among the Leases without a holder
+// label) labels it.
 func TestSlotsLeaseWithoutBucketLabel(t *testing.T) {
 	f := knownFixture(t, 3, nil) // K = 1
 	renew := metav1.NewMicroTime(slotT0)
@@ -541,8 +542,8 @@ func TestSlotsLeaseWithoutBucketLabel(t *testing.T) {
 	if d, err := holder.Acquire(t.Context()); err != nil || !d.Held || d.Slot != 0 {
 		t.Fatalf("the holder's Acquire = %+v, %v; want slot 0 renewed", d, err)
 	}
-	if got := f.lease(t, 0).Labels[BucketLabel]; got != "0" {
-		t.Errorf("renewed Lease's %s = %q, want 0", BucketLabel, got)
+	if l := f.lease(t, 0); l.Labels[BucketLabel] != "0" || l.Labels[HolderLabel] != "fleet-1" {
+		t.Errorf("renewed Lease's labels %v, want %s 0 and %s fleet-1", l.Labels, BucketLabel, HolderLabel)
 	}
 }
 
@@ -576,10 +577,11 @@ func TestSlotsAdoptsOwnLeaseInBucket(t *testing.T) {
 	}
 }
 
-// TestSlotsWriteErrorListsAll: a Create that fails without an answer
+// TestSlotsWriteErrorFindsOwn: a Create that fails without an answer
 // (it may have landed) makes the node forget that it knows what it holds:
-// its next Acquire lists every slot, finds the Lease and renews it.
-func TestSlotsWriteErrorListsAll(t *testing.T) {
+// its next Acquire looks up its own Leases (two LISTs, neither reading
+// all slots), finds the Lease and renews it.
+func TestSlotsWriteErrorFindsOwn(t *testing.T) {
 	f := knownFixture(t, 9, nil) // K = 2
 	lost := true
 	f.client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -604,21 +606,29 @@ func TestSlotsWriteErrorListsAll(t *testing.T) {
 	if err != nil || !d.Held || d.Slot != 0 {
 		t.Fatalf("next Acquire = %+v, %v; want slot 0 renewed", d, err)
 	}
-	if reqs, want := f.requests(), map[string]int{"list leases": 1, "update leases": 1}; !sameCounts(reqs, want) {
-		t.Errorf("requests %v, want %v (every slot listed once)", reqs, want)
+	if reqs, want := f.requests(), map[string]int{"list own leases": 2, "update leases": 1}; !sameCounts(reqs, want) {
+		t.Errorf("requests %v, want %v (its own Leases looked up)", reqs, want)
 	}
-	if lists := f.leaseLists(); len(lists) != 1 || lists[0] != SlotLabel+"="+DefaultSlotPrefix {
-		t.Errorf("listed %q, want every slot", lists)
+	if lists := f.leaseLists(); fmt.Sprint(lists) != fmt.Sprint(ownSelectors(slotSelf)) {
+		t.Errorf("listed %q, want %q", lists, ownSelectors(slotSelf))
 	}
 }
 
-// TestSlotsLabels: a slot Lease carries SlotLabel and the BucketLabel of
-// its index, and other labels survive.
+// ownSelectors are the label selectors of findOwn's LISTs for node, as
+// the API server receives them.
+func ownSelectors(node string) []string {
+	slot := SlotLabel + "=" + DefaultSlotPrefix
+	return []string{slot + "," + HolderLabel + "=" + HolderValue(node), slot + ",!" + HolderLabel}
+}
+
+// TestSlotsLabels: a slot Lease carries SlotLabel, the BucketLabel of
+// its index and its holder's HolderLabel (replacing a previous holder's),
+// and other labels survive.
 func TestSlotsLabels(t *testing.T) {
 	s := New(nil, nil, slotSelf, Config{}, slotTestLog())
 	for _, idx := range []int{0, 15, 16, 1499} {
-		got := s.setLabels(map[string]string{"keep": "me"}, idx)
-		want := map[string]string{"keep": "me", SlotLabel: DefaultSlotPrefix, BucketLabel: strconv.Itoa(idx / 16)}
+		got := s.setLabels(map[string]string{"keep": "me", HolderLabel: "fleet-1"}, idx)
+		want := map[string]string{"keep": "me", SlotLabel: DefaultSlotPrefix, BucketLabel: strconv.Itoa(idx / 16), HolderLabel: slotSelf}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("slot %d labels %v, want %v", idx, got, want)
 		}

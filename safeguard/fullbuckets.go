@@ -115,7 +115,7 @@ func (s *Slots) getHint(ctx context.Context, rv string) (*fullHint, error) {
 // the hint or this Acquire) nor read by v.
 func (h *fullHint) openUnread(n int, v *view) bool {
 	for b := range n {
-		if _, read := v.leases[b*BucketSize]; read || v.all {
+		if _, read := v.leases[b*BucketSize]; read {
 			continue
 		}
 		if !h.full[b] && !h.marked[b] {

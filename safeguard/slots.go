@@ -28,7 +28,9 @@ import (
 )
 
 // SlotLabel is the label every slot Lease carries, its value the slot
-// prefix, so that one LIST with a label selector reads all slots.
+// prefix. Every LIST and watch of slot Leases selects it, together with
+// BucketLabel (one bucket) or HolderLabel (one node's own): Slots never
+// reads all K slots.
 const SlotLabel = "gpu-node-agent.io/taint-slot"
 
 // Defaults of Config.
@@ -42,7 +44,7 @@ const (
 const fleetPageSize = 500
 
 // maxSlotWrites bounds the Create/Update attempts per reading of the
-// slots (a listing of all of them, one bucket, or the followed bucket).
+// slots (the buckets one Acquire read).
 const maxSlotWrites = 2
 
 // Annotations of the fleet size recorded on every slot Lease this node
@@ -60,20 +62,16 @@ const (
 // can lower K (which only refuses) but not raise it.
 const recordQuorum = 2
 
-// coldSpread bounds the random delay before an Acquire that has no fresh
-// fleet size of its own: nodes faulting at one instant then list the
-// slots spread over this window, and all but the first few find the
-// sizes the first holders recorded rather than each measuring.
+// coldSpread bounds the random delay before an Acquire that holds no
+// slot and has no fresh fleet size of its own: nodes faulting at one
+// instant then read the slots spread over this window, and all but the
+// first few find the sizes the first holders recorded rather than each
+// measuring.
 const coldSpread = 2 * time.Second
 
 // probeSlots is how many slots a node that knows it holds none tries to
 // create blind, at random indices under K, before it lists the slots.
 const probeSlots = 2
-
-// retrySpread bounds the random delay before listing the slots again
-// after losing every race, so that the losers do not all race again for
-// the same few free slots at one instant.
-const retrySpread = 50 * time.Millisecond
 
 // ErrNotHeld is returned by Renew when this node holds no slot (it never
 // acquired one, released it, or lost it to a takeover): the caller must
@@ -175,9 +173,8 @@ type Decision struct {
 	Limit, Fleet int
 	// Occupied is how many of the slots this node read under Limit were
 	// occupied by other nodes when it was refused or took its slot, and
-	// Seen how many it read: all K when it listed them all (after a
-	// restart), otherwise its probes' and the buckets' it read. A refusal
-	// says that the Seen slots were occupied, not that all K were.
+	// Seen how many it read: its probes' and the buckets' it read. A
+	// refusal says that the Seen slots were occupied, not that all K were.
 	Occupied, Seen int
 }
 
@@ -194,6 +191,8 @@ type Slots struct {
 	client kubernetes.Interface
 	meta   metadata.Interface
 	node   string
+	// holder is node's HolderLabel value.
+	holder string
 	cfg    Config
 	log    *slog.Logger
 
@@ -208,7 +207,8 @@ type Slots struct {
 	// held is our slot's Lease as last written or read, nil when none.
 	held *coordinationv1.Lease
 	// known says held is authoritative; until the first Acquire or
-	// Release (after a restart) a Lease of ours may exist unseen.
+	// Release (after a restart, or a write whose answer was lost) a Lease
+	// of ours may exist unseen (see findOwn).
 	known bool
 	// fleet is the fleet size last measured or adopted and fleetAt when
 	// it was measured.
@@ -246,7 +246,7 @@ type Slots struct {
 // size (metadata only); it may be nil when the safeguard is off.
 func New(client kubernetes.Interface, meta metadata.Interface, node string, cfg Config, log *slog.Logger, opts ...Option) *Slots {
 	s := &Slots{
-		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
+		client: client, meta: meta, node: node, holder: HolderValue(node), cfg: cfg.WithDefaults(), log: log,
 		now: time.Now, randIntN: rand.IntN, jitter: randJitter, sleep: sleepCtx,
 		room: make(chan struct{}, 1),
 	}
@@ -264,9 +264,9 @@ type Option func(*Slots)
 // WithClock makes now the clock of Lease times and fleet-size ages.
 func WithClock(now func() time.Time) Option { return func(s *Slots) { s.now = now } }
 
-// WithoutSpread drops the random delays that spread nodes faulting at one
-// instant (coldSpread, retrySpread): for a single node, and for tests
-// that must not wait.
+// WithoutSpread drops the random delay that spreads nodes faulting at one
+// instant (coldSpread): for a single node, and for tests that must not
+// wait.
 func WithoutSpread() Option {
 	return func(s *Slots) {
 		s.jitter = func(time.Duration) time.Duration { return 0 }
@@ -297,7 +297,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// slotState is what one listing says of one slot.
+// slotState is what one reading says of one slot.
 type slotState struct {
 	index int
 	lease *coordinationv1.Lease // nil when absent
@@ -311,12 +311,13 @@ type slotState struct {
 // asked. Held means the Lease was written just now, so the taint may
 // follow without a separate Renew.
 //
-// A node that knows what it holds (after its first Acquire or Release)
-// never lists all K slots: it probes (see probe), then reads buckets of
-// slots (see lookAround), and once refused it follows one bucket with a
-// watch until it holds a slot or releases (Room says when to ask again).
-// Only a node that does not know yet (after a restart) lists them all,
-// once, to find a Lease of its own.
+// No Acquire lists all K slots. A node that does not know whether it
+// holds one (after a restart, or a write whose answer was lost) first
+// finds its own Leases with two small LISTs (see findOwn) and renews the
+// one it finds. A node that knows it holds none probes (see probe), then
+// reads buckets of slots (see lookAround), and once refused it follows
+// one bucket with a watch until it holds a slot or releases (Room says
+// when to ask again).
 func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 	if s.cfg.Disabled() {
 		return Decision{Held: true, Slot: -1}, nil
@@ -342,14 +343,28 @@ func (s *Slots) acquire(ctx context.Context) (Decision, error) {
 		}
 		// Taken over or deleted: this node holds nothing now.
 	}
+	if !s.known {
+		own, err := s.findOwn(ctx)
+		if err != nil {
+			return Decision{Slot: -1}, err
+		}
+		s.known = true
+		if len(own) > 0 {
+			held, err := s.adopt(ctx, own)
+			if err != nil {
+				return Decision{Slot: -1}, err
+			}
+			if held {
+				return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, s.held.Name)}, nil
+			}
+			// Taken over between the LIST and the renew: it holds nothing.
+		}
+	}
 	if !s.freshCache() {
 		// Spread nodes faulting together (see coldSpread).
 		if err := s.sleep(ctx, s.jitter(coldSpread)); err != nil {
 			return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
 		}
-	}
-	if !s.known {
-		return s.acquireListingAll(ctx)
 	}
 	if !s.refused {
 		d, err := s.probe(ctx)
@@ -360,66 +375,15 @@ func (s *Slots) acquire(ctx context.Context) (Decision, error) {
 	return s.lookAround(ctx)
 }
 
-// acquireListingAll is Acquire for a node that does not know whether it
-// holds a slot (a Lease of a previous run may exist): one LIST of every
-// slot Lease finds it, and with all slots read the node takes a free one
-// under K or refuses knowing all K are occupied. A node that lost every
-// race lists once more after a random delay.
-func (s *Slots) acquireListingAll(ctx context.Context) (Decision, error) {
-	d := Decision{Slot: -1}
-	var v *view
-	for round := range 2 {
-		if round > 0 {
-			if err := s.sleep(ctx, s.jitter(retrySpread)); err != nil {
-				return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
-			}
-		}
-		slots, err := s.list(ctx)
-		if err != nil {
-			return Decision{Slot: -1}, err
-		}
-		if mine := s.mine(ctx, slots); mine != nil {
-			if err := s.renewLocked(ctx, mine); err == nil {
-				return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, mine.Name)}, nil
-			} else if !errors.Is(err, ErrNotHeld) {
-				return Decision{Slot: -1}, err
-			}
-			// Taken over between our LIST and renew: list again.
-			continue
-		}
-		v = newView()
-		v.all = true
-		for _, sl := range slots {
-			v.leases[sl.index] = sl.lease
-		}
-		var refuse bool
-		if d, refuse, err = s.limitFrom(ctx, v); err != nil {
-			return Decision{Slot: -1}, err
-		}
-		if refuse {
-			return s.refuse(ctx, d, v), nil
-		}
-		won, err := s.takeFrom(ctx, &d, v, v.indices(d.Limit))
-		if err != nil || won {
-			return d, err
-		}
-		if len(v.lost) == 0 {
-			break
-		}
-		s.log.Debug("lost the race for taint slots", "node", s.node, "round", round)
-	}
-	return s.refuse(ctx, d, v), nil
-}
-
 // probe tries to take a slot without listing them: it creates the Leases
 // of up to probeSlots distinct random slots under K, and the first Create
 // that succeeds holds that slot. It is Acquire's first step when this node
-// knows it holds no slot (a previous listing or Release said so) and its
+// knows it holds no slot (its own Leases looked up, or a Release) and its
 // last Acquire was not refused (a refused node asking again would most
 // likely find the slots held again: it reads the bucket it follows and one
 // more, see lookAround).
 //
-// It is as safe as the listing path: an absent Lease is a free slot (see
+// It is as safe as taking a slot read: an absent Lease is a free slot (see
 // Slots), and Create is create-if-absent, so a probe can only win a slot
 // no one holds. A probe that finds its slot's Lease present (AlreadyExists)
 // learns nothing about whether that Lease has expired, so when every
@@ -519,8 +483,8 @@ func (s *Slots) Allow(ctx context.Context) (bool, error) {
 // stops the watch a refused node follows a bucket with). It deletes our
 // Lease only if it is still ours (preconditions on its UID and
 // resourceVersion); a slot already gone or taken over is success. After
-// a restart it first lists the slots once to find a Lease of ours; once
-// nothing is held it makes no requests.
+// a restart it first finds Leases of ours with two small LISTs (see
+// findOwn); once nothing is held it makes no requests.
 func (s *Slots) Release(ctx context.Context) error {
 	if s.cfg.Disabled() {
 		return nil
@@ -532,15 +496,11 @@ func (s *Slots) Release(ctx context.Context) error {
 	case s.held != nil:
 		mine = append(mine, s.held)
 	case !s.known:
-		slots, err := s.list(ctx)
+		own, err := s.findOwn(ctx)
 		if err != nil {
 			return err
 		}
-		for _, sl := range slots {
-			if sl.lease != nil && leaseHolder(sl.lease) == s.node {
-				mine = append(mine, sl.lease)
-			}
-		}
+		mine = own
 	}
 	for _, l := range mine {
 		if err := s.deleteOurs(ctx, l); err != nil {
@@ -553,46 +513,6 @@ func (s *Slots) Release(ctx context.Context) error {
 	s.unfollow()
 	s.stopAgain()
 	return nil
-}
-
-// list reads every slot Lease (one LIST), sorted by index.
-func (s *Slots) list(ctx context.Context) ([]slotState, error) {
-	sel := labels.Set{SlotLabel: s.cfg.Prefix}.String()
-	list, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
-		return nil, fmt.Errorf("list taint slot leases %s in %s: %w", sel, s.cfg.Namespace, err)
-	}
-	var out []slotState
-	for i := range list.Items {
-		l := &list.Items[i]
-		if idx := slotIndex(s.cfg.Prefix, l.Name); idx >= 0 {
-			out = append(out, slotState{index: idx, lease: l})
-		}
-	}
-	slices.SortFunc(out, func(a, b slotState) int { return a.index - b.index })
-	return out, nil
-}
-
-// mine returns the lowest-index Lease this node holds, or nil. Holding
-// more than one can only follow a lost response to a write; the extras
-// are released (best effort) since one slot covers the node's taint.
-func (s *Slots) mine(ctx context.Context, slots []slotState) *coordinationv1.Lease {
-	s.known = true
-	var keep *coordinationv1.Lease
-	for _, sl := range slots {
-		if leaseHolder(sl.lease) != s.node {
-			continue
-		}
-		if keep == nil {
-			keep = sl.lease
-			continue
-		}
-		if err := s.deleteOurs(ctx, sl.lease); err != nil {
-			s.log.Warn("releasing an extra taint slot failed", "node", s.node, "lease", sl.lease.Name, "err", err)
-		}
-	}
-	s.held = keep
-	return keep
 }
 
 // limitFrom computes K from what v read: a fresh fleet size from this
@@ -694,7 +614,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 	}
 	if err != nil {
 		// The write may have landed without its answer reaching us: until
-		// a listing of every slot says otherwise, a Lease of ours may exist.
+		// a lookup of our own Leases says otherwise, one may exist.
 		s.known = false
 		return false, fmt.Errorf("take taint slot %s: %w", slotName(s.cfg.Prefix, c.index), err)
 	}
@@ -703,12 +623,15 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 }
 
 // setLabels returns labels (a copy, or a new map when nil) with slot
-// index's: SlotLabel and its BucketLabel.
+// index's as this node holds it: SlotLabel, its BucketLabel, and
+// HolderLabel this node's value (a takeover replaces the previous
+// holder's).
 func (s *Slots) setLabels(labels map[string]string, index int) map[string]string {
-	out := make(map[string]string, len(labels)+2)
+	out := make(map[string]string, len(labels)+3)
 	maps.Copy(out, labels)
 	out[SlotLabel] = s.cfg.Prefix
 	out[BucketLabel] = strconv.Itoa(bucketOf(index))
+	out[HolderLabel] = s.holder
 	return out
 }
 
@@ -721,7 +644,8 @@ func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error 
 		u := l.DeepCopy()
 		now := metav1.NewMicroTime(s.now())
 		u.Spec.RenewTime, u.Spec.LeaseDurationSeconds = &now, s.durationSeconds()
-		// A Lease an older agent created has no BucketLabel yet.
+		// A Lease an older agent created has no BucketLabel or
+		// HolderLabel yet.
 		if idx := slotIndex(s.cfg.Prefix, u.Name); idx >= 0 {
 			u.Labels = s.setLabels(u.Labels, idx)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,7 +91,8 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 		renew := metav1.NewMicroTime(slotT0.Add(-l.ago))
 		objs = append(objs, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: slotName(cfg.Prefix, l.index), Namespace: slotNS,
-				Labels: map[string]string{SlotLabel: cfg.Prefix, BucketLabel: strconv.Itoa(bucketOf(l.index))}},
+				Labels: map[string]string{SlotLabel: cfg.Prefix, BucketLabel: strconv.Itoa(bucketOf(l.index)),
+					HolderLabel: HolderValue(l.holder)}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: new(l.holder), LeaseDurationSeconds: new(int32(900)),
 				AcquireTime: &renew, RenewTime: &renew, LeaseTransitions: new(int32(3))},
 		})
@@ -134,12 +136,17 @@ func (f *slotFixture) record(t *testing.T, i, size int, ago time.Duration) {
 }
 
 // requests counts the fake clients' actions as "verb resource", leaving
-// out the follower's (see followActions).
+// out the follower's (see isFollow). A LIST of Leases selecting
+// HolderLabel (findOwn's) counts as "list own leases".
 func (f *slotFixture) requests() map[string]int {
 	f.slots.hintWrites.Wait()
 	out := map[string]int{}
 	for _, a := range f.client.Actions() {
 		if isFollow(a) {
+			continue
+		}
+		if l, ok := a.(k8stesting.ListActionImpl); ok && strings.Contains(l.ListOptions.LabelSelector, HolderLabel) {
+			out["list own leases"]++
 			continue
 		}
 		out[a.GetVerb()+" "+a.GetResource().Resource]++
@@ -236,80 +243,84 @@ func TestSlotsAcquire(t *testing.T) {
 		tainted     []string
 		leases      []slotLease
 		want        Decision
-		// wantRequests counts requests as "verb resource".
+		// wantRequests counts requests as "verb resource" (see
+		// requests). The node has just started: it first looks up its own
+		// Leases (two LISTs); holding none, it lists one bucket (the
+		// selector makes measuring read Nodes, so it reads the sizes
+		// recorded there first, see probe).
 		wantRequests map[string]int
 	}{
 		{
 			name: "free slot taken", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			want:         Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10, Seen: 2},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "first slot taken, the next free one is tried", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}},
 			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1, Seen: 2},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "all slots held: refused, no write, no node read", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", 14 * time.Minute}},
 			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1},
 		},
 		{
 			name: "already the holder: renews, no fleet read", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, slotSelf, time.Minute}},
 			want:         Decision{Held: true, Slot: 1},
-			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "update leases": 1},
 		},
 		{
 			name: "already the holder of an expired slot: renews", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{1, slotSelf, expired}},
 			want:         Decision{Held: true, Slot: 1},
-			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "update leases": 1},
 		},
 		{
 			name: "expired lease, untainted holder: taken over", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", expired}},
 			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4, Seen: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
 		},
 		{
 			name: "expired lease, tainted holder: stays occupied", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			tainted:      []string{"fleet-1"},
 			leases:       []slotLease{{0, "fleet-1", expired}},
 			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1, Seen: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "get nodes": 1},
 		},
 		{
 			name: "unexpired lease, untainted holder: occupied without a node read", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", 14 * time.Minute}},
 			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1, Seen: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1},
 		},
 		{
 			name: "expired lease, holder node gone: free", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "deleted-node", expired}},
 			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4, Seen: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
 		},
 		{
 			name: "fleet shrank: the holder keeps its slot at index >= K", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {5, slotSelf, time.Minute}},
 			want:         Decision{Held: true, Slot: 5},
-			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "update leases": 1},
 		},
 		{
 			name: "slots at or above K do not count against it", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {2, "fleet-2", time.Minute}, {3, "fleet-3", time.Minute}},
 			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1, Seen: 2},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "slotSelf counted when not in the fleet list", fleet: 4, maxFraction: 0.4,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}},
 			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 5, Occupied: 1, Seen: 2},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "MaxFraction 1: always held, no requests", fleet: 3, selfInFleet: true, maxFraction: 1,
@@ -334,8 +345,8 @@ func TestSlotsAcquire(t *testing.T) {
 			if got.Held && got.Slot >= 0 {
 				l := f.lease(t, got.Slot)
 				if leaseHolder(l) != slotSelf || l.Spec.RenewTime == nil || !l.Spec.RenewTime.Time.Equal(slotT0) ||
-					l.Labels[SlotLabel] != DefaultSlotPrefix || *l.Spec.LeaseDurationSeconds != 900 {
-					t.Errorf("held lease %s: holder %q renewTime %v labels %v duration %d, want %q, %v, the slot label, 900",
+					l.Labels[SlotLabel] != DefaultSlotPrefix || l.Labels[HolderLabel] != slotSelf || *l.Spec.LeaseDurationSeconds != 900 {
+					t.Errorf("held lease %s: holder %q renewTime %v labels %v duration %d, want %q, %v, the slot and holder labels, 900",
 						l.Name, leaseHolder(l), l.Spec.RenewTime, l.Labels, *l.Spec.LeaseDurationSeconds, slotSelf, slotT0)
 				}
 				// A slot taken (not renewed) records the size it was
@@ -357,7 +368,10 @@ type sizeOn struct {
 // TestSlotsFleetSizeRecords: the sizes recorded on the slot Leases stand
 // in for measuring when fresh and recorded by recordQuorum holders (the
 // smallest is used), prove a refusal on their own when the unexpired
-// Leases fill their K, and never grant on a stale size.
+// Leases fill their K, and never grant on a stale size. The node has just
+// started: it holds no slot and has no fresh size of its own, so it lists
+// a bucket for the records (see TestSlotsRecordsAdjustOwnSize for a node
+// with a fresh size).
 func TestSlotsFleetSizeRecords(t *testing.T) {
 	expired := 16 * time.Minute
 	tests := []struct {
@@ -372,7 +386,9 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 		want      Decision
 		// wantRecord is the size and measuring time recorded on the slot
 		// taken.
-		wantRecord   *sizeRecord
+		wantRecord *sizeRecord
+		// wantRequests leave out the lookup of its own Leases (two LISTs)
+		// every case starts with.
 		wantRequests map[string]int
 		wantSleeps   []time.Duration
 	}{
@@ -418,23 +434,6 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
-		},
-		{
-			name: "own fresh size: no delay, no node LIST; a lower record lowers it", fleet: 19, maxFraction: 0.2,
-			leases:  []slotLease{{0, "fleet-1", time.Minute}},
-			records: []sizeOn{{0, 10, 3 * time.Minute}},
-			cached:  20, cachedAgo: time.Minute,
-			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1, Seen: 2},
-			wantRecord:   &sizeRecord{10, slotT0.Add(-3 * time.Minute)},
-			wantRequests: map[string]int{"list leases": 1, "create leases": 1},
-		},
-		{
-			name: "own fresh size: a higher record does not raise it", fleet: 19, maxFraction: 0.2,
-			leases:  []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
-			records: []sizeOn{{0, 1000, time.Minute}, {1, 1000, time.Minute}},
-			cached:  10, cachedAgo: time.Minute,
-			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
-			wantRequests: map[string]int{"list leases": 1},
 		},
 		{
 			name: "unexpired leases fill K of a stale record: refused without measuring", fleet: 19, maxFraction: 0.2,
@@ -488,8 +487,10 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("decision %+v, want %+v", got, tc.want)
 			}
-			if reqs := f.requests(); !sameCounts(reqs, tc.wantRequests) {
-				t.Errorf("requests %v, want %v", reqs, tc.wantRequests)
+			want := maps.Clone(tc.wantRequests)
+			want["list own leases"] = 2
+			if reqs := f.requests(); !sameCounts(reqs, want) {
+				t.Errorf("requests %v, want %v", reqs, want)
 			}
 			if fmt.Sprint(f.sleeps) != fmt.Sprint(tc.wantSleeps) {
 				t.Errorf("delays %v, want %v", f.sleeps, tc.wantSleeps)
@@ -499,6 +500,86 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 				if !ok || r.n != tc.wantRecord.n || !r.at.Equal(tc.wantRecord.at) {
 					t.Errorf("slot %d records %+v (%v), want %+v", got.Slot, r, ok, *tc.wantRecord)
 				}
+			}
+		})
+	}
+}
+
+// TestSlotsRecordsAdjustOwnSize: a node with a fresh size of its own
+// uses a lower size another holder recorded on a Lease it reads (here the
+// bucket it follows, from its watch's cache), never a higher one. Each
+// case is refused first with every slot under the K of its own size held;
+// then slots 2 and 3 are freed, and the next ask decides on what the
+// followed bucket shows: with the own size of 20 (K = 4) it would take
+// slot 2; a record of 10 makes K = 2, both held, refused. With an own
+// size of 10 (K = 2), two holders' records of 1,000 do not raise K to
+// 200: refused still.
+func TestSlotsRecordsAdjustOwnSize(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		own     int
+		records []sizeOn
+		want    Decision
+		// wantCache is the node's size afterwards and when it was measured.
+		wantCache sizeRecord
+	}{
+		{
+			name: "a lower record lowers it", own: 20,
+			records:   []sizeOn{{0, 10, 3 * time.Minute}},
+			want:      Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
+			wantCache: sizeRecord{10, slotT0.Add(-3 * time.Minute)},
+		},
+		{
+			name: "higher records do not raise it", own: 10,
+			records:   []sizeOn{{0, 1000, time.Minute}, {1, 1000, time.Minute}},
+			want:      Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
+			wantCache: sizeRecord{10, slotT0.Add(-2 * time.Minute)},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := Limit(tc.own, 0.2)
+			f := newSlotFixture(t, 19, true, nil, heldBy(0, k), Config{MaxFraction: 0.2})
+			f.slots.known = true
+			f.slots.fleet, f.slots.fleetAt = tc.own, slotT0.Add(-2*time.Minute)
+			for _, r := range tc.records {
+				f.record(t, r.index, r.size, r.ago)
+			}
+			d, err := f.slots.Acquire(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (Decision{Slot: -1, Limit: k, Fleet: tc.own, Occupied: k, Seen: k}); d != want {
+				t.Fatalf("first ask: %+v, want %+v", d, want)
+			}
+			if b := followed(t, f.slots); b != 0 {
+				t.Fatalf("follows bucket %d, want 0", b)
+			}
+			for i := 2; i < k; i++ {
+				if err := f.client.CoordinationV1().Leases(slotNS).Delete(t.Context(), slotName(DefaultSlotPrefix, i), metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if k > 2 {
+				select {
+				case <-f.slots.Room():
+				case <-time.After(30 * time.Second):
+					t.Fatal("no Room signal after slots of the followed bucket were freed")
+				}
+			}
+			f.clearRequests()
+			if d, err = f.slots.Acquire(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if d != tc.want {
+				t.Errorf("ask from the followed bucket: %+v, want %+v", d, tc.want)
+			}
+			if f.slots.fleet != tc.wantCache.n || !f.slots.fleetAt.Equal(tc.wantCache.at) {
+				t.Errorf("own size %d measured at %v, want %d at %v", f.slots.fleet, f.slots.fleetAt, tc.wantCache.n, tc.wantCache.at)
+			}
+			// K spans bucket 0 only, read from the watch's cache: no
+			// request, no write.
+			if reqs := f.requests(); len(reqs) != 0 {
+				t.Errorf("ask from the followed bucket made requests %v, want none", reqs)
 			}
 		})
 	}
@@ -517,7 +598,7 @@ func TestSlotsStaleRefusalOnce(t *testing.T) {
 		want         Decision
 		wantRequests map[string]int
 	}{
-		{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{"list leases": 1}},
+		{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{"list own leases": 2, "list leases": 1}},
 		{Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4}, map[string]int{"metadata list nodes": 1, "create leases": 1}},
 	}
 	for i, st := range steps {
@@ -659,9 +740,10 @@ func TestSlotsTakeoverBumpsTransitions(t *testing.T) {
 	}
 }
 
-// TestSlotsLostRaceRelistsOnce: when another node creates the slot first,
-// Acquire lists once more, sees it occupied and refuses.
-func TestSlotsLostRaceRelistsOnce(t *testing.T) {
+// TestSlotsLostRace: when another node creates the only free slot first,
+// Acquire refuses and follows the bucket where it lost the race; asking
+// again reads the winner's Lease from the watch's cache, no request.
+func TestSlotsLostRace(t *testing.T) {
 	f := newSlotFixture(t, 3, true, nil, nil, Config{MaxFraction: 0.2})
 	f.client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
@@ -679,9 +761,19 @@ func TestSlotsLostRaceRelistsOnce(t *testing.T) {
 	if d != want {
 		t.Errorf("decision %+v, want %+v", d, want)
 	}
-	wantReqs := map[string]int{"list leases": 2, "metadata list nodes": 1, "create leases": 1}
+	wantReqs := map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1}
 	if reqs := f.requests(); !sameCounts(reqs, wantReqs) {
-		t.Errorf("requests %v, want %v (the fleet size is reused)", reqs, wantReqs)
+		t.Errorf("requests %v, want %v", reqs, wantReqs)
+	}
+	if b := followed(t, f.slots); b != 0 {
+		t.Fatalf("follows bucket %d, want 0, where it lost the race", b)
+	}
+	f.clearRequests()
+	if d, err = f.slots.Acquire(t.Context()); err != nil || d != want {
+		t.Errorf("asking again: %+v, %v; want %+v", d, err, want)
+	}
+	if reqs := f.requests(); len(reqs) != 0 {
+		t.Errorf("asking again made requests %v, want none (the fleet size cached, the bucket from the watch)", reqs)
 	}
 }
 
@@ -758,8 +850,8 @@ func TestSlotsRenewTakenOver(t *testing.T) {
 }
 
 // TestSlotsReleaseAfterRestart: a fresh Slots finds the Lease a previous
-// run held with one LIST and deletes it; Releases after that make no
-// requests.
+// run held with the two LISTs of its own Leases and deletes it; Releases
+// after that make no requests.
 func TestSlotsReleaseAfterRestart(t *testing.T) {
 	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {2, slotSelf, time.Minute}}, Config{MaxFraction: 0.2})
 	ctx := context.Background()
@@ -768,7 +860,7 @@ func TestSlotsReleaseAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wantReqs := map[string]int{"list leases": 1, "delete leases": 1}
+	wantReqs := map[string]int{"list own leases": 2, "delete leases": 1}
 	if reqs := f.requests(); !sameCounts(reqs, wantReqs) {
 		t.Errorf("requests %v, want %v", reqs, wantReqs)
 	}

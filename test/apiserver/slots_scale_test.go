@@ -174,7 +174,8 @@ func slotsWave(ctx context.Context, t *testing.T, c *cluster.Cluster, admin kube
 		rc.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
 		clients := clientsFor(t, rc)
 		n.slots = safeguard.New(clients.Core, clients.Meta, n.name, cfg, discard())
-		// As the tainter at a fit start: nothing held, one LIST.
+		// As the tainter at a fit start: nothing held, two LISTs of its
+		// own Leases.
 		if err := n.slots.Release(ctx); err != nil {
 			t.Fatalf("release at start %s: %v", n.name, err)
 		}
