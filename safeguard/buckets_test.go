@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -444,6 +445,75 @@ func TestSlotsOwnAsksBounded(t *testing.T) {
 		t.Errorf("%d own asks scheduled after a release, want one more", len(own)-againAsks)
 	}
 	f.slots.stopAgain()
+}
+
+// TestSlotsReleaseClearsHint: a node releasing a slot clears its
+// bucket's mark in the hint, since that bucket has a free slot now; the
+// clear is guarded by the resourceVersion read, so that on a Conflict
+// (another node wrote the hint since) it reads the hint again and clears
+// the mark in what that node wrote, keeping its marks. Marks are not
+// guarded.
+func TestSlotsReleaseClearsHint(t *testing.T) {
+	f := knownFixture(t, 319, without(heldBy(0, 64), 20))
+	f.setHint(t, 0, 2, 3)
+	var patches []string
+	f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		patches = append(patches, string(a.(k8stesting.PatchAction).GetPatch()))
+		return false, nil, nil
+	})
+	d, err := f.slots.Acquire(t.Context())
+	if err != nil || !d.Held || d.Slot != 20 {
+		t.Fatalf("ask = %+v, %v; want slot 20 held", d, err)
+	}
+	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
+		t.Fatalf("full-bucket hint %v after taking the last slot, want [0 1 2 3]", got)
+	}
+	if len(patches) != 1 || strings.Contains(patches[0], "resourceVersion") {
+		t.Errorf("mark patches %q, want one without a resourceVersion", patches)
+	}
+	// The first clear conflicts: another node marked bucket 4 meanwhile
+	// (the fake does not check resourceVersions, so the conflict is
+	// injected).
+	conflicted := false
+	f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := string(a.(k8stesting.PatchAction).GetPatch())
+		if !strings.Contains(p, `"resourceVersion"`) {
+			t.Errorf("clear patch without a resourceVersion: %s", p)
+		}
+		if conflicted {
+			return false, nil, nil
+		}
+		conflicted = true
+		gvr := coordinationv1.SchemeGroupVersion.WithResource("leases")
+		l, err := f.client.Tracker().Get(gvr, slotNS, DefaultSlotPrefix+"-full")
+		if err != nil {
+			t.Error(err)
+			return true, nil, err
+		}
+		u := l.(*coordinationv1.Lease).DeepCopy()
+		u.Annotations[FullBucketsAnnotation+"0"] = encodeGroup(map[int]bool{0: true, 1: true, 2: true, 3: true, 4: true}, 0, f.slots.now())
+		if err := f.client.Tracker().Update(gvr, u, slotNS); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), DefaultSlotPrefix+"-full", fmt.Errorf("modified"))
+	})
+	f.clearRequests()
+	if err := f.slots.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	f.slots.hintWrites.Wait()
+	var rvs []string
+	for _, a := range f.client.Actions() {
+		if g, ok := a.(k8stesting.GetActionImpl); ok && g.Name == DefaultSlotPrefix+"-full" {
+			rvs = append(rvs, fmt.Sprintf("%q", g.GetOptions.ResourceVersion))
+		}
+	}
+	if got, want := strings.Join(rvs, " "), `"0" ""`; got != want {
+		t.Errorf("hint reads at resourceVersions %s, want %s (the cache, then the latest after the Conflict)", got, want)
+	}
+	if got := f.hint(t); fmt.Sprint(got) != "[0 2 3 4]" {
+		t.Errorf("full-bucket hint %v after releasing slot 20, want [0 2 3 4]: bucket 1 cleared, the other node's mark of 4 kept", got)
+	}
 }
 
 // TestSlotsFollowStops: the watch of a refused node stops on Release (the

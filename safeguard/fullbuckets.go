@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 )
 
 // FullBucketsAnnotation prefixes the annotations of the full-bucket
@@ -61,15 +62,23 @@ const hintFieldManager = "gpu-node-agent-safeguard"
 // per bucket, in annotations of 8 buckets each. A node's credentials,
 // however misused, can only make the others look elsewhere first.
 //
-// Its writes are merge patches of whole groups, last writer wins: nodes
+// A node that releases a slot clears its bucket's mark (clearHint): a
+// mark left on a bucket with free slots would keep the refused nodes of
+// the next wave from looking there, and a wave of exactly K faulting
+// nodes would leave slots free beside refused nodes.
+//
+// Marks are merge patches of whole groups, last writer wins: nodes
 // writing the same group at once may lose one another's marks. While a
 // wave takes slots (none freed), a bucket found full stays full, so a
-// lost mark costs a look, and the refused nodes' own asks find it again;
-// a mark that outlives the slots' release expires with its group
-// (hintTTL). Writes guarded by the resourceVersion would keep every
-// mark, but cost more than the looks they save: measured at 3,000 nodes,
-// 2-3 Conflicts and re-reads per writing node, more hint requests than
-// bucket LISTs.
+// lost mark costs a look, and the refused nodes' own asks find it again.
+// Guarding marks with the resourceVersion would keep every one, but cost
+// more than the looks it saves: measured at 3,000 nodes, 2-3 Conflicts
+// and re-reads per writing node, more hint requests than bucket LISTs.
+// A lost clear is worse (a free slot hidden), so clears are guarded:
+// they come one per bucket at most when slots are released, not in a
+// burst of hundreds. A mark that outlives its slots all the same (one
+// written from a read older than a clear) expires with its group
+// (hintTTL).
 type fullHint struct {
 	lease *coordinationv1.Lease // nil: absent
 	full  map[int]bool
@@ -136,13 +145,17 @@ func (h *fullHint) note(b int, full bool) {
 	}
 }
 
-// publishHint writes what this Acquire found into the hint, later and
-// only if it is still news: after a random delay of up to hintDelay it
-// reads the hint again (from the watch cache) and writes the buckets that
-// the hint does not show as found yet. Nodes that find the same buckets
-// full at once (the end of a mass fault: hundreds of them) then write it
-// once or a few times, not each, so that the one Lease is no hot spot. It
-// runs on its own goroutine, the Acquire that found it returned.
+// publishHint writes what this Acquire (or Release) found into the
+// hint, later and only if it is still news: after a random delay of up to
+// hintDelay it reads the hint again (from the watch cache) and writes the
+// buckets that the hint does not show as found yet. Nodes that find the
+// same buckets full at once (the end of a mass fault: hundreds of them)
+// then write it once or a few times, not each, so that the one Lease is
+// no hot spot. A write that clears a mark is guarded by the
+// resourceVersion read: on a Conflict it reads the hint again (the
+// latest, not the cache) and writes what is still news, up to four tries
+// over about 1.3 s (client-go's retry.DefaultBackoff). It runs on its
+// own goroutine, the Acquire or Release that found it returned.
 func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return
@@ -154,34 +167,58 @@ func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 		if err := s.hintWait(ctx); err != nil {
 			return
 		}
-		fresh, err := s.getHint(ctx, "0")
+		rv := "0"
+		err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+			fresh, err := s.getHint(ctx, rv)
+			if err != nil {
+				return err
+			}
+			rv = ""
+			for b := range marked {
+				if !fresh.full[b] {
+					fresh.marked[b] = true
+				}
+			}
+			for b := range cleared {
+				if fresh.full[b] {
+					fresh.cleared[b] = true
+				}
+			}
+			return s.writeHint(ctx, fresh, len(fresh.cleared) > 0)
+		})
 		if err != nil {
-			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
-			return
-		}
-		for b := range marked {
-			if !fresh.full[b] {
-				fresh.marked[b] = true
-			}
-		}
-		for b := range cleared {
-			if fresh.full[b] {
-				fresh.cleared[b] = true
-			}
-		}
-		if err := s.writeHint(ctx, fresh); err != nil {
 			// Only logged: the hint only orders the looks.
 			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
 		}
 	})
 }
 
+// clearHint clears bucket b's mark in the hint, later (publishHint), if
+// it is marked then: l, this node's slot of it, was just released. A
+// fleet whose K fits in the buckets one ask reads never uses the hint,
+// and skips it (K from this node's fleet size, else the one recorded on
+// l).
+func (s *Slots) clearHint(ctx context.Context, l *coordinationv1.Lease, b int) {
+	n := s.fleet
+	if r, ok := recordOf(l); n <= 0 && ok {
+		n = r.n
+	}
+	if n > 0 && bucketCount(Limit(n, s.cfg.MaxFraction)) <= firstLooks {
+		return
+	}
+	h := emptyHint()
+	h.cleared[b] = true
+	s.publishHint(ctx, h)
+}
+
 // writeHint writes h's news into the hint: for each group of 8 buckets
 // it changes, the group as h read it with the marks and clears, dated
 // now, in one JSON merge patch (Create when h read none; either finds
-// the other case when another node created or deleted it since). Nothing
-// to write is success.
-func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
+// the other case when another node created or deleted it since). With
+// guard, the patch carries the resourceVersion h read, so that it fails
+// with a Conflict if the hint changed since (as do the other cases).
+// Nothing to write is success.
+func (s *Slots) writeHint(ctx context.Context, h *fullHint, guard bool) error {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return nil
 	}
@@ -201,8 +238,12 @@ func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
 	// The writer is its holder: the admission policy lets a node write
 	// only Leases it holds.
+	meta := map[string]any{"annotations": annotations}
+	if guard && h.lease != nil {
+		meta["resourceVersion"] = h.lease.ResourceVersion
+	}
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": annotations},
+		"metadata": meta,
 		"spec":     map[string]any{"holderIdentity": s.node},
 	})
 	if err != nil {
@@ -220,11 +261,20 @@ func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 		_, err := leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
 		return err
 	}
+	conflict := func(err error) error {
+		return apierrors.NewConflict(coordinationv1.Resource("leases"), s.hintName(), err)
+	}
 	if h.lease == nil {
 		if err = create(); apierrors.IsAlreadyExists(err) {
+			if guard {
+				return conflict(err)
+			}
 			err = update()
 		}
 	} else if err = update(); apierrors.IsNotFound(err) {
+		if guard {
+			return conflict(err)
+		}
 		err = create()
 	}
 	return err

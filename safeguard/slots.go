@@ -506,7 +506,11 @@ func (s *Slots) Release(ctx context.Context) error {
 		if err := s.deleteOurs(ctx, l); err != nil {
 			return err
 		}
-		s.log.Info("released taint slot", "node", s.node, "slot", slotIndex(s.cfg.Prefix, l.Name))
+		idx := slotIndex(s.cfg.Prefix, l.Name)
+		s.log.Info("released taint slot", "node", s.node, "slot", idx)
+		if idx >= 0 {
+			s.clearHint(ctx, l, bucketOf(idx))
+		}
 	}
 	// A refusal is old news by the next fault.
 	s.held, s.known, s.refused = nil, true, false
