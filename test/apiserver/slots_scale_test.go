@@ -56,8 +56,8 @@ func (w scaleWave) perFaulting() float64 {
 // condition) and then whenever its safeguard signals Room. In both
 // fleets exactly K nodes end up tainted (never more on the way, as a
 // watch of the Nodes saw it), and the bytes per faulting node at 800 are
-// within 1.5 times those at 200; listing every slot per asking node, as
-// the protocol once did, reads about four times as much at 800.
+// within 1.5 times those at 200; a protocol listing every slot per
+// asking node reads about five times as much at 800, and fails it.
 func TestSlotsReadsFlatWithFleet(t *testing.T) {
 	t.Parallel()
 	const (

@@ -401,9 +401,11 @@ func awaitRecovery(ctx context.Context, obs *observer, names []string, t0 time.T
 }
 
 // Quiet periods of waitQuiet: at start-up, and after a wave, longer than
-// the 4-8 s after which a refused node asks once more on its own
+// the 4-8 s after which a refused node first asks again on its own
 // (safeguard's askAgainLater), so that a wave's requests are counted in
-// that wave.
+// that wave. Its later own asks, 8-64 s apart, come only while the
+// full-bucket hint leaves buckets it did not read open; any that come
+// after the quiet period are counted in the recovery that follows.
 const (
 	startupQuiet = 2 * time.Second
 	waveQuiet    = 10 * time.Second
