@@ -127,7 +127,8 @@ func (v *view) addBucket(b int, leases []*coordinationv1.Lease, prefix string) {
 // LIST each, taking an absent or free slot of each with the same atomic
 // writes as ever. With more buckets than that, it picks them among those
 // the full-bucket hint (one small Lease, see fullHint) does not mark
-// full, and writes what it found into the hint. Finding no free slot, it
+// full (a node refused before, only among those), and writes what it
+// found into the hint. Finding no free slot, it
 // is refused and follows one bucket with a watch (see refuse), so that a
 // slot freed there is taken as soon as Room says so; every later ask
 // reads one more bucket, and a refused node whose hint still left
@@ -198,7 +199,13 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 			// node found every slot taken.
 			hint = s.readHint(ctx)
 		}
-		b := s.pickBucket(d.Limit, v, hint)
+		// A node refused before reads only a bucket the hint leaves open:
+		// in a wave well past the limit the hint soon marks every bucket,
+		// and its asks then cost the followed bucket's cache and the hint.
+		// A mark gone wrong (a clear lost) hides a bucket from refused
+		// nodes until it expires (hintTTL), or a node asking for the
+		// first time reads it.
+		b := s.pickBucket(d.Limit, v, hint, s.refused)
 		if b < 0 {
 			break
 		}
@@ -300,8 +307,9 @@ func (s *Slots) listBucket(ctx context.Context, b int, v *view) error {
 }
 
 // pickBucket is a random bucket under k that v has not read, one the
-// hint does not mark full when there is one; -1 when v read them all.
-func (s *Slots) pickBucket(k int, v *view, hint *fullHint) int {
+// hint does not mark full when there is one; -1 when v read them all, or,
+// with openOnly, when the hint marks every one it did not read full.
+func (s *Slots) pickBucket(k int, v *view, hint *fullHint, openOnly bool) int {
 	var unread, open []int
 	for b := range bucketCount(k) {
 		if _, read := v.leases[b*BucketSize]; read {
@@ -315,7 +323,7 @@ func (s *Slots) pickBucket(k int, v *view, hint *fullHint) int {
 	if len(open) > 0 {
 		return open[s.randIntN(len(open))]
 	}
-	if len(unread) == 0 {
+	if len(unread) == 0 || openOnly && hint != nil {
 		return -1
 	}
 	return unread[s.randIntN(len(unread))]

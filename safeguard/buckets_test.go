@@ -206,33 +206,42 @@ func TestSlotsFullBucketHint(t *testing.T) {
 }
 
 // TestSlotsStaleFullBucketHint: the hint is only where to look first. It
-// marks bucket 3 full, wrongly (a slot was released since): the nodes look
-// in the unmarked buckets first and, with all of those read or marked,
-// in the marked one, take a slot there and clear its mark, since a free
-// slot is left in it.
+// marks bucket 3 full, wrongly (a slot was released since and its clear
+// lost). A refused node reads only buckets the hint leaves open: once it
+// has read those, asking again costs no LIST. A node asking for the first
+// time (here the same node after a Release) reads a marked bucket when
+// every other is marked too, takes a slot there and clears its mark,
+// since a free slot is left in it.
 func TestSlotsStaleFullBucketHint(t *testing.T) {
 	f := knownFixture(t, 319, without(heldBy(0, 64), 50, 51)) // K = 64
 	f.setHint(t, 3)
-	var d Decision
-	for ask := range 4 {
-		var err error
-		if d, err = f.slots.Acquire(t.Context()); err != nil {
-			t.Fatal(err)
+	for ask, want := range [][]int{{0, 1}, {2}, nil} {
+		f.slots.hintWrites.Wait()
+		f.clearRequests()
+		d, err := f.slots.Acquire(t.Context())
+		if err != nil || d.Held {
+			t.Fatalf("ask %d = %+v, %v; want refused", ask, d, err)
 		}
-		if d.Held {
-			break
+		var wantLists []string
+		for _, b := range want {
+			wantLists = append(wantLists, f.slots.bucketSelector(b))
+		}
+		if got := f.leaseLists(); fmt.Sprint(got) != fmt.Sprint(wantLists) {
+			t.Errorf("ask %d listed %q, want buckets %v", ask, got, want)
 		}
 		followed(t, f.slots)
-		// What it found is in the hint before the next ask.
-		f.slots.hintWrites.Wait()
-		// Draw the last candidate: never bucket 3 while an unmarked one
-		// is left.
-		if ask == 0 {
-			f.slots.randIntN = func(n int) int { return n - 1 }
-		}
 	}
-	if !d.Held || (d.Slot != 50 && d.Slot != 51) {
-		t.Fatalf("decision %+v, want slot 50 or 51 of bucket 3", d)
+	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
+		t.Fatalf("full-bucket hint %v after the refused asks, want [0 1 2 3]", got)
+	}
+	if err := f.slots.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Draw the last candidate: bucket 3.
+	f.slots.randIntN = func(n int) int { return n - 1 }
+	d, err := f.slots.Acquire(t.Context())
+	if err != nil || !d.Held || (d.Slot != 50 && d.Slot != 51) {
+		t.Fatalf("first ask after release = %+v, %v; want slot 50 or 51 of bucket 3", d, err)
 	}
 	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2]" {
 		t.Errorf("full-bucket hint %v, want [0 1 2] (bucket 3 cleared: a free slot is left in it)", got)
