@@ -66,13 +66,9 @@ func TestSlotsReadsFlatWithFleet(t *testing.T) {
 		faultShare  = 0.3
 		maxGrowth   = 1.5
 	)
-	c := cluster.Start(t, cluster.Options{})
+	c, admin := scaleCluster(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	admin := fastAdmin(t, c.RESTConfig)
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", ns, err)
-	}
 	fleet := followTaints(t, c.Client, "fleet=scale")
 	var waves []scaleWave
 	created := 0
@@ -100,6 +96,19 @@ func TestSlotsReadsFlatWithFleet(t *testing.T) {
 		t.Errorf("bytes received per faulting node grew %.2fx from a fleet of %d (%.1f KiB) to %d (%.1f KiB), want at most %.1fx",
 			growth, small.fleet, small.perFaulting()/1024, large.fleet, large.perFaulting()/1024, maxGrowth)
 	}
+}
+
+// scaleCluster starts a kube-apiserver for a fleet and creates the
+// namespace of its slots; admin is the admin's clientset with a rate
+// limit that creates a fleet in seconds.
+func scaleCluster(t *testing.T, ns string) (*cluster.Cluster, kubernetes.Interface) {
+	t.Helper()
+	c := cluster.Start(t, cluster.Options{})
+	admin := fastAdmin(t, c.RESTConfig)
+	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+	return c, admin
 }
 
 // scaleConfig is the safeguard's config for one fleet size: its own slot
@@ -352,13 +361,9 @@ func TestSlotsUseEverySlotAtTheLimit(t *testing.T) {
 		size        = 800
 		maxFraction = 0.2
 	)
-	c := cluster.Start(t, cluster.Options{})
+	c, admin := scaleCluster(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	admin := fastAdmin(t, c.RESTConfig)
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", ns, err)
-	}
 	fleet := followTaints(t, c.Client, "fleet=limit")
 	names := make([]string, size)
 	for i := range names {

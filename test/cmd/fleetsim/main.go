@@ -56,6 +56,7 @@ type options struct {
 	clearWait                  time.Duration
 	agentBin, out              string
 	identity                   string
+	apiserverArgs              []string
 }
 
 func main() { os.Exit(run()) }
@@ -82,6 +83,10 @@ func run() int {
 	flag.DurationVar(&o.clearWait, "clear-wait", time.Minute, "level 2: wait after DELETE of the fault before the clear-faults annotation is used")
 	flag.StringVar(&o.agentBin, "agent-bin", os.Getenv("GPU_NODE_AGENT_BIN"), "agent binary built with the simulator (default <repo>/bin/gpu-node-agent-sim)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown report to this file")
+	flag.Func("apiserver-arg", "a kube-apiserver flag added to the cluster's (repeatable), e.g. -apiserver-arg=--max-mutating-requests-inflight=5000", func(v string) error {
+		o.apiserverArgs = append(o.apiserverArgs, v)
+		return nil
+	})
 	flag.StringVar(&o.identity, "identity", identityToken, "level 1: the agents' identity: token (per node a service-account token bound to a Pod on it,"+
 		" under the chart's RBAC and admission policy) or cert (the admin client certificate)")
 	flag.Parse()
@@ -106,7 +111,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	upCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	c, err := cluster.Up(upCtx, cluster.Options{Log: logf})
+	c, err := cluster.Up(upCtx, cluster.Options{Log: logf, APIServerArgs: o.apiserverArgs})
 	cancel()
 	if err != nil {
 		logf("start etcd + kube-apiserver: %v", err)

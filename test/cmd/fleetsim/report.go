@@ -25,6 +25,9 @@ func renderReport(o options, l1 *level1Result, l2 *level2Result) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("# fleetsim: gpu-node-agent fleet simulation (kube-apiserver " + cluster.KubeVersion + " + etcd on loopback)\n\n")
+	if len(o.apiserverArgs) > 0 {
+		w("kube-apiserver flags added to the cluster's: `%s`.\n\n", strings.Join(o.apiserverArgs, " "))
+	}
 	if l1 != nil {
 		w("## Level 1: %d agents' API side in one process\n\n", l1.nodes)
 		w("Identity (`-identity=%s`): %s.\n\n", l1.identity, identityText(l1))
