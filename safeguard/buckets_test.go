@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +64,7 @@ func (f *slotFixture) hint(t *testing.T) []int {
 	if _, slot := l.Labels[SlotLabel]; slot {
 		t.Error("the hint carries the slot label: slot listings would read it")
 	}
-	return sortedBuckets(decodeBuckets(l.Annotations, f.slots.now()))
+	return FullBuckets(l, f.slots.now())
 }
 
 // setHint writes a hint marking buckets full, as another node would, and
@@ -97,6 +96,28 @@ func (f *slotFixture) writeHintAt(t *testing.T, at time.Time, buckets ...int) {
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: DefaultSlotPrefix + "-full", Namespace: slotNS,
 		Annotations: annotations}, Spec: coordinationv1.LeaseSpec{HolderIdentity: new("fleet-9")}}
 	if _, err := f.client.CoordinationV1().Leases(slotNS).Create(t.Context(), l, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// markHint marks buckets full in the existing hint, now, as another node
+// would: their groups are written with only those marks.
+func (f *slotFixture) markHint(t *testing.T, buckets ...int) {
+	t.Helper()
+	gvr := coordinationv1.SchemeGroupVersion.WithResource("leases")
+	obj, err := f.client.Tracker().Get(gvr, slotNS, DefaultSlotPrefix+"-full")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := obj.(*coordinationv1.Lease).DeepCopy()
+	m := map[int]bool{}
+	for _, b := range buckets {
+		m[b] = true
+	}
+	for b := range m {
+		l.Annotations[FullBucketsAnnotation+strconv.Itoa(b/8)] = encodeGroup(m, b/8, f.slots.now())
+	}
+	if err := f.client.Tracker().Update(gvr, l, slotNS); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -281,7 +302,8 @@ func TestSlotsHintWrittenOnlyIfNews(t *testing.T) {
 
 // TestSlotsFullBucketsEncoding: the hint's groups of 8 buckets
 // round-trip with their date; a group that does not parse, has no date,
-// or is dated hintTTL or more away from now marks no bucket.
+// is dated no later than the last release, or is dated hintTTL or more
+// away from now marks no bucket.
 func TestSlotsFullBucketsEncoding(t *testing.T) {
 	now := slotT0
 	for _, set := range [][]int{nil, {0}, {7, 8}, {0, 3, 93}, {1499 / 16}} {
@@ -293,7 +315,8 @@ func TestSlotsFullBucketsEncoding(t *testing.T) {
 		for b := range m {
 			annotations[FullBucketsAnnotation+strconv.Itoa(b/8)] = encodeGroup(m, b/8, now.Add(-time.Minute))
 		}
-		got := sortedBuckets(decodeBuckets(annotations, now))
+		full, _ := decodeBuckets(annotations, now)
+		got := sortedBuckets(full)
 		if fmt.Sprint(got) != fmt.Sprint(sortedBuckets(m)) {
 			t.Errorf("%v round-trips to %v", set, got)
 		}
@@ -312,13 +335,19 @@ func TestSlotsFullBucketsEncoding(t *testing.T) {
 		{FullBucketsAnnotation + "0": "01@yesterday"},
 		{FullBucketsAnnotation + "0": "01@" + date(-hintTTL)},
 		{FullBucketsAnnotation + "0": "01@" + date(hintTTL)},
+		{FullBucketsAnnotation + "0": "01@" + date(-time.Minute), HintReleasedAnnotation: date(-time.Minute)},
+		{FullBucketsAnnotation + "0": "01@" + date(-time.Minute), HintReleasedAnnotation: date(0)},
 	} {
-		if got := decodeBuckets(bad, now); len(got) != 0 {
+		if got, _ := decodeBuckets(bad, now); len(got) != 0 {
 			t.Errorf("%v decodes to %v, want no bucket", bad, got)
 		}
 	}
-	if got := decodeBuckets(map[string]string{FullBucketsAnnotation + "0": "01@" + date(-hintTTL+time.Second)}, now); fmt.Sprint(sortedBuckets(got)) != "[0]" {
+	if got, _ := decodeBuckets(map[string]string{FullBucketsAnnotation + "0": "01@" + date(-hintTTL+time.Second)}, now); fmt.Sprint(sortedBuckets(got)) != "[0]" {
 		t.Errorf("a group dated just under hintTTL ago decodes to %v, want [0]", got)
+	}
+	got, released := decodeBuckets(map[string]string{FullBucketsAnnotation + "0": "01@" + date(0), HintReleasedAnnotation: date(-time.Second)}, now)
+	if fmt.Sprint(sortedBuckets(got)) != "[0]" || released != now.Add(-time.Second).Unix() {
+		t.Errorf("a group dated after the last release decodes to %v (released %d), want [0] (released %d)", got, released, now.Add(-time.Second).Unix())
 	}
 }
 
@@ -456,20 +485,14 @@ func TestSlotsOwnAsksBounded(t *testing.T) {
 	f.slots.stopAgain()
 }
 
-// TestSlotsReleaseClearsHint: a node releasing a slot clears its
-// bucket's mark in the hint, since that bucket has a free slot now; the
-// clear is guarded by the resourceVersion read, so that on a Conflict
-// (another node wrote the hint since) it reads the hint again and clears
-// the mark in what that node wrote, keeping its marks. Marks are not
-// guarded.
-func TestSlotsReleaseClearsHint(t *testing.T) {
+// TestSlotsReleaseExpiresHintMarks: a node releasing a slot expires the
+// hint's marks made before (its release time, one merge patch of one
+// annotation, no resourceVersion): that bucket, or any other, may have a
+// free slot now. A release that finds no mark made before it writes
+// nothing; a mark made after the release counts.
+func TestSlotsReleaseExpiresHintMarks(t *testing.T) {
 	f := knownFixture(t, 319, without(heldBy(0, 64), 20))
 	f.setHint(t, 0, 2, 3)
-	var patches []string
-	f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		patches = append(patches, string(a.(k8stesting.PatchAction).GetPatch()))
-		return false, nil, nil
-	})
 	d, err := f.slots.Acquire(t.Context())
 	if err != nil || !d.Held || d.Slot != 20 {
 		t.Fatalf("ask = %+v, %v; want slot 20 held", d, err)
@@ -477,51 +500,43 @@ func TestSlotsReleaseClearsHint(t *testing.T) {
 	if got := f.hint(t); fmt.Sprint(got) != "[0 1 2 3]" {
 		t.Fatalf("full-bucket hint %v after taking the last slot, want [0 1 2 3]", got)
 	}
-	if len(patches) != 1 || strings.Contains(patches[0], "resourceVersion") {
-		t.Errorf("mark patches %q, want one without a resourceVersion", patches)
-	}
-	// The first clear conflicts: another node marked bucket 4 meanwhile
-	// (the fake does not check resourceVersions, so the conflict is
-	// injected).
-	conflicted := false
+	// A second later, it releases.
+	f.setNow(f.slots.now().Add(time.Second))
+	var patches []string
 	f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		p := string(a.(k8stesting.PatchAction).GetPatch())
-		if !strings.Contains(p, `"resourceVersion"`) {
-			t.Errorf("clear patch without a resourceVersion: %s", p)
-		}
-		if conflicted {
-			return false, nil, nil
-		}
-		conflicted = true
-		gvr := coordinationv1.SchemeGroupVersion.WithResource("leases")
-		l, err := f.client.Tracker().Get(gvr, slotNS, DefaultSlotPrefix+"-full")
-		if err != nil {
-			t.Error(err)
-			return true, nil, err
-		}
-		u := l.(*coordinationv1.Lease).DeepCopy()
-		u.Annotations[FullBucketsAnnotation+"0"] = encodeGroup(map[int]bool{0: true, 1: true, 2: true, 3: true, 4: true}, 0, f.slots.now())
-		if err := f.client.Tracker().Update(gvr, u, slotNS); err != nil {
-			t.Error(err)
-		}
-		return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), DefaultSlotPrefix+"-full", fmt.Errorf("modified"))
+		patches = append(patches, string(a.(k8stesting.PatchAction).GetPatch()))
+		return false, nil, nil
 	})
-	f.clearRequests()
+	if err := f.slots.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.hint(t); len(got) != 0 {
+		t.Errorf("full-bucket hint %v after the release, want no bucket marked", got)
+	}
+	want := fmt.Sprintf(`{"metadata":{"annotations":{%q:"%d"}},"spec":{"holderIdentity":%q}}`, HintReleasedAnnotation, f.slots.now().Unix(), slotSelf)
+	if len(patches) != 1 || patches[0] != want {
+		t.Errorf("release patches %q, want [%s]", patches, want)
+	}
+	// Another release this second (the fixture's node again) writes
+	// nothing: every mark is older than the last release.
+	d, err = f.slots.Acquire(t.Context())
+	if err != nil || !d.Held {
+		t.Fatalf("ask after the release = %+v, %v; want a slot held", d, err)
+	}
+	f.slots.hintWrites.Wait()
+	patches = nil
 	if err := f.slots.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	f.slots.hintWrites.Wait()
-	var rvs []string
-	for _, a := range f.client.Actions() {
-		if g, ok := a.(k8stesting.GetActionImpl); ok && g.Name == DefaultSlotPrefix+"-full" {
-			rvs = append(rvs, fmt.Sprintf("%q", g.GetOptions.ResourceVersion))
-		}
+	if len(patches) != 0 {
+		t.Errorf("a second release in the same second patched the hint: %q", patches)
 	}
-	if got, want := strings.Join(rvs, " "), `"0" ""`; got != want {
-		t.Errorf("hint reads at resourceVersions %s, want %s (the cache, then the latest after the Conflict)", got, want)
-	}
-	if got := f.hint(t); fmt.Sprint(got) != "[0 2 3 4]" {
-		t.Errorf("full-bucket hint %v after releasing slot 20, want [0 2 3 4]: bucket 1 cleared, the other node's mark of 4 kept", got)
+	// A mark made after the release counts.
+	f.setNow(f.slots.now().Add(time.Second))
+	f.markHint(t, 1)
+	if got := f.hint(t); fmt.Sprint(got) != "[1]" {
+		t.Errorf("full-bucket hint %v with a mark made after the release, want [1]", got)
 	}
 }
 

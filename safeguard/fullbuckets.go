@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 )
 
 // FullBucketsAnnotation prefixes the annotations of the full-bucket
@@ -26,6 +25,15 @@ import (
 // keeps the hint small, and lets nodes write different groups at once
 // without overwriting one another.
 const FullBucketsAnnotation = "gpu-node-agent.io/full-buckets-"
+
+// HintReleasedAnnotation is the hint's annotation saying when a slot was
+// last released (Unix seconds): a group of marks dated no later than
+// that marks no bucket, since the release may have freed a slot in any of
+// them. Every node releasing a slot writes it, unless it already says as
+// late, so that a recovery of hundreds of nodes writes it about once a
+// second, and no write waits on another: it is one value, last writer
+// wins, and every writer writes about the same time.
+const HintReleasedAnnotation = "gpu-node-agent.io/slots-released-at"
 
 // hintTTL is how long a group of the hint counts: an older one marks no
 // bucket, so that the marks of a wave that has passed (its slots since
@@ -62,10 +70,15 @@ const hintFieldManager = "gpu-node-agent-safeguard"
 // per bucket, in annotations of 8 buckets each. A node's credentials,
 // however misused, can only make the others look elsewhere first.
 //
-// A node that releases a slot clears its bucket's mark (clearHint): a
-// mark left on a bucket with free slots would keep the refused nodes of
-// the next wave from looking there, and a wave of exactly K faulting
-// nodes would leave slots free beside refused nodes.
+// A node that releases a slot expires every mark made before (see
+// HintReleasedAnnotation, noteRelease): a mark left on a bucket with free
+// slots would keep the refused nodes of the next wave from looking there,
+// and a wave of exactly K faulting nodes would leave slots free beside
+// refused nodes. Clearing only the released slot's bucket, with writes
+// guarded by the resourceVersion so that none is lost, made the hint a
+// hot spot in a recovery: at 3,000 nodes, 600 releases at once made 1,981
+// PATCHes of which 1,967 were Conflicts, and the clears given up on hid
+// 35 free slots from the next wave.
 //
 // Marks are merge patches of whole groups, last writer wins: nodes
 // writing the same group at once may lose one another's marks. While a
@@ -73,15 +86,16 @@ const hintFieldManager = "gpu-node-agent-safeguard"
 // lost mark costs a look, and the refused nodes' own asks find it again.
 // Guarding marks with the resourceVersion would keep every one, but cost
 // more than the looks it saves: measured at 3,000 nodes, 2-3 Conflicts
-// and re-reads per writing node, more hint requests than bucket LISTs.
-// A lost clear is worse (a free slot hidden), so clears are guarded:
-// they come one per bucket at most when slots are released, not in a
-// burst of hundreds. A mark that outlives its slots all the same (one
-// written from a read older than a clear) expires with its group
-// (hintTTL).
+// and re-reads per writing node, more hint requests than bucket LISTs. A
+// mark that outlives a release all the same (written from a read older
+// than the release, or by a node whose clock runs ahead) expires with
+// its group (hintTTL).
 type fullHint struct {
 	lease *coordinationv1.Lease // nil: absent
 	full  map[int]bool
+	// released is when a slot was last released (HintReleasedAnnotation,
+	// Unix seconds; 0 when never).
+	released int64
 	// marked and cleared are the changes this Acquire found.
 	marked, cleared map[int]bool
 }
@@ -116,7 +130,7 @@ func (s *Slots) getHint(ctx context.Context, rv string) (*fullHint, error) {
 		return nil, fmt.Errorf("get full-bucket hint %s: %w", s.hintName(), err)
 	}
 	h.lease = l
-	h.full = decodeBuckets(l.Annotations, s.now())
+	h.full, h.released = decodeBuckets(l.Annotations, s.now())
 	return h, nil
 }
 
@@ -145,60 +159,41 @@ func (h *fullHint) note(b int, full bool) {
 	}
 }
 
-// publishHint writes what this Acquire (or Release) found into the
-// hint, later and only if it is still news: after a random delay of up to
-// hintDelay it reads the hint again (from the watch cache) and writes the
-// buckets that the hint does not show as found yet. Nodes that find the
-// same buckets full at once (the end of a mass fault: hundreds of them)
-// then write it once or a few times, not each, so that the one Lease is
-// no hot spot. A write that clears a mark is guarded by the
-// resourceVersion read: on a Conflict it reads the hint again (the
-// latest, not the cache) and writes what is still news, up to four tries
-// over about 1.3 s (client-go's retry.DefaultBackoff). It runs on its
-// own goroutine, the Acquire or Release that found it returned.
+// publishHint writes what this Acquire found into the hint, later and
+// only if it is still news: after a random delay of up to hintDelay it
+// reads the hint again (from the watch cache) and writes the buckets that
+// the hint does not show as found yet. Nodes that find the same buckets
+// full at once (the end of a mass fault: hundreds of them) then write it
+// once or a few times, not each, so that the one Lease is no hot spot. It
+// runs on its own goroutine, the Acquire that found it returned.
 func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return
 	}
 	marked, cleared := maps.Clone(h.marked), maps.Clone(h.cleared)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hintTimeout)
-	s.hintWrites.Go(func() {
-		defer cancel()
-		if err := s.hintWait(ctx); err != nil {
-			return
+	s.laterHint(ctx, func(ctx context.Context, fresh *fullHint) error {
+		for b := range marked {
+			if !fresh.full[b] {
+				fresh.marked[b] = true
+			}
 		}
-		rv := "0"
-		err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-			fresh, err := s.getHint(ctx, rv)
-			if err != nil {
-				return err
+		for b := range cleared {
+			if fresh.full[b] {
+				fresh.cleared[b] = true
 			}
-			rv = ""
-			for b := range marked {
-				if !fresh.full[b] {
-					fresh.marked[b] = true
-				}
-			}
-			for b := range cleared {
-				if fresh.full[b] {
-					fresh.cleared[b] = true
-				}
-			}
-			return s.writeHint(ctx, fresh, len(fresh.cleared) > 0)
-		})
-		if err != nil {
-			// Only logged: the hint only orders the looks.
-			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
 		}
+		return s.writeHint(ctx, fresh)
 	})
 }
 
-// clearHint clears bucket b's mark in the hint, later (publishHint), if
-// it is marked then: l, this node's slot of it, was just released. A
-// fleet whose K fits in the buckets one ask reads never uses the hint,
-// and skips it (K from this node's fleet size, else the one recorded on
-// l).
-func (s *Slots) clearHint(ctx context.Context, l *coordinationv1.Lease, b int) {
+// noteRelease expires the hint's marks made before now, later (see
+// HintReleasedAnnotation), when l, this node's slot, was just released:
+// after a random delay of up to hintDelay it reads the hint (from the
+// watch cache) and, when it marks a bucket and does not say a release
+// this late, writes the release time. A fleet whose K fits in the buckets
+// one ask reads never uses the hint, and skips it (K from this node's
+// fleet size, else the one recorded on l).
+func (s *Slots) noteRelease(ctx context.Context, l *coordinationv1.Lease) {
 	n := s.fleet
 	if r, ok := recordOf(l); n <= 0 && ok {
 		n = r.n
@@ -206,19 +201,54 @@ func (s *Slots) clearHint(ctx context.Context, l *coordinationv1.Lease, b int) {
 	if n > 0 && bucketCount(Limit(n, s.cfg.MaxFraction)) <= firstLooks {
 		return
 	}
-	h := emptyHint()
-	h.cleared[b] = true
-	s.publishHint(ctx, h)
+	at := s.now().Unix()
+	s.laterHint(ctx, func(ctx context.Context, fresh *fullHint) error {
+		if fresh.lease == nil || len(fresh.full) == 0 || fresh.released >= at {
+			return nil
+		}
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"annotations": map[string]string{HintReleasedAnnotation: strconv.FormatInt(at, 10)}},
+			"spec":     map[string]any{"holderIdentity": s.node},
+		})
+		if err != nil {
+			return err
+		}
+		_, err = s.client.CoordinationV1().Leases(s.cfg.Namespace).Patch(ctx, s.hintName(), types.MergePatchType, patch,
+			metav1.PatchOptions{FieldManager: hintFieldManager})
+		if apierrors.IsNotFound(err) {
+			// Gone since: no mark to expire.
+			return nil
+		}
+		return err
+	})
+}
+
+// laterHint runs write on the hint as read (from the watch cache) after
+// a random delay of up to hintDelay, on its own goroutine, within
+// hintTimeout. Failing is only logged: the hint only orders the looks.
+func (s *Slots) laterHint(ctx context.Context, write func(ctx context.Context, fresh *fullHint) error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hintTimeout)
+	s.hintWrites.Go(func() {
+		defer cancel()
+		if err := s.hintWait(ctx); err != nil {
+			return
+		}
+		fresh, err := s.getHint(ctx, "0")
+		if err == nil {
+			err = write(ctx, fresh)
+		}
+		if err != nil {
+			s.log.Debug("full-bucket hint not written", "node", s.node, "err", err)
+		}
+	})
 }
 
 // writeHint writes h's news into the hint: for each group of 8 buckets
 // it changes, the group as h read it with the marks and clears, dated
 // now, in one JSON merge patch (Create when h read none; either finds
-// the other case when another node created or deleted it since). With
-// guard, the patch carries the resourceVersion h read, so that it fails
-// with a Conflict if the hint changed since (as do the other cases).
+// the other case when another node created or deleted it since).
 // Nothing to write is success.
-func (s *Slots) writeHint(ctx context.Context, h *fullHint, guard bool) error {
+func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 	if len(h.marked) == 0 && len(h.cleared) == 0 {
 		return nil
 	}
@@ -238,12 +268,8 @@ func (s *Slots) writeHint(ctx context.Context, h *fullHint, guard bool) error {
 	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
 	// The writer is its holder: the admission policy lets a node write
 	// only Leases it holds.
-	meta := map[string]any{"annotations": annotations}
-	if guard && h.lease != nil {
-		meta["resourceVersion"] = h.lease.ResourceVersion
-	}
 	patch, err := json.Marshal(map[string]any{
-		"metadata": meta,
+		"metadata": map[string]any{"annotations": annotations},
 		"spec":     map[string]any{"holderIdentity": s.node},
 	})
 	if err != nil {
@@ -261,20 +287,11 @@ func (s *Slots) writeHint(ctx context.Context, h *fullHint, guard bool) error {
 		_, err := leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
 		return err
 	}
-	conflict := func(err error) error {
-		return apierrors.NewConflict(coordinationv1.Resource("leases"), s.hintName(), err)
-	}
 	if h.lease == nil {
 		if err = create(); apierrors.IsAlreadyExists(err) {
-			if guard {
-				return conflict(err)
-			}
 			err = update()
 		}
 	} else if err = update(); apierrors.IsNotFound(err) {
-		if guard {
-			return conflict(err)
-		}
 		err = create()
 	}
 	return err
@@ -291,12 +308,26 @@ func encodeGroup(full map[int]bool, g int, at time.Time) string {
 	return hex.EncodeToString([]byte{by}) + "@" + strconv.FormatInt(at.Unix(), 10)
 }
 
-// decodeBuckets reads the hint's annotations as of now: a group that
-// does not parse, has no date, or is dated hintTTL or more from now
-// (either way: a date that far ahead comes from a clock that does not
-// agree with ours) marks no bucket.
-func decodeBuckets(annotations map[string]string, now time.Time) map[int]bool {
-	out := map[int]bool{}
+// FullBuckets are the buckets the hint l marks full as of now, in order
+// (for tools and tests; nil when l is nil).
+func FullBuckets(l *coordinationv1.Lease, now time.Time) []int {
+	if l == nil {
+		return nil
+	}
+	full, _ := decodeBuckets(l.Annotations, now)
+	return sortedBuckets(full)
+}
+
+// decodeBuckets reads the hint's annotations as of now: the buckets
+// marked full, and when a slot was last released. A group that does not
+// parse, has no date, is dated no later than the last release, or is
+// dated hintTTL or more from now (either way: a date that far ahead
+// comes from a clock that does not agree with ours) marks no bucket.
+func decodeBuckets(annotations map[string]string, now time.Time) (full map[int]bool, released int64) {
+	full = map[int]bool{}
+	if r, err := strconv.ParseInt(annotations[HintReleasedAnnotation], 10, 64); err == nil && r > 0 {
+		released = r
+	}
 	for k, v := range annotations {
 		rest, ok := strings.CutPrefix(k, FullBucketsAnnotation)
 		if !ok {
@@ -309,16 +340,16 @@ func decodeBuckets(annotations map[string]string, now time.Time) map[int]bool {
 		if err != nil || g < 0 || strconv.Itoa(g) != rest || herr != nil || len(by) != 1 || !dated || derr != nil {
 			continue
 		}
-		if age := now.Sub(time.Unix(sec, 0)); age >= hintTTL || age <= -hintTTL {
+		if age := now.Sub(time.Unix(sec, 0)); age >= hintTTL || age <= -hintTTL || sec <= released {
 			continue
 		}
 		for j := range hintGroup {
 			if by[0]&(1<<j) != 0 {
-				out[g*hintGroup+j] = true
+				full[g*hintGroup+j] = true
 			}
 		}
 	}
-	return out
+	return full, released
 }
 
 // sortedBuckets is set's buckets in order (for logs).

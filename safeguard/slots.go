@@ -508,9 +508,7 @@ func (s *Slots) Release(ctx context.Context) error {
 		}
 		idx := slotIndex(s.cfg.Prefix, l.Name)
 		s.log.Info("released taint slot", "node", s.node, "slot", idx)
-		if idx >= 0 {
-			s.clearHint(ctx, l, bucketOf(idx))
-		}
+		s.noteRelease(ctx, l)
 	}
 	// A refusal is old news by the next fault.
 	s.held, s.known, s.refused = nil, true, false

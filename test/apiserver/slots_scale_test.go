@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,8 +311,8 @@ func slotsWave(ctx context.Context, t *testing.T, c *cluster.Cluster, admin kube
 		leases, err := admin.CoordinationV1().Leases(cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: safeguard.SlotLabel + "=" + cfg.Prefix})
 		return err == nil && len(leases.Items) == 0
 	})
-	// Every release cleared its bucket's mark in the full-bucket hint, so
-	// that the next wave looks everywhere.
+	// The releases expired the full-bucket hint's marks, so that the next
+	// wave looks everywhere.
 	testutil.WaitForWithin(t, time.Minute, fmt.Sprintf("fleet %d: the full-bucket hint marks no bucket after the recovery", w.fleet), func() bool {
 		return hintMarks(ctx, admin, cfg) == ""
 	})
@@ -322,7 +320,7 @@ func slotsWave(ctx context.Context, t *testing.T, c *cluster.Cluster, admin kube
 	return w
 }
 
-// hintMarks are the full-bucket hint's groups that mark a bucket ("" when
+// hintMarks are the buckets the full-bucket hint marks full now ("" when
 // none, or no hint).
 func hintMarks(ctx context.Context, c kubernetes.Interface, cfg safeguard.Config) string {
 	l, err := c.CoordinationV1().Leases(cfg.Namespace).Get(ctx, cfg.Prefix+"-full", metav1.GetOptions{})
@@ -332,14 +330,10 @@ func hintMarks(ctx context.Context, c kubernetes.Interface, cfg safeguard.Config
 	if err != nil {
 		return err.Error()
 	}
-	var marks []string
-	for k, v := range l.Annotations {
-		if strings.HasPrefix(k, safeguard.FullBucketsAnnotation) && !strings.HasPrefix(v, "00@") {
-			marks = append(marks, k+"="+v)
-		}
+	if full := safeguard.FullBuckets(l, time.Now()); len(full) > 0 {
+		return fmt.Sprint(full)
 	}
-	slices.Sort(marks)
-	return strings.Join(marks, " ")
+	return ""
 }
 
 // TestSlotsUseEverySlotAtTheLimit: exactly K of a fleet of 800 fault at
@@ -349,8 +343,9 @@ func hintMarks(ctx context.Context, c kubernetes.Interface, cfg safeguard.Config
 // the wave brings up to date, makes the refused nodes' own asks look
 // where they are: every slot is used within the wave, with no resync.
 // The two waves use the same slots: the second starts right after the
-// first's recovery, which cleared the hint's marks (a mark left on a
-// bucket whose slots were released would hide them from the second).
+// first's recovery, whose releases expired the hint's marks (a mark left
+// on a bucket whose slots were released would hide them from the
+// second).
 // (A model of the protocol without the hint needs about eight resyncs at
 // K = 200 and about seventy at K = 1,500.) How long after the fault the
 // last slot was taken is logged.
