@@ -29,10 +29,10 @@ const FullBucketsAnnotation = "gpu-node-agent.io/full-buckets-"
 // HintReleasedAnnotation is the hint's annotation saying when a slot was
 // last released (Unix seconds): a group of marks dated no later than
 // that marks no bucket, since the release may have freed a slot in any of
-// them. Every node releasing a slot writes it, unless it already says as
-// late, so that a recovery of hundreds of nodes writes it about once a
-// second, and no write waits on another: it is one value, last writer
-// wins, and every writer writes about the same time.
+// them. A node releasing a slot writes it when a mark made before its
+// release is left, so that a recovery of hundreds of nodes writes it
+// about once a second, and no write waits on another: it is one value,
+// last writer wins, and every writer writes about the same time.
 const HintReleasedAnnotation = "gpu-node-agent.io/slots-released-at"
 
 // hintTTL is how long a group of the hint counts: an older one marks no
@@ -102,11 +102,10 @@ type fullHint struct {
 
 func (s *Slots) hintName() string { return s.cfg.Prefix + "-full" }
 
-// readHint reads the hint (one GET, from kube-apiserver's watch cache:
-// resourceVersion "0"; a hint a moment old serves as well). A hint that
-// cannot be read is an empty one: it only orders the looks.
+// readHint reads the hint (getHint). A hint that cannot be read is an
+// empty one: it only orders the looks.
 func (s *Slots) readHint(ctx context.Context) *fullHint {
-	h, err := s.getHint(ctx, "0")
+	h, err := s.getHint(ctx)
 	if err != nil {
 		s.log.Debug("full-bucket hint not read; looking at random", "node", s.node, "err", err)
 		return emptyHint()
@@ -118,11 +117,12 @@ func emptyHint() *fullHint {
 	return &fullHint{full: map[int]bool{}, marked: map[int]bool{}, cleared: map[int]bool{}}
 }
 
-// getHint reads the hint at resourceVersion rv ("0": the watch cache,
-// "": the latest); absent is an empty hint with a nil lease.
-func (s *Slots) getHint(ctx context.Context, rv string) (*fullHint, error) {
+// getHint reads the hint with one GET from kube-apiserver's watch cache
+// (resourceVersion "0": a hint a moment old serves as well); absent is an
+// empty hint with a nil lease.
+func (s *Slots) getHint(ctx context.Context) (*fullHint, error) {
 	h := emptyHint()
-	l, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).Get(ctx, s.hintName(), metav1.GetOptions{ResourceVersion: rv})
+	l, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).Get(ctx, s.hintName(), metav1.GetOptions{ResourceVersion: "0"})
 	if apierrors.IsNotFound(err) {
 		return h, nil
 	}
@@ -233,7 +233,7 @@ func (s *Slots) laterHint(ctx context.Context, write func(ctx context.Context, f
 		if err := s.hintWait(ctx); err != nil {
 			return
 		}
-		fresh, err := s.getHint(ctx, "0")
+		fresh, err := s.getHint(ctx)
 		if err == nil {
 			err = write(ctx, fresh)
 		}
