@@ -74,8 +74,11 @@ func (a *RemediationAPI) AcquireSlot(ctx context.Context) (bool, string, error) 
 		return d.Held, "", err
 	}
 	why := "every slot is taken"
-	if d.Limit > 0 {
+	switch {
+	case d.Limit > 0 && d.Seen >= d.Limit:
 		why = fmt.Sprintf("%d of %d slots are taken by other nodes (fleet size %d)", d.Occupied, d.Limit, d.Fleet)
+	case d.Limit > 0:
+		why = fmt.Sprintf("%d of the %d slots read (of %d) are taken by other nodes (fleet size %d)", d.Occupied, d.Seen, d.Limit, d.Fleet)
 	}
 	return false, why, nil
 }

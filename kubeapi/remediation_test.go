@@ -199,7 +199,7 @@ func TestRemediationAcquireSlot(t *testing.T) {
 	now := metav1.NewMicroTime(time.Now())
 	other := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: safeguard.DefaultSlotPrefix + "-0", Namespace: slotNS,
-			Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix}},
+			Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix, safeguard.BucketLabel: "0"}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: new("gpu-node-2"), LeaseDurationSeconds: new(int32(900)),
 			AcquireTime: &now, RenewTime: &now},
 	}

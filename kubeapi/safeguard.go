@@ -18,3 +18,12 @@ type Safeguard interface {
 	// like any failed reconcile.
 	Release(ctx context.Context) error
 }
+
+// RoomSignaller is a Safeguard that says when asking again may succeed
+// after a refusal, so that a refused node takes a freed slot at once
+// rather than on its next resync. safeguard.Slots, Shared and User are
+// (Room: a slot of the bucket the refused node follows was freed); the
+// Tainter reconciles on the signal.
+type RoomSignaller interface {
+	Room() <-chan struct{}
+}

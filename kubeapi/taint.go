@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/signals"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 )
 
@@ -53,8 +54,10 @@ type Tainter struct {
 
 	// State of the last reconcile, to post a refusal once.
 	refused bool
-	// mayHold says the safeguard may count this node as tainted: after
-	// it allowed the taint, and at start (a previous run's taint).
+	// mayHold says the safeguard may hold something for this node that
+	// Release gives back: a slot after it allowed the taint (and at
+	// start, a previous run's), or, after a refusal, the watch a refused
+	// node follows a bucket of slots with.
 	mayHold bool
 }
 
@@ -123,8 +126,9 @@ func (t *Tainter) SetFaultClearer(c FaultClearer) { t.clearer = c }
 // Run reconciles the Node with src's fitness until ctx ends: at start, on
 // every change of health, on every event of the node informer (a change
 // of the Node, such as our taint removed by someone, or the informer's
-// resync: a cache read, no request), and with jittered exponential
-// backoff while the API server fails. With mode off it returns at once.
+// resync: a cache read, no request), when a refusing safeguard signals
+// room (RoomSignaller), and with jittered exponential backoff while the
+// API server fails. With mode off it returns at once.
 func (t *Tainter) Run(ctx context.Context, src Health) error {
 	if t.cfg.Mode == TaintOff {
 		t.log.Info("node tainting is off")
@@ -133,10 +137,15 @@ func (t *Tainter) Run(ctx context.Context, src Health) error {
 	if c, ok := src.(FaultClearer); ok && t.clearer == nil {
 		t.clearer = c
 	}
+	changed := src.Subscribe()
+	if r, ok := t.safeguard.(RoomSignaller); ok {
+		// A refused node asks again as soon as a slot may be free.
+		changed = signals.FanIn(ctx, changed, r.Room())
+	}
 	reconcileLoop(ctx, t.backoff, func(ctx context.Context) error { return t.Reconcile(ctx, src.Fitness()) },
 		func(err error, retry time.Duration) {
 			t.log.Warn("updating node taint/condition failed; retrying", "node", t.node, "err", err, "retry", retry)
-		}, src.Subscribe(), t.watch.Subscribe())
+		}, changed, t.watch.Subscribe())
 	return nil
 }
 
@@ -174,8 +183,9 @@ func (t *Tainter) Reconcile(ctx context.Context, f health.Fitness) error {
 				if allowed, err = t.safeguard.Allow(ctx); err != nil {
 					return patched, nil, false, fmt.Errorf("fleet safeguard: %w", err)
 				}
-				asked = true
-				t.mayHold = t.mayHold || allowed
+				// Allowed or refused, the safeguard may now hold a slot
+				// or a watch for this node: Release once it is fit.
+				asked, t.mayHold = true, true
 			}
 			refused = !allowed
 		}

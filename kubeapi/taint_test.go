@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -409,7 +410,8 @@ func TestTainterFleetSafeguard(t *testing.T) {
 			for i := range tc.held {
 				objs = append(objs, &coordinationv1.Lease{
 					ObjectMeta: metav1.ObjectMeta{Name: safeguard.DefaultSlotPrefix + "-" + strconv.Itoa(i), Namespace: "default",
-						Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix}},
+						Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix,
+							safeguard.BucketLabel: strconv.Itoa(i / safeguard.BucketSize)}},
 					Spec: coordinationv1.LeaseSpec{HolderIdentity: new(fmt.Sprintf("other-%d", i+1)),
 						LeaseDurationSeconds: new(int32(900)), AcquireTime: &now, RenewTime: &now},
 				})
@@ -521,6 +523,86 @@ func TestTainterSafeguardSeam(t *testing.T) {
 	if hasTaint(getNode(t, c).Spec.Taints, "gpu-node-agent.io/unhealthy") {
 		t.Fatal("tainted although the safeguard failed")
 	}
+}
+
+// TestTainterReleasesAfterRefusal: a refused node that turns fit calls
+// Release once (it stops the watch a refused Slots follows a bucket
+// with), and not again while it stays fit.
+func TestTainterReleasesAfterRefusal(t *testing.T) {
+	c := newFake(t, testNode(nodeName))
+	tr := newTestTainter(t, c, TaintConfig{})
+	sg := &recordingSafeguard{allow: false}
+	tr.SetSafeguard(sg)
+	for _, f := range []health.Fitness{fit, unfit, unfit, fit, fit} {
+		if err := tr.Reconcile(t.Context(), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{"release", "allow", "allow", "release"}; !slices.Equal(sg.calls, want) {
+		t.Fatalf("safeguard calls %v, want %v", sg.calls, want)
+	}
+}
+
+// TestTainterRunTakesFreedSlot: a node refused because the only slot
+// (K = 1) is another node's is tainted as soon as that slot's Lease is
+// deleted: the safeguard's Room signal reconciles it, with no health
+// change, Node change or resync (the node watch has none).
+func TestTainterRunTakesFreedSlot(t *testing.T) {
+	now := metav1.NewMicroTime(time.Now())
+	other := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: safeguard.DefaultSlotPrefix + "-0", Namespace: "default",
+			Labels: map[string]string{safeguard.SlotLabel: safeguard.DefaultSlotPrefix, safeguard.BucketLabel: "0"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: new("other-1"), LeaseDurationSeconds: new(int32(900)),
+			AcquireTime: &now, RenewTime: &now},
+	}
+	objs := []runtime.Object{testNode(nodeName), other}
+	for i := 1; i < 5; i++ {
+		objs = append(objs, testNode(fmt.Sprintf("other-%d", i)))
+	}
+	c := newFake(t, objs...)
+	cfg := TaintConfig{MaxFraction: 0.2}
+	tr := newTestTainter(t, c, cfg)
+	slots := &countingSlots{Slots: safeguard.New(c, fakeClients(t, c).Meta, nodeName, cfg.WithDefaults().SafeguardConfig(), discard(),
+		safeguard.WithoutSpread())}
+	tr.SetSafeguard(slots)
+	h := newFakeHealth(unfit)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- tr.Run(ctx, h) }()
+	key := "gpu-node-agent.io/unhealthy"
+	// Refused at start, and again on the Node update its condition write
+	// makes; then nothing changes that would reconcile it.
+	testutil.WaitFor(t, "refused twice while the only slot is held", func() bool {
+		return promtestutil.ToFloat64(tr.refusedGauge) == 1 && slots.allows.Load() >= 2
+	})
+	if hasTaint(getNode(t, c).Spec.Taints, key) {
+		t.Fatal("tainted while the only slot is another node's")
+	}
+	if err := c.CoordinationV1().Leases("default").Delete(t.Context(), other.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "tainted once the slot was freed", func() bool { return hasTaint(getNode(t, c).Spec.Taints, key) })
+	if !holdsSlot(t, c, nodeName) {
+		t.Fatal("tainted without holding the freed slot")
+	}
+	if got := promtestutil.ToFloat64(tr.refusedGauge); got != 0 {
+		t.Fatalf("taint_refused = %v after taking the slot", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countingSlots is the slot safeguard counting the tainter's Allows.
+type countingSlots struct {
+	*safeguard.Slots
+	allows atomic.Int32
+}
+
+func (s *countingSlots) Allow(ctx context.Context) (bool, error) {
+	s.allows.Add(1)
+	return s.Slots.Allow(ctx)
 }
 
 // TestTainterRunFollowsNode runs the tainter: a fault taints the node;

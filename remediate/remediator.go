@@ -146,7 +146,9 @@ type Remediator struct {
 	failed map[string]string
 	// reboot is the reboot request made (nil: none).
 	reboot *sentinel
-	// holding says remediation holds the safeguard's slot.
+	// holding says the safeguard may hold something for remediation that
+	// settle gives back: its slot, or, after a refusal, the watch the
+	// refused node follows a bucket of slots with.
 	holding bool
 }
 
@@ -501,11 +503,11 @@ func (r *Remediator) slot(ctx context.Context, key, action, what string) bool {
 		r.log.Warn("fleet safeguard not asked; the step waits", "action", action, "err", err)
 		return false
 	}
+	r.holding = true
 	if !held {
 		r.note(ctx, key, action, ResultRefused, corev1.EventTypeWarning, "RemediationRefused", fmt.Sprintf("fleet safeguard: %s; %s", refused, what))
 		return false
 	}
-	r.holding = true
 	return true
 }
 

@@ -420,6 +420,13 @@ func TestSafeguardRefusesSteps(t *testing.T) {
 	if _, ok := g.sentinel(); ok || g.count(ActionReboot, ResultRefused) != 1 {
 		t.Fatalf("reboot requested without a slot (sentinel %v, refused %d)", ok, g.count(ActionReboot, ResultRefused))
 	}
+	// No fault left: the refusal's hold (the watch a refused node keeps on
+	// its bucket of slots) is given back too.
+	g.h.set()
+	g.r.Reconcile(context.Background())
+	if g.c.released != 1 {
+		t.Errorf("released %d times once no fault asks for a step after refusals, want 1", g.c.released)
+	}
 }
 
 func TestPausedAndDryRun(t *testing.T) {

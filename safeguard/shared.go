@@ -55,6 +55,9 @@ func (s *Shared) Release(ctx context.Context, user string) error {
 	return s.slots.Release(ctx)
 }
 
+// Room is the slot's Room signal (Slots.Room).
+func (s *Shared) Room() <-chan struct{} { return s.slots.Room() }
+
 // User is one user's view of the shared slot, in the form the tainter
 // asks its safeguard: Allow before adding the taint, Release after
 // removing it.
@@ -74,3 +77,6 @@ func (u User) Allow(ctx context.Context) (bool, error) {
 
 // Release drops the user's hold (Shared.Release).
 func (u User) Release(ctx context.Context) error { return u.s.Release(ctx, u.name) }
+
+// Room is the slot's Room signal (Slots.Room).
+func (u User) Room() <-chan struct{} { return u.s.Room() }

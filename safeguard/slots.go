@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -26,7 +28,9 @@ import (
 )
 
 // SlotLabel is the label every slot Lease carries, its value the slot
-// prefix, so that one LIST with a label selector reads all slots.
+// prefix. Every LIST and watch of slot Leases selects it, together with
+// BucketLabel (one bucket) or HolderLabel (one node's own): Slots never
+// reads all K slots.
 const SlotLabel = "gpu-node-agent.io/taint-slot"
 
 // Defaults of Config.
@@ -39,8 +43,8 @@ const (
 // fleetPageSize is the page size of the metadata-only Node LIST.
 const fleetPageSize = 500
 
-// maxSlotWrites bounds the Create/Update attempts per listing of the
-// slots; Acquire lists at most twice.
+// maxSlotWrites bounds the Create/Update attempts per reading of the
+// slots (the buckets one Acquire read).
 const maxSlotWrites = 2
 
 // Annotations of the fleet size recorded on every slot Lease this node
@@ -58,20 +62,16 @@ const (
 // can lower K (which only refuses) but not raise it.
 const recordQuorum = 2
 
-// coldSpread bounds the random delay before an Acquire that has no fresh
-// fleet size of its own: nodes faulting at one instant then list the
-// slots spread over this window, and all but the first few find the
-// sizes the first holders recorded rather than each measuring.
+// coldSpread bounds the random delay before an Acquire that holds no
+// slot and has no fresh fleet size of its own: nodes faulting at one
+// instant then read the slots spread over this window, and all but the
+// first few find the sizes the first holders recorded rather than each
+// measuring.
 const coldSpread = 2 * time.Second
 
 // probeSlots is how many slots a node that knows it holds none tries to
 // create blind, at random indices under K, before it lists the slots.
 const probeSlots = 2
-
-// retrySpread bounds the random delay before listing the slots again
-// after losing every race, so that the losers do not all race again for
-// the same few free slots at one instant.
-const retrySpread = 50 * time.Millisecond
 
 // ErrNotHeld is returned by Renew when this node holds no slot (it never
 // acquired one, released it, or lost it to a takeover): the caller must
@@ -171,9 +171,11 @@ type Decision struct {
 	// are 0 when Acquire did not need them (this node already held a
 	// slot, or the safeguard is off).
 	Limit, Fleet int
-	// Occupied is how many slots under Limit were occupied by other
-	// nodes when this node was refused or took its slot.
-	Occupied int
+	// Occupied is how many of the slots this node read under Limit were
+	// occupied by other nodes when it was refused or took its slot, and
+	// Seen how many it read: its probes' and the buckets' it read. A
+	// refusal says that the Seen slots were occupied, not that all K were.
+	Occupied, Seen int
 }
 
 // Slots is one node's view of the taint slots: the node may carry the
@@ -189,6 +191,8 @@ type Slots struct {
 	client kubernetes.Interface
 	meta   metadata.Interface
 	node   string
+	// holder is node's HolderLabel value.
+	holder string
 	cfg    Config
 	log    *slog.Logger
 
@@ -203,7 +207,8 @@ type Slots struct {
 	// held is our slot's Lease as last written or read, nil when none.
 	held *coordinationv1.Lease
 	// known says held is authoritative; until the first Acquire or
-	// Release (after a restart) a Lease of ours may exist unseen.
+	// Release (after a restart, or a write whose answer was lost) a Lease
+	// of ours may exist unseen (see findOwn).
 	known bool
 	// fleet is the fleet size last measured or adopted and fleetAt when
 	// it was measured.
@@ -212,10 +217,28 @@ type Slots struct {
 	// staleRefused says the last decision was a refusal on a size that
 	// was not fresh: the next Acquire without a fresh size measures.
 	staleRefused bool
-	// refused says the last Acquire was refused (every slot under K
+	// refused says the last Acquire was refused (every slot it read
 	// occupied, or every race for a free one lost): the next Acquire
-	// lists at once instead of probing (see probe).
+	// reads the followed bucket and one more instead of probing (see
+	// probe and lookAround).
 	refused bool
+	// follow is the watch of one bucket of slots while refused, nil when
+	// none; room is signalled when it sees a slot of that bucket freed
+	// (Room).
+	follow *follower
+	room   chan struct{}
+	// againCount is how many asks of its own a refused node scheduled
+	// (askAgainLater) since it last held or released a slot; againTimer
+	// signals the last, againPending until it fired; againAfter is when
+	// the n-th comes (tests replace it).
+	againCount   int
+	againTimer   *time.Timer
+	againPending atomic.Bool
+	againAfter   func(n int) time.Duration
+	// hintWait is the random delay before a hint write (tests replace
+	// it); hintWrites are the writes under way.
+	hintWait   func(ctx context.Context) error
+	hintWrites sync.WaitGroup
 }
 
 // New returns the slots of node. cfg is used with its defaults
@@ -223,9 +246,12 @@ type Slots struct {
 // size (metadata only); it may be nil when the safeguard is off.
 func New(client kubernetes.Interface, meta metadata.Interface, node string, cfg Config, log *slog.Logger, opts ...Option) *Slots {
 	s := &Slots{
-		client: client, meta: meta, node: node, cfg: cfg.WithDefaults(), log: log,
+		client: client, meta: meta, node: node, holder: HolderValue(node), cfg: cfg.WithDefaults(), log: log,
 		now: time.Now, randIntN: rand.IntN, jitter: randJitter, sleep: sleepCtx,
+		room: make(chan struct{}, 1),
 	}
+	s.hintWait = func(ctx context.Context) error { return s.sleep(ctx, s.jitter(hintDelay)) }
+	s.againAfter = s.againAfterDefault
 	for _, o := range opts {
 		o(s)
 	}
@@ -238,9 +264,9 @@ type Option func(*Slots)
 // WithClock makes now the clock of Lease times and fleet-size ages.
 func WithClock(now func() time.Time) Option { return func(s *Slots) { s.now = now } }
 
-// WithoutSpread drops the random delays that spread nodes faulting at one
-// instant (coldSpread, retrySpread): for a single node, and for tests
-// that must not wait.
+// WithoutSpread drops the random delay that spreads nodes faulting at one
+// instant (coldSpread): for a single node, and for tests that must not
+// wait.
 func WithoutSpread() Option {
 	return func(s *Slots) {
 		s.jitter = func(time.Duration) time.Duration { return 0 }
@@ -271,7 +297,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// slotState is what one listing says of one slot.
+// slotState is what one reading says of one slot.
 type slotState struct {
 	index int
 	lease *coordinationv1.Lease // nil when absent
@@ -279,102 +305,101 @@ type slotState struct {
 
 // Acquire makes sure this node holds a slot: if it already holds one (at
 // any index, even at or above K after the fleet shrank) it renews it;
-// otherwise it takes a free slot under K, starting at a random one, or
-// refuses when none is free. A refusal, including losing every race for
-// a slot, is a Decision with Held false and a nil error; an error means
-// the API server could not be asked. Held means the Lease was written
-// just now, so the taint may follow without a separate Renew.
+// otherwise it takes a free slot under K or refuses when it finds none.
+// A refusal, including losing every race for a slot, is a Decision with
+// Held false and a nil error; an error means the API server could not be
+// asked. Held means the Lease was written just now, so the taint may
+// follow without a separate Renew.
+//
+// No Acquire lists all K slots. A node that does not know whether it
+// holds one (after a restart, or a write whose answer was lost) first
+// finds its own Leases with two small LISTs (see findOwn) and renews the
+// one it finds. A node that knows it holds none probes (see probe), then
+// reads buckets of slots (see lookAround), and once refused it follows
+// one bucket with a watch until it holds a slot or releases (Room says
+// when to ask again).
 func (s *Slots) Acquire(ctx context.Context) (Decision, error) {
 	if s.cfg.Disabled() {
 		return Decision{Held: true, Slot: -1}, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held == nil && !s.freshCache() {
+	d, err := s.acquire(ctx)
+	if err == nil && d.Held {
+		s.unfollow()
+		s.stopAgain()
+	}
+	return d, err
+}
+
+func (s *Slots) acquire(ctx context.Context) (Decision, error) {
+	if s.held != nil {
+		err := s.renewLocked(ctx, s.held)
+		if err == nil {
+			return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, s.held.Name)}, nil
+		}
+		if !errors.Is(err, ErrNotHeld) {
+			return Decision{Slot: -1}, err
+		}
+		// Taken over or deleted: this node holds nothing now.
+	}
+	if !s.known {
+		own, err := s.findOwn(ctx)
+		if err != nil {
+			return Decision{Slot: -1}, err
+		}
+		s.known = true
+		if len(own) > 0 {
+			held, err := s.adopt(ctx, own)
+			if err != nil {
+				return Decision{Slot: -1}, err
+			}
+			if held {
+				return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, s.held.Name)}, nil
+			}
+			// Taken over between the LIST and the renew: it holds nothing.
+		}
+	}
+	if !s.freshCache() {
 		// Spread nodes faulting together (see coldSpread).
 		if err := s.sleep(ctx, s.jitter(coldSpread)); err != nil {
 			return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
 		}
 	}
-	if s.held == nil && s.known && !s.refused {
+	if !s.refused {
 		d, err := s.probe(ctx)
 		if err != nil || d.Held {
 			return d, err
 		}
 	}
-	d := Decision{Slot: -1}
-	for round := range 2 {
-		if round > 0 {
-			if err := s.sleep(ctx, s.jitter(retrySpread)); err != nil {
-				return Decision{Slot: -1}, fmt.Errorf("acquire taint slot: %w", err)
-			}
-		}
-		slots, err := s.list(ctx)
-		if err != nil {
-			return Decision{Slot: -1}, err
-		}
-		if mine := s.mine(ctx, slots); mine != nil {
-			if err := s.renewLocked(ctx, mine); err == nil {
-				return Decision{Held: true, Slot: slotIndex(s.cfg.Prefix, mine.Name)}, nil
-			} else if !errors.Is(err, ErrNotHeld) {
-				return Decision{Slot: -1}, err
-			}
-			// Taken over between our LIST and renew: list again.
-			continue
-		}
-		var free []slotState
-		d, free, err = s.free(ctx, slots)
-		if err != nil {
-			return Decision{Slot: -1}, err
-		}
-		if len(free) == 0 {
-			s.refused = true
-			return d, nil
-		}
-		start := s.randIntN(len(free))
-		for i := range min(maxSlotWrites, len(free)) {
-			c := free[(start+i)%len(free)]
-			won, err := s.take(ctx, c)
-			if err != nil {
-				return Decision{Slot: -1}, err
-			}
-			if won {
-				d.Held, d.Slot = true, c.index
-				s.log.Info("took taint slot", "node", s.node, "slot", c.index, "limit", d.Limit, "fleet", d.Fleet, "occupied", d.Occupied)
-				return d, nil
-			}
-		}
-		s.log.Debug("lost the race for taint slots", "node", s.node, "round", round)
-	}
-	s.refused = true
-	return d, nil
+	return s.lookAround(ctx)
 }
 
 // probe tries to take a slot without listing them: it creates the Leases
 // of up to probeSlots distinct random slots under K, and the first Create
 // that succeeds holds that slot. It is Acquire's first step when this node
-// knows it holds no slot (a previous listing or Release said so) and its
-// last Acquire was not refused (a refused node asking again would only
-// find the slots held again: it lists at once, one request, no write).
+// knows it holds no slot (its own Leases looked up, or a Release) and its
+// last Acquire was not refused (a refused node asking again would most
+// likely find the slots held again: it reads the bucket it follows and one
+// more, see lookAround).
 //
-// It is as safe as the listing path: an absent Lease is a free slot (see
+// It is as safe as taking a slot read: an absent Lease is a free slot (see
 // Slots), and Create is create-if-absent, so a probe can only win a slot
 // no one holds. A probe that finds its slot's Lease present (AlreadyExists)
 // learns nothing about whether that Lease has expired, so when every
-// probe misses, Acquire lists the slots as before, to take an expired
-// slot or to refuse.
+// probe misses, Acquire reads buckets of slots (lookAround), to take an
+// absent or expired slot there or to refuse.
 //
 // Why: in a mass fault most of the nodes that will get a slot find one
-// free, and listing the slots reads up to K Leases (at K = 1,500 about
-// 1 MB in protobuf) per node. Probing makes a node that finds a free slot
-// read no Lease at all; only the nodes that miss list them: the ones to be
-// refused once the slots fill, and those whose probes collided with other
-// nodes' (25 of 96 holders in TestSlotsHoldUnderConcurrency's probing
-// repetitions, 20 nodes for 8 slots). K needs a fresh fleet size:
-// this node's own, or, with no node selector, one measured now (a LIST of
-// limit 1 counted by the API server, see measure). With a selector and no
-// fresh size of its own, measuring reads every selected Node, so the node
-// lists the slots instead to adopt the sizes other holders recorded.
+// free, and reading slots costs about 650 bytes per Lease (protobuf).
+// Probing makes a node that finds a free slot read no Lease at all; only
+// the nodes that miss read buckets: the ones to be refused once the slots
+// fill, and those whose probes collided with other nodes'. K needs a
+// fresh fleet size: this node's own, or, with no node selector, one
+// measured now (a LIST of limit 1 counted by the API server, see
+// measure). With a selector and no fresh size of its own, measuring reads
+// every selected Node, so the node reads a bucket instead to adopt the
+// sizes other holders recorded.
 //
 // The Decision's Occupied counts only the probed slots found held.
 func (s *Slots) probe(ctx context.Context) (Decision, error) {
@@ -396,6 +421,7 @@ func (s *Slots) probe(ctx context.Context) (Decision, error) {
 		if err != nil {
 			return Decision{Slot: -1}, err
 		}
+		d.Seen++
 		if won {
 			d.Held, d.Slot = true, idx
 			s.log.Info("took taint slot", "node", s.node, "slot", idx, "limit", k, "fleet", n, "probed", i+1)
@@ -403,7 +429,7 @@ func (s *Slots) probe(ctx context.Context) (Decision, error) {
 		}
 		d.Occupied++
 	}
-	s.log.Debug("probed taint slots held, listing them", "node", s.node, "limit", k, "probed", d.Occupied)
+	s.log.Debug("probed taint slots held, reading buckets", "node", s.node, "limit", k, "probed", d.Occupied)
 	return d, nil
 }
 
@@ -453,10 +479,12 @@ func (s *Slots) Allow(ctx context.Context) (bool, error) {
 }
 
 // Release gives this node's slot back; call it after the taint was
-// removed. It deletes our Lease only if it is still ours (preconditions
-// on its UID and resourceVersion); a slot already gone or taken over is
-// success. After a restart it first lists the slots once to find a Lease
-// of ours; once nothing is held it makes no requests.
+// removed, and after a refusal once the node no longer needs a slot (it
+// stops the watch a refused node follows a bucket with). It deletes our
+// Lease only if it is still ours (preconditions on its UID and
+// resourceVersion); a slot already gone or taken over is success. After
+// a restart it first finds Leases of ours with two small LISTs (see
+// findOwn); once nothing is held it makes no requests.
 func (s *Slots) Release(ctx context.Context) error {
 	if s.cfg.Disabled() {
 		return nil
@@ -468,108 +496,44 @@ func (s *Slots) Release(ctx context.Context) error {
 	case s.held != nil:
 		mine = append(mine, s.held)
 	case !s.known:
-		slots, err := s.list(ctx)
+		own, err := s.findOwn(ctx)
 		if err != nil {
 			return err
 		}
-		for _, sl := range slots {
-			if sl.lease != nil && leaseHolder(sl.lease) == s.node {
-				mine = append(mine, sl.lease)
-			}
-		}
+		mine = own
 	}
 	for _, l := range mine {
 		if err := s.deleteOurs(ctx, l); err != nil {
 			return err
 		}
-		s.log.Info("released taint slot", "node", s.node, "slot", slotIndex(s.cfg.Prefix, l.Name))
+		idx := slotIndex(s.cfg.Prefix, l.Name)
+		s.log.Info("released taint slot", "node", s.node, "slot", idx)
+		s.noteRelease(ctx, l)
 	}
 	// A refusal is old news by the next fault.
 	s.held, s.known, s.refused = nil, true, false
+	s.unfollow()
+	s.stopAgain()
 	return nil
 }
 
-// list reads every slot Lease (one LIST), sorted by index.
-func (s *Slots) list(ctx context.Context) ([]slotState, error) {
-	sel := labels.Set{SlotLabel: s.cfg.Prefix}.String()
-	list, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
-		return nil, fmt.Errorf("list taint slot leases %s in %s: %w", sel, s.cfg.Namespace, err)
-	}
-	var out []slotState
-	for i := range list.Items {
-		l := &list.Items[i]
-		if idx := slotIndex(s.cfg.Prefix, l.Name); idx >= 0 {
-			out = append(out, slotState{index: idx, lease: l})
-		}
-	}
-	slices.SortFunc(out, func(a, b slotState) int { return a.index - b.index })
-	return out, nil
-}
-
-// mine returns the lowest-index Lease this node holds, or nil. Holding
-// more than one can only follow a lost response to a write; the extras
-// are released (best effort) since one slot covers the node's taint.
-func (s *Slots) mine(ctx context.Context, slots []slotState) *coordinationv1.Lease {
-	s.known = true
-	var keep *coordinationv1.Lease
-	for _, sl := range slots {
-		if leaseHolder(sl.lease) != s.node {
-			continue
-		}
-		if keep == nil {
-			keep = sl.lease
-			continue
-		}
-		if err := s.deleteOurs(ctx, sl.lease); err != nil {
-			s.log.Warn("releasing an extra taint slot failed", "node", s.node, "lease", sl.lease.Name, "err", err)
-		}
-	}
-	s.held = keep
-	return keep
-}
-
-// free computes K and returns the slots under K that may be taken, with
-// the Decision for a refusal. It takes a fresh fleet size from its cache
-// or the Leases' records, else refuses on a stale size when the
-// unexpired Leases alone fill its K, else measures the size; then it
-// reads, for each expired Lease under K, its holder's Node.
-func (s *Slots) free(ctx context.Context, slots []slotState) (Decision, []slotState, error) {
-	n, ok := s.freshSize(slots)
+// limitFrom computes K from what v read: a fresh fleet size from this
+// node's cache or the records on the Leases read, else a refusal on a
+// stale size when the unexpired Leases read fill it (see staleRefusal),
+// else the size measured now.
+func (s *Slots) limitFrom(ctx context.Context, v *view) (d Decision, refuse bool, err error) {
+	n, ok := s.freshSize(v.slots())
 	if !ok {
-		if d, refuse := s.staleRefusal(slots); refuse {
-			return d, nil, nil
+		if d, refuse := s.staleRefusal(v); refuse {
+			return d, true, nil
 		}
-		var err error
 		if n, err = s.measure(ctx); err != nil {
-			return Decision{Slot: -1}, nil, err
+			return Decision{Slot: -1}, false, err
 		}
 	}
 	s.staleRefused = false
 	k := Limit(n, s.cfg.MaxFraction)
-	d := Decision{Slot: -1, Limit: k, Fleet: n}
-	byIndex := map[int]*coordinationv1.Lease{}
-	for _, sl := range slots {
-		byIndex[sl.index] = sl.lease
-	}
-	var free []slotState
-	for i := range k {
-		l := byIndex[i]
-		if l == nil {
-			free = append(free, slotState{index: i})
-			continue
-		}
-		busy, err := s.occupied(ctx, l)
-		if err != nil {
-			return d, nil, err
-		}
-		if busy {
-			d.Occupied++
-		} else {
-			free = append(free, slotState{index: i, lease: l})
-		}
-	}
-	return d, free, nil
+	return Decision{Slot: -1, Limit: k, Fleet: n}, false, nil
 }
 
 // occupied says whether Lease l's slot is occupied: unexpired, or its
@@ -622,7 +586,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		l := &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: slotName(s.cfg.Prefix, c.index), Namespace: s.cfg.Namespace,
-				Labels: map[string]string{SlotLabel: s.cfg.Prefix},
+				Labels: s.setLabels(nil, c.index),
 			},
 			Spec: coordinationv1.LeaseSpec{
 				HolderIdentity: &s.node, LeaseDurationSeconds: s.durationSeconds(),
@@ -637,10 +601,7 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		if l.Spec.LeaseTransitions != nil {
 			transitions = *l.Spec.LeaseTransitions + 1
 		}
-		if l.Labels == nil {
-			l.Labels = map[string]string{}
-		}
-		l.Labels[SlotLabel] = s.cfg.Prefix
+		l.Labels = s.setLabels(l.Labels, c.index)
 		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &s.node, s.durationSeconds()
 		l.Spec.AcquireTime, l.Spec.RenewTime, l.Spec.LeaseTransitions = &now, &now, &transitions
 		// The previous holder's record is replaced: a record is always
@@ -654,10 +615,26 @@ func (s *Slots) take(ctx context.Context, c slotState) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
+		// The write may have landed without its answer reaching us: until
+		// a lookup of our own Leases says otherwise, one may exist.
+		s.known = false
 		return false, fmt.Errorf("take taint slot %s: %w", slotName(s.cfg.Prefix, c.index), err)
 	}
 	s.held, s.known = got, true
 	return true, nil
+}
+
+// setLabels returns labels (a copy, or a new map when nil) with slot
+// index's as this node holds it: SlotLabel, its BucketLabel, and
+// HolderLabel this node's value (a takeover replaces the previous
+// holder's).
+func (s *Slots) setLabels(labels map[string]string, index int) map[string]string {
+	out := make(map[string]string, len(labels)+3)
+	maps.Copy(out, labels)
+	out[SlotLabel] = s.cfg.Prefix
+	out[BucketLabel] = strconv.Itoa(bucketOf(index))
+	out[HolderLabel] = s.holder
+	return out
 }
 
 // renewLocked renews our Lease l with its resourceVersion. On a Conflict
@@ -669,6 +646,11 @@ func (s *Slots) renewLocked(ctx context.Context, l *coordinationv1.Lease) error 
 		u := l.DeepCopy()
 		now := metav1.NewMicroTime(s.now())
 		u.Spec.RenewTime, u.Spec.LeaseDurationSeconds = &now, s.durationSeconds()
+		// A Lease an older agent created has no BucketLabel or
+		// HolderLabel yet.
+		if idx := slotIndex(s.cfg.Prefix, u.Name); idx >= 0 {
+			u.Labels = s.setLabels(u.Labels, idx)
+		}
 		s.record(u)
 		got, err := leases.Update(ctx, u, metav1.UpdateOptions{})
 		if err == nil {
@@ -836,16 +818,16 @@ func (s *Slots) freshSize(slots []slotState) (n int, ok bool) {
 	return best.n, true
 }
 
-// staleRefusal is the refusal the slots alone prove without a fresh size:
+// staleRefusal is the refusal the slots read prove without a fresh size:
 // with the largest size known (cached or recorded, however old), every
-// slot under its K held by an unexpired Lease. It is not made twice in a
-// row (the size may predate the fleet's growth).
-func (s *Slots) staleRefusal(slots []slotState) (Decision, bool) {
+// slot read under its K held by an unexpired Lease. It is not made twice
+// in a row (the size may predate the fleet's growth).
+func (s *Slots) staleRefusal(v *view) (Decision, bool) {
 	if s.staleRefused {
 		return Decision{Slot: -1}, false
 	}
 	n := s.fleet
-	for _, sl := range slots {
+	for _, sl := range v.slots() {
 		if r, ok := recordOf(sl.lease); ok && r.n > n && r.at.Before(s.now().Add(s.cfg.FleetSizeTTL)) {
 			n = r.n
 		}
@@ -855,16 +837,17 @@ func (s *Slots) staleRefusal(slots []slotState) (Decision, bool) {
 	}
 	k := Limit(n, s.cfg.MaxFraction)
 	d := Decision{Slot: -1, Limit: k, Fleet: n}
-	for _, sl := range slots {
-		if sl.index < k && sl.lease != nil && !s.expired(sl.lease) {
+	for _, i := range v.indices(k) {
+		d.Seen++
+		if l := v.leases[i]; l != nil && !s.expired(l) {
 			d.Occupied++
 		}
 	}
-	if d.Occupied < k {
+	if d.Seen == 0 || d.Occupied < d.Seen {
 		return Decision{Slot: -1}, false
 	}
 	s.staleRefused = true
-	s.log.Debug("taint slots full by a fleet size that is not fresh", "node", s.node, "limit", k, "fleet", n)
+	s.log.Debug("taint slots read full by a fleet size that is not fresh", "node", s.node, "limit", k, "fleet", n, "read", d.Seen)
 	return d, true
 }
 

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,7 +49,8 @@ type slotFixture struct {
 	client *fake.Clientset
 	meta   *metadatafake.FakeMetadataClient
 	slots  *Slots
-	now    time.Time
+	// now is the clock (atomic: a follower's informer reads it too).
+	now atomic.Pointer[time.Time]
 	// sleeps are the delays Slots asked for (none is waited).
 	sleeps []time.Duration
 }
@@ -88,7 +91,8 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 		renew := metav1.NewMicroTime(slotT0.Add(-l.ago))
 		objs = append(objs, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: slotName(cfg.Prefix, l.index), Namespace: slotNS,
-				Labels: map[string]string{SlotLabel: cfg.Prefix}},
+				Labels: map[string]string{SlotLabel: cfg.Prefix, BucketLabel: strconv.Itoa(bucketOf(l.index)),
+					HolderLabel: HolderValue(l.holder)}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: new(l.holder), LeaseDurationSeconds: new(int32(900)),
 				AcquireTime: &renew, RenewTime: &renew, LeaseTransitions: new(int32(3))},
 		})
@@ -97,20 +101,24 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 	if err := metav1.AddMetaToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	f := &slotFixture{client: fake.NewClientset(objs...), meta: metadatafake.NewSimpleMetadataClient(scheme, metas...), now: slotT0}
+	f := &slotFixture{client: fake.NewClientset(objs...), meta: metadatafake.NewSimpleMetadataClient(scheme, metas...)}
+	f.setNow(slotT0)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	f.slots = New(f.client, f.meta, slotSelf, cfg, slotTestLog())
-	f.slots.now = func() time.Time { return f.now }
+	f.slots.now = func() time.Time { return *f.now.Load() }
 	f.slots.randIntN = func(int) int { return 0 }
 	f.slots.jitter = func(max time.Duration) time.Duration { return max / 2 }
 	f.slots.sleep = func(_ context.Context, d time.Duration) error {
 		f.sleeps = append(f.sleeps, d)
 		return nil
 	}
+	f.slots.hintWait = func(context.Context) error { return nil }
 	return f
 }
+
+func (f *slotFixture) setNow(t time.Time) { f.now.Store(&t) }
 
 // record writes a fleet size measured ago before slotT0 on slot i's
 // Lease, as its holder would.
@@ -127,10 +135,20 @@ func (f *slotFixture) record(t *testing.T, i, size int, ago time.Duration) {
 	f.clearRequests()
 }
 
-// requests counts the fake clients' actions as "verb resource".
+// requests counts the fake clients' actions as "verb resource", leaving
+// out the follower's (see isFollow). A LIST of Leases selecting
+// HolderLabel (findOwn's) counts as "list own leases".
 func (f *slotFixture) requests() map[string]int {
+	f.slots.hintWrites.Wait()
 	out := map[string]int{}
 	for _, a := range f.client.Actions() {
+		if isFollow(a) {
+			continue
+		}
+		if l, ok := a.(k8stesting.ListActionImpl); ok && strings.Contains(l.ListOptions.LabelSelector, HolderLabel) {
+			out["list own leases"]++
+			continue
+		}
 		out[a.GetVerb()+" "+a.GetResource().Resource]++
 	}
 	for _, a := range f.meta.Actions() {
@@ -139,14 +157,52 @@ func (f *slotFixture) requests() map[string]int {
 	return out
 }
 
+// isFollow says whether a is the follower's informer at work: its watch,
+// or its LIST (the reflector lists from resourceVersion "0"; with the
+// fake clientset it lists and watches rather than streaming the list).
+func isFollow(a k8stesting.Action) bool {
+	switch a := a.(type) {
+	case k8stesting.WatchActionImpl:
+		return true
+	case k8stesting.ListActionImpl:
+		return a.ListOptions.ResourceVersion != ""
+	}
+	return false
+}
+
+// followed waits until s follows a bucket with a synced cache and
+// returns that bucket.
+func followed(t *testing.T, s *Slots) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s.mu.Lock()
+		f := s.follow
+		s.mu.Unlock()
+		if f != nil && f.synced.Load() {
+			return f.bucket
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refused node follows no bucket with a synced cache")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (f *slotFixture) clearRequests() {
+	f.slots.hintWrites.Wait()
 	f.client.ClearActions()
 	f.meta.ClearActions()
 }
 
+// lease is slot i's Lease; i = -1 is the full-bucket hint.
 func (f *slotFixture) lease(t *testing.T, i int) *coordinationv1.Lease {
 	t.Helper()
-	l, err := f.client.CoordinationV1().Leases(slotNS).Get(context.Background(), slotName(DefaultSlotPrefix, i), metav1.GetOptions{})
+	name := slotName(DefaultSlotPrefix, i)
+	if i < 0 {
+		name = DefaultSlotPrefix + "-full"
+	}
+	l, err := f.client.CoordinationV1().Leases(slotNS).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("get lease %d: %v", i, err)
 	}
@@ -187,80 +243,84 @@ func TestSlotsAcquire(t *testing.T) {
 		tainted     []string
 		leases      []slotLease
 		want        Decision
-		// wantRequests counts requests as "verb resource".
+		// wantRequests counts requests as "verb resource" (see
+		// requests). The node has just started: it first looks up its own
+		// Leases (two LISTs); holding none, it lists one bucket (the
+		// selector makes measuring read Nodes, so it reads the sizes
+		// recorded there first, see probe).
 		wantRequests map[string]int
 	}{
 		{
 			name: "free slot taken", fleet: 9, selfInFleet: true, maxFraction: 0.2,
-			want:         Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			want:         Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10, Seen: 2},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "first slot taken, the next free one is tried", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}},
-			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1, Seen: 2},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "all slots held: refused, no write, no node read", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", 14 * time.Minute}},
-			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1},
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1},
 		},
 		{
 			name: "already the holder: renews, no fleet read", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, slotSelf, time.Minute}},
 			want:         Decision{Held: true, Slot: 1},
-			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "update leases": 1},
 		},
 		{
 			name: "already the holder of an expired slot: renews", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{1, slotSelf, expired}},
 			want:         Decision{Held: true, Slot: 1},
-			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "update leases": 1},
 		},
 		{
 			name: "expired lease, untainted holder: taken over", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", expired}},
-			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
+			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4, Seen: 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
 		},
 		{
 			name: "expired lease, tainted holder: stays occupied", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			tainted:      []string{"fleet-1"},
 			leases:       []slotLease{{0, "fleet-1", expired}},
-			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1},
+			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1, Seen: 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "get nodes": 1},
 		},
 		{
 			name: "unexpired lease, untainted holder: occupied without a node read", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", 14 * time.Minute}},
-			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1},
+			want:         Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1, Seen: 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1},
 		},
 		{
 			name: "expired lease, holder node gone: free", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "deleted-node", expired}},
-			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
+			want:         Decision{Held: true, Slot: 0, Limit: 1, Fleet: 4, Seen: 1},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "get nodes": 1, "update leases": 1},
 		},
 		{
 			name: "fleet shrank: the holder keeps its slot at index >= K", fleet: 3, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {5, slotSelf, time.Minute}},
 			want:         Decision{Held: true, Slot: 5},
-			wantRequests: map[string]int{"list leases": 1, "update leases": 1},
+			wantRequests: map[string]int{"list own leases": 2, "update leases": 1},
 		},
 		{
 			name: "slots at or above K do not count against it", fleet: 9, selfInFleet: true, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {2, "fleet-2", time.Minute}, {3, "fleet-3", time.Minute}},
-			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1, Seen: 2},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "slotSelf counted when not in the fleet list", fleet: 4, maxFraction: 0.4,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}},
-			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 5, Occupied: 1},
-			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
+			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 5, Occupied: 1, Seen: 2},
+			wantRequests: map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1},
 		},
 		{
 			name: "MaxFraction 1: always held, no requests", fleet: 3, selfInFleet: true, maxFraction: 1,
@@ -285,8 +345,8 @@ func TestSlotsAcquire(t *testing.T) {
 			if got.Held && got.Slot >= 0 {
 				l := f.lease(t, got.Slot)
 				if leaseHolder(l) != slotSelf || l.Spec.RenewTime == nil || !l.Spec.RenewTime.Time.Equal(slotT0) ||
-					l.Labels[SlotLabel] != DefaultSlotPrefix || *l.Spec.LeaseDurationSeconds != 900 {
-					t.Errorf("held lease %s: holder %q renewTime %v labels %v duration %d, want %q, %v, the slot label, 900",
+					l.Labels[SlotLabel] != DefaultSlotPrefix || l.Labels[HolderLabel] != slotSelf || *l.Spec.LeaseDurationSeconds != 900 {
+					t.Errorf("held lease %s: holder %q renewTime %v labels %v duration %d, want %q, %v, the slot and holder labels, 900",
 						l.Name, leaseHolder(l), l.Spec.RenewTime, l.Labels, *l.Spec.LeaseDurationSeconds, slotSelf, slotT0)
 				}
 				// A slot taken (not renewed) records the size it was
@@ -308,7 +368,10 @@ type sizeOn struct {
 // TestSlotsFleetSizeRecords: the sizes recorded on the slot Leases stand
 // in for measuring when fresh and recorded by recordQuorum holders (the
 // smallest is used), prove a refusal on their own when the unexpired
-// Leases fill their K, and never grant on a stale size.
+// Leases fill their K, and never grant on a stale size. The node has just
+// started: it holds no slot and has no fresh size of its own, so it lists
+// a bucket for the records (see TestSlotsRecordsAdjustOwnSize for a node
+// with a fresh size).
 func TestSlotsFleetSizeRecords(t *testing.T) {
 	expired := 16 * time.Minute
 	tests := []struct {
@@ -323,7 +386,9 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 		want      Decision
 		// wantRecord is the size and measuring time recorded on the slot
 		// taken.
-		wantRecord   *sizeRecord
+		wantRecord *sizeRecord
+		// wantRequests leave out the lookup of its own Leases (two LISTs)
+		// every case starts with.
 		wantRequests map[string]int
 		wantSleeps   []time.Duration
 	}{
@@ -331,7 +396,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "two holders' fresh records: the smallest used, no node LIST", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			records:      []sizeOn{{0, 20, 2 * time.Minute}, {1, 25, time.Minute}},
-			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4},
 			wantRecord:   &sizeRecord{20, slotT0.Add(-2 * time.Minute)},
 			wantRequests: map[string]int{"list leases": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
@@ -340,7 +405,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "one holder's fresh record alone: measured", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}},
 			records:      []sizeOn{{0, 1000, time.Minute}},
-			want:         Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1},
+			want:         Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1, Seen: 4},
 			wantRecord:   &sizeRecord{20, slotT0},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
@@ -349,7 +414,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "two records of one holder: measured", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {7, "fleet-1", time.Minute}},
 			records:      []sizeOn{{0, 1000, time.Minute}, {7, 1000, time.Minute}},
-			want:         Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1},
+			want:         Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1, Seen: 4},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
 		},
@@ -357,7 +422,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "stale records: measured", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			records:      []sizeOn{{0, 30, DefaultFleetSizeTTL}, {1, 30, time.Hour}},
-			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4},
 			wantRecord:   &sizeRecord{20, slotT0},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
@@ -366,32 +431,15 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "records measured far in the future: not fresh, measured", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			records:      []sizeOn{{0, 30, -DefaultFleetSizeTTL}, {1, 30, -time.Hour}},
-			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
-		},
-		{
-			name: "own fresh size: no delay, no node LIST; a lower record lowers it", fleet: 19, maxFraction: 0.2,
-			leases:  []slotLease{{0, "fleet-1", time.Minute}},
-			records: []sizeOn{{0, 10, 3 * time.Minute}},
-			cached:  20, cachedAgo: time.Minute,
-			want:         Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1},
-			wantRecord:   &sizeRecord{10, slotT0.Add(-3 * time.Minute)},
-			wantRequests: map[string]int{"list leases": 1, "create leases": 1},
-		},
-		{
-			name: "own fresh size: a higher record does not raise it", fleet: 19, maxFraction: 0.2,
-			leases:  []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
-			records: []sizeOn{{0, 1000, time.Minute}, {1, 1000, time.Minute}},
-			cached:  10, cachedAgo: time.Minute,
-			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
-			wantRequests: map[string]int{"list leases": 1},
 		},
 		{
 			name: "unexpired leases fill K of a stale record: refused without measuring", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			records:      []sizeOn{{0, 10, time.Hour}},
-			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
 			wantRequests: map[string]int{"list leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
 		},
@@ -399,7 +447,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "unexpired leases fill K of a stale cache: refused without measuring", fleet: 19, maxFraction: 0.2,
 			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			cached: 10, cachedAgo: time.Hour,
-			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2},
+			want:         Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
 			wantRequests: map[string]int{"list leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
 		},
@@ -407,7 +455,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "the largest stale size leaves room: measured, granted on the fresh size", fleet: 19, maxFraction: 0.2,
 			leases:       []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			records:      []sizeOn{{0, 10, time.Hour}, {1, 15, time.Hour}},
-			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2},
+			want:         Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4},
 			wantRecord:   &sizeRecord{20, slotT0},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1},
 			wantSleeps:   []time.Duration{coldSpread / 2},
@@ -416,7 +464,7 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			name: "expired leases do not prove a stale refusal: measured", fleet: 19, maxFraction: 0.2,
 			leases:  []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", expired}},
 			records: []sizeOn{{0, 10, time.Hour}},
-			want:    Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1},
+			want:    Decision{Held: true, Slot: 1, Limit: 4, Fleet: 20, Occupied: 1, Seen: 4},
 			wantRequests: map[string]int{"list leases": 1, "metadata list nodes": 1, "get nodes": 1,
 				"update leases": 1},
 			wantRecord: &sizeRecord{20, slotT0},
@@ -439,8 +487,10 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("decision %+v, want %+v", got, tc.want)
 			}
-			if reqs := f.requests(); !sameCounts(reqs, tc.wantRequests) {
-				t.Errorf("requests %v, want %v", reqs, tc.wantRequests)
+			want := maps.Clone(tc.wantRequests)
+			want["list own leases"] = 2
+			if reqs := f.requests(); !sameCounts(reqs, want) {
+				t.Errorf("requests %v, want %v", reqs, want)
 			}
 			if fmt.Sprint(f.sleeps) != fmt.Sprint(tc.wantSleeps) {
 				t.Errorf("delays %v, want %v", f.sleeps, tc.wantSleeps)
@@ -455,22 +505,106 @@ func TestSlotsFleetSizeRecords(t *testing.T) {
 	}
 }
 
+// TestSlotsRecordsAdjustOwnSize: a node with a fresh size of its own
+// uses a lower size another holder recorded on a Lease it reads (here the
+// bucket it follows, from its watch's cache), never a higher one. Each
+// case is refused first with every slot under the K of its own size held;
+// then slots 2 and 3 are freed, and the next ask decides on what the
+// followed bucket shows: with the own size of 20 (K = 4) it would take
+// slot 2; a record of 10 makes K = 2, both held, refused. With an own
+// size of 10 (K = 2), two holders' records of 1,000 do not raise K to
+// 200: refused still.
+func TestSlotsRecordsAdjustOwnSize(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		own     int
+		records []sizeOn
+		want    Decision
+		// wantCache is the node's size afterwards and when it was measured.
+		wantCache sizeRecord
+	}{
+		{
+			name: "a lower record lowers it", own: 20,
+			records:   []sizeOn{{0, 10, 3 * time.Minute}},
+			want:      Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
+			wantCache: sizeRecord{10, slotT0.Add(-3 * time.Minute)},
+		},
+		{
+			name: "higher records do not raise it", own: 10,
+			records:   []sizeOn{{0, 1000, time.Minute}, {1, 1000, time.Minute}},
+			want:      Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2},
+			wantCache: sizeRecord{10, slotT0.Add(-2 * time.Minute)},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := Limit(tc.own, 0.2)
+			f := newSlotFixture(t, 19, true, nil, heldBy(0, k), Config{MaxFraction: 0.2})
+			f.slots.known = true
+			f.slots.fleet, f.slots.fleetAt = tc.own, slotT0.Add(-2*time.Minute)
+			for _, r := range tc.records {
+				f.record(t, r.index, r.size, r.ago)
+			}
+			d, err := f.slots.Acquire(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (Decision{Slot: -1, Limit: k, Fleet: tc.own, Occupied: k, Seen: k}); d != want {
+				t.Fatalf("first ask: %+v, want %+v", d, want)
+			}
+			if b := followed(t, f.slots); b != 0 {
+				t.Fatalf("follows bucket %d, want 0", b)
+			}
+			for i := 2; i < k; i++ {
+				if err := f.client.CoordinationV1().Leases(slotNS).Delete(t.Context(), slotName(DefaultSlotPrefix, i), metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if k > 2 {
+				select {
+				case <-f.slots.Room():
+				case <-time.After(30 * time.Second):
+					t.Fatal("no Room signal after slots of the followed bucket were freed")
+				}
+			}
+			f.clearRequests()
+			if d, err = f.slots.Acquire(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if d != tc.want {
+				t.Errorf("ask from the followed bucket: %+v, want %+v", d, tc.want)
+			}
+			if f.slots.fleet != tc.wantCache.n || !f.slots.fleetAt.Equal(tc.wantCache.at) {
+				t.Errorf("own size %d measured at %v, want %d at %v", f.slots.fleet, f.slots.fleetAt, tc.wantCache.n, tc.wantCache.at)
+			}
+			// K spans bucket 0 only, read from the watch's cache: no
+			// request, no write.
+			if reqs := f.requests(); len(reqs) != 0 {
+				t.Errorf("ask from the followed bucket made requests %v, want none", reqs)
+			}
+		})
+	}
+}
+
 // TestSlotsStaleRefusalOnce: a refusal on a stale size is made once; the
 // next Acquire that still finds no fresh size measures, and grants on the
-// measured size if the fleet grew.
+// measured size if the fleet grew. The second ask reads the bucket the
+// refused node follows from its watch: no LIST.
 func TestSlotsStaleRefusalOnce(t *testing.T) {
 	f := newSlotFixture(t, 19, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, Config{MaxFraction: 0.2})
 	f.record(t, 0, 10, time.Hour)
 	f.record(t, 1, 10, time.Hour)
-	ctx := context.Background()
+	ctx := t.Context()
 	steps := []struct {
 		want         Decision
 		wantRequests map[string]int
 	}{
-		{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"list leases": 1}},
-		{Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2}, map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1}},
+		{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{"list own leases": 2, "list leases": 1}},
+		{Decision{Held: true, Slot: 2, Limit: 4, Fleet: 20, Occupied: 2, Seen: 4}, map[string]int{"metadata list nodes": 1, "create leases": 1}},
 	}
 	for i, st := range steps {
+		if i > 0 {
+			followed(t, f.slots)
+		}
 		f.clearRequests()
 		d, err := f.slots.Acquire(ctx)
 		if err != nil {
@@ -606,9 +740,10 @@ func TestSlotsTakeoverBumpsTransitions(t *testing.T) {
 	}
 }
 
-// TestSlotsLostRaceRelistsOnce: when another node creates the slot first,
-// Acquire lists once more, sees it occupied and refuses.
-func TestSlotsLostRaceRelistsOnce(t *testing.T) {
+// TestSlotsLostRace: when another node creates the only free slot first,
+// Acquire refuses and follows the bucket where it lost the race; asking
+// again reads the winner's Lease from the watch's cache, no request.
+func TestSlotsLostRace(t *testing.T) {
 	f := newSlotFixture(t, 3, true, nil, nil, Config{MaxFraction: 0.2})
 	f.client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
@@ -618,17 +753,27 @@ func TestSlotsLostRaceRelistsOnce(t *testing.T) {
 		}
 		return true, nil, apierrors.NewAlreadyExists(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, l.Name)
 	})
-	d, err := f.slots.Acquire(context.Background())
+	d, err := f.slots.Acquire(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1}
+	want := Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1, Seen: 1}
 	if d != want {
 		t.Errorf("decision %+v, want %+v", d, want)
 	}
-	wantReqs := map[string]int{"list leases": 2, "metadata list nodes": 1, "create leases": 1}
+	wantReqs := map[string]int{"list own leases": 2, "list leases": 1, "metadata list nodes": 1, "create leases": 1}
 	if reqs := f.requests(); !sameCounts(reqs, wantReqs) {
-		t.Errorf("requests %v, want %v (the fleet size is reused)", reqs, wantReqs)
+		t.Errorf("requests %v, want %v", reqs, wantReqs)
+	}
+	if b := followed(t, f.slots); b != 0 {
+		t.Fatalf("follows bucket %d, want 0, where it lost the race", b)
+	}
+	f.clearRequests()
+	if d, err = f.slots.Acquire(t.Context()); err != nil || d != want {
+		t.Errorf("asking again: %+v, %v; want %+v", d, err, want)
+	}
+	if reqs := f.requests(); len(reqs) != 0 {
+		t.Errorf("asking again made requests %v, want none (the fleet size cached, the bucket from the watch)", reqs)
 	}
 }
 
@@ -644,7 +789,7 @@ func TestSlotsRenewRelease(t *testing.T) {
 	if d, err := f.slots.Acquire(ctx); err != nil || !d.Held {
 		t.Fatalf("acquire = %+v, %v; want held", d, err)
 	}
-	f.now = slotT0.Add(time.Minute)
+	f.setNow(slotT0.Add(time.Minute))
 	f.clearRequests()
 	if err := f.slots.Renew(ctx); err != nil {
 		t.Fatalf("renew: %v", err)
@@ -652,8 +797,8 @@ func TestSlotsRenewRelease(t *testing.T) {
 	if reqs, want := f.requests(), map[string]int{"update leases": 1}; !sameCounts(reqs, want) {
 		t.Errorf("renew requests %v, want %v", reqs, want)
 	}
-	if l := f.lease(t, 0); !l.Spec.RenewTime.Time.Equal(f.now) {
-		t.Errorf("renewTime %v after renew, want %v", l.Spec.RenewTime, f.now)
+	if l := f.lease(t, 0); !l.Spec.RenewTime.Time.Equal(*f.now.Load()) {
+		t.Errorf("renewTime %v after renew, want %v", l.Spec.RenewTime, *f.now.Load())
 	}
 	f.clearRequests()
 	if err := f.slots.Release(ctx); err != nil {
@@ -705,8 +850,8 @@ func TestSlotsRenewTakenOver(t *testing.T) {
 }
 
 // TestSlotsReleaseAfterRestart: a fresh Slots finds the Lease a previous
-// run held with one LIST and deletes it; Releases after that make no
-// requests.
+// run held with the two LISTs of its own Leases and deletes it; Releases
+// after that make no requests.
 func TestSlotsReleaseAfterRestart(t *testing.T) {
 	f := newSlotFixture(t, 3, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {2, slotSelf, time.Minute}}, Config{MaxFraction: 0.2})
 	ctx := context.Background()
@@ -715,7 +860,9 @@ func TestSlotsReleaseAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wantReqs := map[string]int{"list leases": 1, "delete leases": 1}
+	// And, knowing no fleet size, a GET of the full-bucket hint to clear
+	// the released slot's bucket (absent here: nothing written).
+	wantReqs := map[string]int{"list own leases": 2, "delete leases": 1, "get leases": 1}
 	if reqs := f.requests(); !sameCounts(reqs, wantReqs) {
 		t.Errorf("requests %v, want %v", reqs, wantReqs)
 	}
@@ -732,7 +879,7 @@ func TestSlotsReleaseAfterRestart(t *testing.T) {
 // FleetSizeTTL, then measure it again, following continue tokens.
 func TestSlotsFleetSizeCached(t *testing.T) {
 	f := newSlotFixture(t, 9, true, nil, []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}}, Config{MaxFraction: 0.2})
-	ctx := context.Background()
+	ctx := t.Context()
 	for range 3 {
 		if d, err := f.slots.Acquire(ctx); err != nil || d.Held || d.Fleet != 10 {
 			t.Fatalf("acquire = %+v, %v; want refused in a fleet of 10", d, err)
@@ -744,7 +891,7 @@ func TestSlotsFleetSizeCached(t *testing.T) {
 	// After the TTL the fleet has grown to 1,250 nodes, served in pages.
 	// The unexpired Leases still fill K of the stale size: one refusal
 	// without measuring, then the next Acquire measures.
-	f.now = slotT0.Add(DefaultFleetSizeTTL)
+	f.setNow(slotT0.Add(DefaultFleetSizeTTL))
 	f.clearRequests()
 	paged := &pagedNodeMeta{Interface: f.meta, total: 1250}
 	f.slots.meta = paged
@@ -756,8 +903,9 @@ func TestSlotsFleetSizeCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 1,250 + slotSelf = 1,251 nodes: K = 250.
-	if d.Fleet != 1251 || d.Limit != 250 || !d.Held {
+	// 1,250 + slotSelf = 1,251 nodes: K = 250; slot 2 is the first free
+	// one of the bucket the node follows.
+	if d.Fleet != 1251 || d.Limit != 250 || !d.Held || d.Slot != 2 {
 		t.Errorf("decision %+v, want fleet 1251, limit 250, held", d)
 	}
 	if fmt.Sprint(paged.limits) != "[500 500 500]" {
@@ -945,9 +1093,10 @@ func (r listMetaResource) List(_ context.Context, o metav1.ListOptions) (*metav1
 }
 
 // TestSlotsProbe: a node that knows it holds no slot tries to create up
-// to two random slots under K before it lists them; only when both are
-// held does it list (to take an expired slot or to refuse), and after a
-// listing that found every slot held it lists at once.
+// to two random slots under K before it reads any; only when both are
+// held does it list a bucket (to take an absent or expired slot there, or
+// to refuse), and once refused it follows that bucket with a watch, so
+// that asking again reads the bucket from the watch's cache.
 func TestSlotsProbe(t *testing.T) {
 	expired := 16 * time.Minute
 	type ask struct {
@@ -969,48 +1118,48 @@ func TestSlotsProbe(t *testing.T) {
 	}{
 		{
 			name: "fresh size, probed slot free: one Create, no listing", fleet: 9, freshSize: 10,
-			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10}, map[string]int{"create leases": 1}}},
+			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10, Seen: 1}, map[string]int{"create leases": 1}}},
 		},
 		{
 			name: "first probe held, second wins", fleet: 9, freshSize: 10,
 			leases: []slotLease{{0, "fleet-1", time.Minute}},
-			asks:   []ask{{Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1}, map[string]int{"create leases": 2}}},
+			asks:   []ask{{Decision{Held: true, Slot: 1, Limit: 2, Fleet: 10, Occupied: 1, Seen: 2}, map[string]int{"create leases": 2}}},
 		},
 		{
-			name: "both probes held: the listing takes the expired slot", fleet: 14, freshSize: 15,
+			name: "both probes held: the bucket listed gives the expired slot", fleet: 14, freshSize: 15,
 			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}, {2, "fleet-3", expired}},
-			asks: []ask{{Decision{Held: true, Slot: 2, Limit: 3, Fleet: 15, Occupied: 2},
+			asks: []ask{{Decision{Held: true, Slot: 2, Limit: 3, Fleet: 15, Occupied: 2, Seen: 3},
 				map[string]int{"create leases": 2, "list leases": 1, "get nodes": 1, "update leases": 1}}},
 		},
 		{
-			name: "all held: probes miss and the listing refuses; asking again only lists", fleet: 9, freshSize: 10,
+			name: "all held: probes miss and the bucket refuses; asking again reads the followed bucket, no request", fleet: 9, freshSize: 10,
 			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			asks: []ask{
-				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"create leases": 2, "list leases": 1}},
-				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"list leases": 1}},
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{"create leases": 2, "list leases": 1}},
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{}},
 			},
 		},
 		{
 			name: "all held, then released: the next fault probes again", fleet: 9, freshSize: 10, releaseBetween: true,
 			leases: []slotLease{{0, "fleet-1", time.Minute}, {1, "fleet-2", time.Minute}},
 			asks: []ask{
-				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"create leases": 2, "list leases": 1}},
-				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2}, map[string]int{"create leases": 2, "list leases": 1}},
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{"create leases": 2, "list leases": 1}},
+				{Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, map[string]int{"create leases": 2, "list leases": 1}},
 			},
 		},
 		{
 			// fleet-0..8, self and the outsider: 11 Nodes in the cluster.
 			name: "no selector, no fresh size: the fleet is counted, then probed", fleet: 9, noSelector: true,
-			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 11}, map[string]int{"metadata list nodes": 1, "create leases": 1}}},
+			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 11, Seen: 1}, map[string]int{"metadata list nodes": 1, "create leases": 1}}},
 		},
 		{
-			name: "selector, no fresh size: lists to adopt recorded sizes instead of reading every Node", fleet: 9,
-			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10}, map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1}}},
+			name: "selector, no fresh size: lists a bucket to adopt recorded sizes instead of reading every Node", fleet: 9,
+			asks: []ask{{Decision{Held: true, Slot: 0, Limit: 2, Fleet: 10, Seen: 2}, map[string]int{"list leases": 1, "metadata list nodes": 1, "create leases": 1}}},
 		},
 		{
 			name: "K = 1: one probe", fleet: 3, freshSize: 4,
 			leases: []slotLease{{0, "fleet-1", time.Minute}},
-			asks:   []ask{{Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1}, map[string]int{"create leases": 1, "list leases": 1}}},
+			asks:   []ask{{Decision{Slot: -1, Limit: 1, Fleet: 4, Occupied: 1, Seen: 1}, map[string]int{"create leases": 1, "list leases": 1}}},
 		},
 	}
 	for _, tc := range tests {
@@ -1024,14 +1173,17 @@ func TestSlotsProbe(t *testing.T) {
 			}
 			// As after the tainter's Release at start: nothing held.
 			f.slots.known = true
+			var last Decision
 			for i, a := range tc.asks {
 				if i > 0 && tc.releaseBetween {
-					if err := f.slots.Release(context.Background()); err != nil {
+					if err := f.slots.Release(t.Context()); err != nil {
 						t.Fatal(err)
 					}
+				} else if i > 0 && !last.Held {
+					followed(t, f.slots)
 				}
 				f.clearRequests()
-				got, err := f.slots.Acquire(context.Background())
+				got, err := f.slots.Acquire(t.Context())
 				if err != nil {
 					t.Fatalf("ask %d: %v", i, err)
 				}
@@ -1046,6 +1198,7 @@ func TestSlotsProbe(t *testing.T) {
 						t.Errorf("ask %d: slot %d held by %q, want %q", i, got.Slot, leaseHolder(l), slotSelf)
 					}
 				}
+				last = got
 			}
 		})
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/apicount"
 )
 
 // flipHealth is a node's fitness that the test flips.
@@ -263,4 +264,121 @@ func TestFleetSafeguardUnderConcurrency(t *testing.T) {
 		})
 	}
 	t.Logf("tainted nodes per repetition (count: repetitions): %v", heldCounts)
+}
+
+// TestFleetRefusedTakeFreedSlots: 40 agents (K = 8), 12 unfit at once: 8
+// tainted, 4 refused. Then 3 of the tainted turn fit: their slots are
+// freed and 3 of the refused take them, promptly and with no resync (the
+// node informers' resync is an hour), because a refused node follows its
+// bucket of slots with a watch and reconciles when a slot of it is freed.
+// The fleet watch never sees more than 8 tainted. When every node is fit
+// again no slot Lease is left and no agent still watches slot Leases.
+func TestFleetRefusedTakeFreedSlots(t *testing.T) {
+	t.Parallel()
+	const (
+		fleetSize = 40
+		faulting  = 12
+		recovered = 3
+		limit     = 8
+		ns        = "fleet-freed"
+		fleet     = "freed"
+	)
+	c := cluster.Start(t, cluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+	cfg := kubeapi.TaintConfig{MaxFraction: 0.2, NodeSelector: "fleet=" + fleet, LeaseNamespace: ns, Resync: time.Hour}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range fleetSize {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%02d", fleet, i), Labels: map[string]string{"fleet": fleet}}}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create node %s: %v", node.Name, err)
+		}
+	}
+	fleetNodes := followTaints(t, c.Client, "fleet="+fleet)
+	agents := make([]*fleetAgent, fleetSize)
+	ctrs := make([]*apicount.Counter, fleetSize)
+	for i := range fleetSize {
+		a := &fleetAgent{name: fmt.Sprintf("%s-%02d", fleet, i), health: &flipHealth{f: health.Fitness{Fit: true}},
+			reg: prometheus.NewPedanticRegistry()}
+		rc := rest.CopyConfig(c.RESTConfig)
+		kubeapi.ConfigureREST(rc, "fleet-test/"+a.name, kubeapi.ClientConfig{})
+		rc.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+		ctrs[i] = apicount.New()
+		rc.WrapTransport = ctrs[i].Wrap
+		tainter, err := newTainter(t, clientsFor(t, rc), a.name, cfg, discard(), a.reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runTainter(t, tainter, a.health)
+		agents[i] = a
+	}
+	testutil.WaitForWithin(t, time.Minute, "every agent's first GPUHealthy=True", func() bool {
+		_, cond, _ := fleetNodes.read()
+		for _, a := range agents {
+			if cond[a.name] != corev1.ConditionTrue {
+				return false
+			}
+		}
+		return true
+	})
+
+	unfit := health.Fitness{Reason: "gpu-lost", Message: "GPU-0: gpu lost", Devices: []string{"GPU-0"}}
+	faulted := make([]*fleetAgent, 0, faulting)
+	for _, i := range rand.Perm(fleetSize)[:faulting] {
+		faulted = append(faulted, agents[i])
+	}
+	fleetNodes.reset()
+	for _, a := range faulted {
+		a.health.set(unfit)
+	}
+	refusedOf := func() (tainted, refused []*fleetAgent) {
+		taints, _, _ := fleetNodes.read()
+		for _, a := range faulted {
+			switch {
+			case taints[a.name]:
+				tainted = append(tainted, a)
+			case metricSum(t, a.reg, "gpu_node_agent_taint_refused") == 1:
+				refused = append(refused, a)
+			}
+		}
+		return tainted, refused
+	}
+	testutil.WaitForWithin(t, time.Minute, "8 tainted and 4 refused", func() bool {
+		tainted, refused := refusedOf()
+		return len(tainted) == limit && len(refused) == faulting-limit
+	})
+	tainted, refused := refusedOf()
+	for _, a := range tainted[:recovered] {
+		a.health.set(health.Fitness{Fit: true})
+	}
+	testutil.WaitForWithin(t, time.Minute, "3 of the refused tainted in the freed slots", func() bool {
+		taints, _, _ := fleetNodes.read()
+		took := 0
+		for _, a := range refused {
+			if taints[a.name] {
+				took++
+			}
+		}
+		return took == recovered && len(taints) == limit
+	})
+	if _, _, maxSeen := fleetNodes.read(); maxSeen > limit {
+		t.Errorf("the fleet watch saw %d nodes tainted at once, limit %d", maxSeen, limit)
+	}
+
+	for _, a := range faulted {
+		a.health.set(health.Fitness{Fit: true})
+	}
+	testutil.WaitForWithin(t, time.Minute, "every taint, slot Lease and watch of slot Leases gone", func() bool {
+		taints, _, _ := fleetNodes.read()
+		if len(taints) > 0 || apicount.Sum(ctrs).Open["WATCH leases"] != 0 {
+			return false
+		}
+		leases, err := c.Client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: safeguard.SlotLabel})
+		return err == nil && len(leases.Items) == 0
+	})
 }

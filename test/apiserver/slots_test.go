@@ -3,16 +3,20 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -22,6 +26,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/apicount"
 )
 
 // slotRequests records one agent's requests as "METHOD path".
@@ -32,8 +37,12 @@ type slotRequests struct {
 
 func (c *slotRequests) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		method := r.Method
+		if r.URL.Query().Get("watch") == "true" {
+			method = "WATCH"
+		}
 		c.mu.Lock()
-		c.reqs = append(c.reqs, r.Method+" "+r.URL.Path)
+		c.reqs = append(c.reqs, method+" "+r.URL.Path)
 		c.mu.Unlock()
 		return rt.RoundTrip(r)
 	})
@@ -52,9 +61,9 @@ func (c *slotRequests) count() int {
 	return len(c.reqs)
 }
 
-// requestShape is how many requests, LISTs and writes reqs holds (a GET
-// of a collection path is a LIST).
-type requestShape struct{ requests, lists, writes int }
+// requestShape is how many requests, LISTs, writes and watches reqs
+// holds (a GET of a collection path is a LIST).
+type requestShape struct{ requests, lists, writes, watches int }
 
 func shapeOf(reqs []string) requestShape {
 	var s requestShape
@@ -62,6 +71,8 @@ func shapeOf(reqs []string) requestShape {
 		method, path, _ := strings.Cut(r, " ")
 		s.requests++
 		switch {
+		case method == "WATCH":
+			s.watches++
 		case method != http.MethodGet:
 			s.writes++
 		case strings.HasSuffix(path, "/leases") || strings.HasSuffix(path, "/nodes"):
@@ -108,13 +119,14 @@ func newSlotAgent(t *testing.T, cfg *rest.Config, node string) *slotAgent {
 // at the same instant, and each that gets one renews it and taints its
 // Node. Whatever the interleaving, at least 1 and at most 8 hold a slot,
 // no slot has two holders, and exactly the holders' Nodes are tainted.
-// The losers asking again make one LIST each and no write. Repeated with
-// a fresh slot prefix per repetition on one API server. Even repetitions
-// select the fleet by label and start cold (the slots listed, the fleet
-// size read from the Nodes); odd ones take the chart's default (no
-// selector: the whole cluster, counted by the API server) and start as
-// the tainter does, after a Release at start, so they probe: create two
-// random slots blind before listing.
+// The losers asking again make at most one LIST each and no write.
+// Repeated with a fresh slot prefix per repetition on one API server.
+// Even repetitions select the fleet by label and start cold (their own
+// Leases looked up, a bucket listed, the fleet size read from the Nodes);
+// odd ones take the chart's
+// default (no selector: the whole cluster, counted by the API server)
+// and start as the tainter does, after a Release at start, so they
+// probe: create two random slots blind before reading any.
 func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	const (
@@ -179,7 +191,8 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 			a := agents[idx]
 			s := safeguard.New(a.agent, a.meta, a.node, cfg, discard())
 			if probing {
-				// As the tainter at start: nothing held (one LIST).
+				// As the tainter at start: nothing held (two LISTs of
+				// its own Leases).
 				if err := s.Release(ctx); err != nil {
 					t.Fatalf("repetition %d: release at start %s: %v", rep, a.node, err)
 				}
@@ -256,9 +269,11 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 			}
 		}
 
-		// The refused ask again while every slot is held: one LIST
-		// each, no write (the fleet size is cached). Only when all K
-		// slots are held: with fewer, the ask may rightly succeed.
+		// The refused ask again while every slot is held: no write, and
+		// at most one LIST each (K = 8 is one bucket: read from the watch
+		// the refusal started once it has synced, listed before). Only
+		// when all K slots are held: with fewer, the ask may rightly
+		// succeed.
 		if len(holders) == limit {
 			for _, r := range results {
 				if r.decision.Held {
@@ -269,18 +284,21 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 				if err != nil || d.Held {
 					t.Fatalf("repetition %d: %s asking again with all slots held: %+v, %v; want refused", rep, r.agent.node, d, err)
 				}
-				sh := shapeOf(r.agent.reqs.since(before))
+				sh := shapeOf(withoutWatches(r.agent.reqs.since(before)))
 				again[sh]++
-				if sh != (requestShape{requests: 1, lists: 1}) {
-					t.Errorf("repetition %d: refused re-ask made %+v, want exactly one LIST", rep, sh)
+				if sh.writes != 0 || sh.lists > 1 || sh.requests != sh.lists {
+					t.Errorf("repetition %d: refused re-ask made %+v, want no write and at most one LIST", rep, sh)
 				}
 			}
 		}
 
-		// Untaint and release, as the tainter does on recovery.
-		for _, r := range holders {
-			if err := untaintNode(ctx, r.agent.client, r.agent.node); err != nil {
-				t.Fatal(err)
+		// Untaint and release, as the tainter does on recovery; the
+		// refused release too (it stops the watch each follows).
+		for _, r := range results {
+			if r.decision.Held {
+				if err := untaintNode(ctx, r.agent.client, r.agent.node); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if err := r.slots.Release(ctx); err != nil {
 				t.Fatalf("repetition %d: release %s: %v", rep, r.agent.node, err)
@@ -298,6 +316,19 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	t.Logf("granted Acquire (first ask, fleet size measured): %v", granted)
 	t.Logf("refused Acquire (first ask, fleet size measured): %v", refused)
 	t.Logf("refused Acquire (asking again, all slots held): %v", again)
+}
+
+// withoutWatches is reqs less the watch requests, which the watch of a
+// bucket a refusal starts makes on its own goroutine (its initial state
+// streamed by the watch itself, client-go's WatchListClient).
+func withoutWatches(reqs []string) []string {
+	var out []string
+	for _, r := range reqs {
+		if !strings.HasPrefix(r, "WATCH ") {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // listsLeases says whether reqs hold a LIST of Leases.
@@ -405,5 +436,124 @@ func TestSlotsFleetSizeCounted(t *testing.T) {
 	defer mu.Unlock()
 	if len(nodeLists) != 1 || !strings.Contains(nodeLists[0], "limit=1") || strings.Contains(nodeLists[0], "continue=") {
 		t.Errorf("node LISTs %q, want one of limit 1 (the count in remainingItemCount)", nodeLists)
+	}
+}
+
+// TestSlotsRestartReadsOwnLease: an agent that restarts while it holds a
+// slot and 100 slots are held by others finds its own Lease with the two
+// LISTs of its own Leases (by its holder label, and those without one)
+// and renews it, and a restart that only releases finds and deletes it
+// the same way: each reads its own Lease, far less than the 101 slot
+// Leases one LIST of every slot returns (measured here with the same
+// protobuf client, on each agent's transport, as the fleet simulation
+// counts bytes).
+func TestSlotsRestartReadsOwnLease(t *testing.T) {
+	t.Parallel()
+	const (
+		ns     = "gpu-node-agent-restart-slots"
+		self   = "restart-self"
+		others = 100
+	)
+	c := cluster.Start(t, cluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := fastAdmin(t, c.RESTConfig)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+	for i := range 5 {
+		createNode(t, admin, fmt.Sprintf("restart-%d", i))
+	}
+	createNode(t, admin, self)
+	cfg := safeguard.Config{Namespace: ns, MaxFraction: 0.2, TaintKey: taintKey}.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// start is one run of the agent: its own clients and transport,
+	// counted.
+	start := func() (*safeguard.Slots, *apicount.Counter, kubernetes.Interface) {
+		ctr := apicount.New()
+		rc := rest.CopyConfig(c.RESTConfig)
+		kubeapi.ConfigureREST(rc, "slots-restart/"+self, kubeapi.ClientConfig{})
+		rc.WrapTransport = ctr.Wrap
+		rc.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+		clients := clientsFor(t, rc)
+		return safeguard.New(clients.Core, clients.Meta, self, cfg, discard()), ctr, clients.Core
+	}
+
+	// The first run takes a slot.
+	first, _, _ := start()
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := first.Acquire(ctx)
+	if err != nil || !d.Held {
+		t.Fatalf("first run: %+v, %v; want a slot held", d, err)
+	}
+	ours := d.Slot
+	// Then 100 other nodes hold the slots around it, labelled and
+	// annotated as the agent writes them.
+	now := metav1.NewMicroTime(time.Now())
+	for i, idx := 0, 0; i < others; idx++ {
+		if idx == ours {
+			continue
+		}
+		holder := fmt.Sprintf("restart-other-%03d", i)
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", cfg.Prefix, idx), Namespace: ns,
+				Labels: map[string]string{safeguard.SlotLabel: cfg.Prefix, safeguard.BucketLabel: strconv.Itoa(idx / safeguard.BucketSize),
+					safeguard.HolderLabel: safeguard.HolderValue(holder)},
+				Annotations: map[string]string{safeguard.FleetSizeAnnotation: "7500",
+					safeguard.FleetSizeMeasuredAtAnnotation: now.UTC().Format(time.RFC3339)}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: new(int32(900)),
+				AcquireTime: &now, RenewTime: &now, LeaseTransitions: new(int32(0))},
+		}
+		if _, err := admin.CoordinationV1().Leases(ns).Create(ctx, l, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	}
+
+	// What one LIST of every slot reads, on the agent's kind of client.
+	_, allCtr, lister := start()
+	all, err := lister.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: safeguard.SlotLabel + "=" + cfg.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all.Items) != others+1 {
+		t.Fatalf("%d slot Leases, want %d", len(all.Items), others+1)
+	}
+	allBytes := apicount.Sum([]*apicount.Counter{allCtr}).Bytes
+	perLease := float64(allBytes) / float64(len(all.Items))
+
+	check := func(run string, ctr *apicount.Counter, wantKinds map[string]int) {
+		t.Helper()
+		got := apicount.Sum([]*apicount.Counter{ctr})
+		t.Logf("%s: %d bytes received (%s); one LIST of every slot: %d bytes, %.0f per Lease", run, got.Received(),
+			got.Describe(func(string) bool { return true }), allBytes, perLease)
+		if !maps.Equal(got.Kinds, wantKinds) {
+			t.Errorf("%s: requests %v, want %v", run, got.Kinds, wantKinds)
+		}
+		if float64(got.Received()) >= 10*perLease {
+			t.Errorf("%s: received %d bytes, want under 10 Leases' worth (%.0f): its own Lease, not the %d slots",
+				run, got.Received(), 10*perLease, len(all.Items))
+		}
+	}
+
+	// A restart while unfit: its Lease found and renewed.
+	second, ctr, _ := start()
+	if d, err := second.Acquire(ctx); err != nil || d != (safeguard.Decision{Held: true, Slot: ours}) {
+		t.Fatalf("after a restart: %+v, %v; want slot %d renewed", d, err, ours)
+	}
+	check("restart, Acquire", ctr, map[string]int{"LIST leases": 2, "PUT leases": 1})
+
+	// A restart while fit: its Lease found and released.
+	third, ctr, _ := start()
+	if err := third.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("restart, Release", ctr, map[string]int{"LIST leases": 2, "DELETE leases": 1})
+	if _, err := admin.CoordinationV1().Leases(ns).Get(ctx, fmt.Sprintf("%s-%d", cfg.Prefix, ours), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("our slot %d after the release: %v, want NotFound", ours, err)
 	}
 }

@@ -162,13 +162,14 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 		t.Errorf("binding %+v does not bind role %s to service account %s/%s", binding, role.Name, ReleaseNamespace, sa.Name)
 	}
 
-	// The safeguard's slot Leases: only in the release namespace.
+	// The safeguard's slot Leases: only in the release namespace; watch
+	// for a refused node's bucket, patch for the full-bucket hint.
 	var leases rbacv1.Role
 	if err := yaml.UnmarshalStrict([]byte(d[2]), &leases); err != nil {
 		t.Fatal(err)
 	}
 	wantRule := rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
-		Verbs: []string{"get", "list", "create", "update", "delete"}}
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}
 	if leases.Namespace != ReleaseNamespace || len(leases.Rules) != 1 || !reflect.DeepEqual(leases.Rules[0], wantRule) {
 		t.Errorf("lease Role %+v, want %+v in %s", leases, wantRule, ReleaseNamespace)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/apicount"
 )
 
 var labelRE = regexp.MustCompile(`(\w+)="([^"]*)"`)
@@ -18,12 +20,12 @@ var labelRE = regexp.MustCompile(`(\w+)="([^"]*)"`)
 // from /metrics, summed by "VERB resource[/subresource]". A request is
 // counted when it completes, so a WATCH shows only once its stream ended;
 // non-resource requests (resource "", such as this scrape) are left out.
-func apiserverRequests(ctx context.Context, c kubernetes.Interface) (snapshot, error) {
+func apiserverRequests(ctx context.Context, c kubernetes.Interface) (apicount.Snapshot, error) {
 	raw, err := c.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return snapshot{}, fmt.Errorf("scrape kube-apiserver /metrics: %w", err)
+		return apicount.Snapshot{}, fmt.Errorf("scrape kube-apiserver /metrics: %w", err)
 	}
-	s := snapshot{kinds: map[string]int{}}
+	s := apicount.Snapshot{Kinds: map[string]int{}}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -50,7 +52,7 @@ func apiserverRequests(ctx context.Context, c kubernetes.Interface) (snapshot, e
 		if sub := labels["subresource"]; sub != "" {
 			kind += "/" + sub
 		}
-		s.kinds[kind] += int(v)
+		s.Kinds[kind] += int(v)
 	}
 	return s, sc.Err()
 }

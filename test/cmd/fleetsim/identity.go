@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/apicount"
 )
 
 // Level-1 identities (flag -identity).
@@ -187,12 +188,12 @@ func (id *chartIdentity) issueToken(ctx context.Context, c kubernetes.Interface,
 
 // tokenConfig is one simulated agent's rest.Config with a bearer token
 // and no client certificate; otherwise as agentConfig.
-func tokenConfig(base *rest.Config, token, userAgent string, c *counter) *rest.Config {
+func tokenConfig(base *rest.Config, token, userAgent string, c *apicount.Counter) *rest.Config {
 	rc := rest.AnonymousClientConfig(base)
 	rc.BearerToken = token
 	kubeapi.ConfigureREST(rc, userAgent, kubeapi.ClientConfig{})
 	if c != nil {
-		rc.WrapTransport = c.wrap
+		rc.WrapTransport = c.Wrap
 	}
 	rc.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
 	return rc

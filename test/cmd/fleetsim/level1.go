@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/apicount"
 )
 
 // fakeHealth is a node's fitness, flipped by the simulation.
@@ -65,7 +65,7 @@ var (
 // NodeWatch, Tainter and fitness.
 type simAgent struct {
 	name   string
-	ctr    *counter
+	ctr    *apicount.Counter
 	health *fakeHealth
 	reg    *prometheus.Registry
 }
@@ -91,7 +91,7 @@ func (a *simAgent) refused() bool {
 // steadyResult is the steady-state measurement.
 type steadyResult struct {
 	window        time.Duration
-	agents, api   snapshot
+	agents, api   apicount.Snapshot
 	nodes         int
 	watchesOpened int
 }
@@ -110,7 +110,7 @@ type phaseResult struct {
 	// updated; on recovery also every slot Lease released).
 	settled     time.Duration
 	complete    bool
-	agents, api snapshot
+	agents, api apicount.Snapshot
 	leasesLeft  int
 	// recovered says how the faults were cleared (level 2).
 	recovered string
@@ -125,13 +125,16 @@ type level1Result struct {
 	identity, user   string
 	leaseNS, eventNS string
 	setupTime        time.Duration
-	startup          snapshot
+	startup          apicount.Snapshot
 	startupTime      time.Duration
 	steady           steadyResult
 	waves            [][2]phaseResult
 	// total is every agent request of the run, from start-up on.
-	total     snapshot
+	total     apicount.Snapshot
 	violation bool
+	// watchLeaks are the waves after which more slot Lease watches were
+	// open than refused nodes (fault) or any at all (recovery).
+	watchLeaks []string
 }
 
 const (
@@ -156,7 +159,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 	logf("level 1: %d Nodes created in %s", o.nodes, time.Since(start).Round(time.Millisecond))
 	res := &level1Result{nodes: o.nodes, limit: safeguard.Limit(o.nodes, o.maxFraction), identity: o.identity}
 	// agentREST is node i's rest.Config.
-	var agentREST func(i int, ctr *counter) *rest.Config
+	var agentREST func(i int, ctr *apicount.Counter) *rest.Config
 	switch o.identity {
 	case identityToken:
 		start = time.Now()
@@ -174,7 +177,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		res.user, res.leaseNS, res.eventNS, res.setupTime = id.username(), id.leaseNS, id.eventNS, time.Since(start)
 		logf("level 1: %d agent Pods and bound tokens created, %s's RBAC and policy in effect, in %s",
 			o.nodes, id.policy, res.setupTime.Round(time.Millisecond))
-		agentREST = func(i int, ctr *counter) *rest.Config {
+		agentREST = func(i int, ctr *apicount.Counter) *rest.Config {
 			return tokenConfig(c.RESTConfig, tokens[i], "fleetsim/"+names[i], ctr)
 		}
 	case identityCert:
@@ -182,7 +185,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 			return nil, err
 		}
 		res.user, res.leaseNS, res.eventNS = "admin (client certificate)", l1NS, ""
-		agentREST = func(i int, ctr *counter) *rest.Config {
+		agentREST = func(i int, ctr *apicount.Counter) *rest.Config {
 			return agentConfig(c.RESTConfig, "fleetsim/"+names[i], ctr)
 		}
 	default:
@@ -213,7 +216,7 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 	defer func() { cancel(); wg.Wait() }()
 	start = time.Now()
 	for i, name := range names {
-		a := &simAgent{name: name, ctr: newCounter(), health: &fakeHealth{f: fit}, reg: prometheus.NewRegistry()}
+		a := &simAgent{name: name, ctr: apicount.New(), health: &fakeHealth{f: fit}, reg: prometheus.NewRegistry()}
 		clients, err := kubeapi.ClientsForConfig(agentREST(i, a.ctr))
 		if err != nil {
 			return nil, err
@@ -239,24 +242,24 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		h := agents[i].health
 		wg.Go(func() { _ = t.Run(ctx, h) })
 	}
-	ctrs := make([]*counter, o.nodes)
+	ctrs := make([]*apicount.Counter, o.nodes)
 	for i, a := range agents {
 		ctrs[i] = a.ctr
 	}
 	if _, ok := obs.wait(ctx, 5*time.Minute, func(st *state) bool { return st.condIs(names, corev1.ConditionTrue) }); !ok {
-		t := sum(ctrs)
+		t := apicount.Sum(ctrs)
 		return nil, fmt.Errorf("level 1: not every Node got condition %s=True at start (refused requests: %s; %q)",
-			conditionType, t.describeDenied(), t.samples)
+			conditionType, t.DescribeDenied(), t.Samples)
 	}
-	waitQuiet(ctx, ctrs)
-	res.startup, res.startupTime = sum(ctrs), time.Since(start)
+	waitQuiet(ctx, ctrs, startupQuiet)
+	res.startup, res.startupTime = apicount.Sum(ctrs), time.Since(start)
 	// Whatever happens next, the run's refusals are reported.
-	defer func() { res.total = sum(ctrs) }()
+	defer func() { res.total = apicount.Sum(ctrs) }()
 	logf("level 1: every agent started (condition True on every Node) in %s", res.startupTime.Round(time.Millisecond))
 
 	// Steady state.
 	logf("level 1: measuring steady state for %s", o.steady)
-	agentsBefore := sum(ctrs)
+	agentsBefore := apicount.Sum(ctrs)
 	apiBefore, err := apiserverRequests(ctx, admin)
 	if err != nil {
 		return res, err
@@ -266,14 +269,14 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		return res, ctx.Err()
 	case <-time.After(o.steady):
 	}
-	agentsAfter := sum(ctrs)
+	agentsAfter := apicount.Sum(ctrs)
 	apiAfter, err := apiserverRequests(ctx, admin)
 	if err != nil {
 		return res, err
 	}
-	d := agentsAfter.minus(agentsBefore)
-	res.steady = steadyResult{window: o.steady, agents: d, api: apiAfter.minus(apiBefore).without("WATCH"), nodes: o.nodes,
-		watchesOpened: d.prefixed("WATCH")}
+	d := agentsAfter.Minus(agentsBefore)
+	res.steady = steadyResult{window: o.steady, agents: d, api: apiAfter.Minus(apiBefore).Without("WATCH"), nodes: o.nodes,
+		watchesOpened: d.Prefixed("WATCH")}
 
 	faulting := int(float64(o.nodes)*o.faultFraction + 0.5)
 	for rep := range o.reps {
@@ -287,17 +290,24 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 		if err != nil {
 			return res, err
 		}
-		logf("level 1 rep %d fault: %d faulted, %d tainted (max %d, limit %d), %d refused, to limit %s, %d requests, %d denied",
-			rep+1, f.faulted, f.tainted, f.max, f.limit, f.refused, fmtDur(f.toLimit), f.agents.requests(), f.agents.deniedTotal())
+		logf("level 1 rep %d fault: %d faulted, %d tainted (max %d, limit %d), %d refused, to limit %s, %d requests, %d denied, %.1f KiB received per faulting node, %d lease watches open",
+			rep+1, f.faulted, f.tainted, f.max, f.limit, f.refused, fmtDur(f.toLimit), f.agents.Requests(), f.agents.DeniedTotal(),
+			float64(f.agents.Bytes+f.agents.WatchBytes)/1024/float64(f.faulted), f.agents.Open["WATCH leases"])
 		if f.max > res.limit {
 			res.violation = true
+		}
+		if n := f.agents.Open["WATCH leases"]; n > int64(f.refused) {
+			res.watchLeaks = append(res.watchLeaks, fmt.Sprintf("rep %d: %d slot Lease watches open after the fault, more than the %d refused nodes", rep+1, n, f.refused))
 		}
 		r, err := recoveryWave(ctx, admin, obs, ctrs, faulted, fnames, o.settle)
 		if err != nil {
 			return res, err
 		}
-		logf("level 1 rep %d recovery: untainted in %s, settled in %s, %d requests, %d leases left, %d denied",
-			rep+1, fmtDur(r.untainted), fmtDur(r.settled), r.agents.requests(), r.leasesLeft, r.agents.deniedTotal())
+		logf("level 1 rep %d recovery: untainted in %s, settled in %s, %d requests, %d leases left, %d denied, %d lease watches open",
+			rep+1, fmtDur(r.untainted), fmtDur(r.settled), r.agents.Requests(), r.leasesLeft, r.agents.DeniedTotal(), r.agents.Open["WATCH leases"])
+		if n := r.agents.Open["WATCH leases"]; n > 0 {
+			res.watchLeaks = append(res.watchLeaks, fmt.Sprintf("rep %d: %d slot Lease watches still open after the recovery", rep+1, n))
+		}
 		res.waves = append(res.waves, [2]phaseResult{f, r})
 	}
 	return res, nil
@@ -305,11 +315,11 @@ func runLevel1(ctx context.Context, c *cluster.Cluster, o options) (*level1Resul
 
 // faultWave flips the agents unfit at once and waits until every one has
 // its condition False and the limit (or every faulted node) is tainted.
-func faultWave(ctx context.Context, admin kubernetes.Interface, obs *observer, ctrs []*counter, faulted []*simAgent,
+func faultWave(ctx context.Context, admin kubernetes.Interface, obs *observer, ctrs []*apicount.Counter, faulted []*simAgent,
 	names []string, limit int, timeout time.Duration) (phaseResult, error) {
 	want := min(limit, len(faulted))
 	obs.phase(want)
-	agentsBefore := sum(ctrs)
+	agentsBefore := apicount.Sum(ctrs)
 	apiBefore, err := apiserverRequests(ctx, admin)
 	if err != nil {
 		return phaseResult{}, err
@@ -322,7 +332,7 @@ func faultWave(ctx context.Context, admin kubernetes.Interface, obs *observer, c
 		return st.condIs(names, corev1.ConditionFalse) && len(st.tainted) >= want
 	})
 	settled := time.Since(t0)
-	waitQuiet(ctx, ctrs)
+	waitQuiet(ctx, ctrs, waveQuiet)
 	st := obs.snapshot()
 	r := phaseResult{faulted: len(faulted), limit: limit, tainted: len(st.tainted), max: st.max, toLimit: -1,
 		settled: settled, complete: complete, leasesLeft: len(st.leases)}
@@ -334,21 +344,21 @@ func faultWave(ctx context.Context, admin kubernetes.Interface, obs *observer, c
 			r.refused++
 		}
 	}
-	r.agents = sum(ctrs).minus(agentsBefore)
+	r.agents = apicount.Sum(ctrs).Minus(agentsBefore)
 	apiAfter, err := apiserverRequests(ctx, admin)
 	if err != nil {
 		return phaseResult{}, err
 	}
-	r.api = apiAfter.minus(apiBefore).without("WATCH")
+	r.api = apiAfter.Minus(apiBefore).Without("WATCH")
 	return r, nil
 }
 
 // recoveryWave flips the faulted agents fit at once and waits until no
 // Node is tainted, no slot Lease is left and every condition is True.
-func recoveryWave(ctx context.Context, admin kubernetes.Interface, obs *observer, ctrs []*counter, faulted []*simAgent,
+func recoveryWave(ctx context.Context, admin kubernetes.Interface, obs *observer, ctrs []*apicount.Counter, faulted []*simAgent,
 	names []string, timeout time.Duration) (phaseResult, error) {
 	obs.phase(0)
-	agentsBefore := sum(ctrs)
+	agentsBefore := apicount.Sum(ctrs)
 	apiBefore, err := apiserverRequests(ctx, admin)
 	if err != nil {
 		return phaseResult{}, err
@@ -361,13 +371,13 @@ func recoveryWave(ctx context.Context, admin kubernetes.Interface, obs *observer
 	if err != nil {
 		return r, err
 	}
-	waitQuiet(ctx, ctrs)
-	r.agents = sum(ctrs).minus(agentsBefore)
+	waitQuiet(ctx, ctrs, waveQuiet)
+	r.agents = apicount.Sum(ctrs).Minus(agentsBefore)
 	apiAfter, err := apiserverRequests(ctx, admin)
 	if err != nil {
 		return phaseResult{}, err
 	}
-	r.api = apiAfter.minus(apiBefore).without("WATCH")
+	r.api = apiAfter.Minus(apiBefore).Without("WATCH")
 	return r, nil
 }
 
@@ -390,15 +400,25 @@ func awaitRecovery(ctx context.Context, obs *observer, names []string, t0 time.T
 	return r, ctx.Err()
 }
 
+// Quiet periods of waitQuiet: at start-up, and after a wave, longer than
+// the 4-8 s after which a refused node first asks again on its own
+// (safeguard's askAgainLater), so that a wave's requests are counted in
+// that wave. Its later own asks, 8-64 s apart, come only while the
+// full-bucket hint leaves buckets it did not read open; any that come
+// after the quiet period are counted in the recovery that follows.
+const (
+	startupQuiet = 2 * time.Second
+	waveQuiet    = 10 * time.Second
+)
+
 // waitQuiet waits until the agents have made no request (watches aside)
-// for 2 s, at most a minute.
-func waitQuiet(ctx context.Context, ctrs []*counter) {
-	const quiet = 2 * time.Second
-	last, since := sum(ctrs).requests(), time.Now()
-	deadline := time.Now().Add(time.Minute)
+// for quiet, at most two minutes.
+func waitQuiet(ctx context.Context, ctrs []*apicount.Counter, quiet time.Duration) {
+	last, since := apicount.Sum(ctrs).Requests(), time.Now()
+	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(250 * time.Millisecond)
-		n := sum(ctrs).requests()
+		n := apicount.Sum(ctrs).Requests()
 		if n != last {
 			last, since = n, time.Now()
 			continue
@@ -407,15 +427,4 @@ func waitQuiet(ctx context.Context, ctrs []*counter) {
 			return
 		}
 	}
-}
-
-// without drops the kinds starting with prefix.
-func (s snapshot) without(prefix string) snapshot {
-	out := snapshot{kinds: map[string]int{}, kindBytes: s.kindBytes, bytes: s.bytes, watchBytes: s.watchBytes, denied: s.denied, samples: s.samples, answers: s.answers}
-	for k, v := range s.kinds {
-		if !strings.HasPrefix(k, prefix) {
-			out.kinds[k] = v
-		}
-	}
-	return out
 }

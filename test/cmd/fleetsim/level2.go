@@ -152,12 +152,12 @@ func runLevel2(ctx context.Context, c *cluster.Cluster, o options) (*level2Resul
 		if err != nil {
 			return nil, err
 		}
-		f.api = apiAfter.minus(apiBefore).without("WATCH")
+		f.api = apiAfter.Minus(apiBefore).Without("WATCH")
 		if f.max > res.limit || f.tainted < 1 {
 			res.violation = true
 		}
 		logf("level 2 rep %d fault: %d faulted, %d tainted (max %d, limit %d), to limit %s, %d apiserver requests",
-			rep+1, f.faulted, f.tainted, f.max, f.limit, fmtDur(f.toLimit), f.api.requests())
+			rep+1, f.faulted, f.tainted, f.max, f.limit, fmtDur(f.toLimit), f.api.Requests())
 
 		obs.phase(0)
 		apiBefore, err = apiserverRequests(ctx, admin)
@@ -190,7 +190,7 @@ func runLevel2(ctx context.Context, c *cluster.Cluster, o options) (*level2Resul
 		if err != nil {
 			return nil, err
 		}
-		r.api = apiAfter.minus(apiBefore).without("WATCH")
+		r.api = apiAfter.Minus(apiBefore).Without("WATCH")
 		logf("level 2 rep %d recovery (%s): untainted in %s, settled in %s, %d leases left",
 			rep+1, r.recovered, fmtDur(r.untainted), fmtDur(r.settled), r.leasesLeft)
 		res.waves = append(res.waves, [2]phaseResult{f, r})

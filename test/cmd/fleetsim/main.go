@@ -33,7 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -56,6 +56,7 @@ type options struct {
 	clearWait                  time.Duration
 	agentBin, out              string
 	identity                   string
+	apiserverArgs              []string
 }
 
 func main() { os.Exit(run()) }
@@ -82,6 +83,10 @@ func run() int {
 	flag.DurationVar(&o.clearWait, "clear-wait", time.Minute, "level 2: wait after DELETE of the fault before the clear-faults annotation is used")
 	flag.StringVar(&o.agentBin, "agent-bin", os.Getenv("GPU_NODE_AGENT_BIN"), "agent binary built with the simulator (default <repo>/bin/gpu-node-agent-sim)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown report to this file")
+	flag.Func("apiserver-arg", "a kube-apiserver flag added to the cluster's (repeatable), e.g. -apiserver-arg=--max-mutating-requests-inflight=5000", func(v string) error {
+		o.apiserverArgs = append(o.apiserverArgs, v)
+		return nil
+	})
 	flag.StringVar(&o.identity, "identity", identityToken, "level 1: the agents' identity: token (per node a service-account token bound to a Pod on it,"+
 		" under the chart's RBAC and admission policy) or cert (the admin client certificate)")
 	flag.Parse()
@@ -106,7 +111,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	upCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	c, err := cluster.Up(upCtx, cluster.Options{Log: logf})
+	c, err := cluster.Up(upCtx, cluster.Options{Log: logf, APIServerArgs: o.apiserverArgs})
 	cancel()
 	if err != nil {
 		logf("start etcd + kube-apiserver: %v", err)
@@ -145,8 +150,11 @@ func run() int {
 	if l1 != nil && l1.violation {
 		fails = append(fails, fmt.Errorf("level 1: more Nodes tainted than the limit %d", l1.limit))
 	}
-	if l1 != nil && l1.total.deniedTotal() > 0 {
-		fails = append(fails, fmt.Errorf("level 1: %d agent requests refused: %s", l1.total.deniedTotal(), l1.total.describeDenied()))
+	if l1 != nil && len(l1.watchLeaks) > 0 {
+		fails = append(fails, fmt.Errorf("level 1: watches of slot Leases outlived their need: %s", strings.Join(l1.watchLeaks, "; ")))
+	}
+	if l1 != nil && l1.total.DeniedTotal() > 0 {
+		fails = append(fails, fmt.Errorf("level 1: %d agent requests refused: %s", l1.total.DeniedTotal(), l1.total.DescribeDenied()))
 	}
 	if l2 != nil && l2.violation {
 		fails = append(fails, fmt.Errorf("level 2: tainted count outside 1..%d", l2.limit))
@@ -207,8 +215,6 @@ func createNodes(ctx context.Context, c kubernetes.Interface, names []string, fl
 func tokenExpiry(o options) time.Duration {
 	return max(time.Hour, o.steady+time.Duration(2*o.reps)*o.settle+30*time.Minute)
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
 
 func fmtDur(d time.Duration) string {
 	if d < 0 {

@@ -35,6 +35,9 @@ type Options struct {
 	Dir string
 	// Log receives progress lines (default: discarded).
 	Log func(format string, args ...any)
+	// APIServerArgs are more kube-apiserver flags, after (and so
+	// overriding) the cluster's own.
+	APIServerArgs []string
 }
 
 // Cluster is a running cluster.

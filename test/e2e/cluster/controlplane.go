@@ -54,7 +54,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := startProcess("kube-apiserver", c.LogDir, c.bins.path("kube-apiserver"),
+	args := []string{
 		"--etcd-servers", c.etcdURL,
 		"--bind-address", "127.0.0.1",
 		"--advertise-address", "127.0.0.1",
@@ -77,7 +77,10 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 		"--v", "1",
-	)
+	}
+	// Later flags win: the caller's override the defaults above.
+	args = append(args, c.opts.APIServerArgs...)
+	p, err := startProcess("kube-apiserver", c.LogDir, c.bins.path("kube-apiserver"), args...)
 	if err != nil {
 		return err
 	}

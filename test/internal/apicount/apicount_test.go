@@ -1,4 +1,4 @@
-package main
+package apicount
 
 import (
 	"io"
@@ -15,7 +15,7 @@ func TestCounterRefusals(t *testing.T) {
 		name   string
 		status int
 		body   string
-		want   string // key in counter.denied, "" for none
+		want   string // key in Counter.denied, "" for none
 	}{
 		{"allowed", http.StatusOK, `{"kind":"Node"}`, ""},
 		{"policy", http.StatusForbidden,
@@ -34,12 +34,12 @@ func TestCounterRefusals(t *testing.T) {
 				_, _ = io.WriteString(w, tt.body)
 			}))
 			defer srv.Close()
-			c := newCounter()
+			c := New()
 			req, err := http.NewRequest(http.MethodPatch, srv.URL+"/api/v1/nodes/b", strings.NewReader("{}"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			resp, err := c.wrap(http.DefaultTransport).RoundTrip(req)
+			resp, err := c.Wrap(http.DefaultTransport).RoundTrip(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -48,19 +48,19 @@ func TestCounterRefusals(t *testing.T) {
 			if err != nil || string(got) != tt.body {
 				t.Errorf("body %q (%v), want %q", got, err, tt.body)
 			}
-			s := sum([]*counter{c})
+			s := Sum([]*Counter{c})
 			want := 0
 			if tt.want != "" {
 				want = 1
-				if s.denied[tt.want] != 1 || len(s.samples) != 1 || s.samples[0] != tt.body {
-					t.Errorf("denied %v samples %q, want %s once with the body", s.denied, s.samples, tt.want)
+				if s.Denied[tt.want] != 1 || len(s.Samples) != 1 || s.Samples[0] != tt.body {
+					t.Errorf("denied %v samples %q, want %s once with the body", s.Denied, s.Samples, tt.want)
 				}
 			}
-			if s.deniedTotal() != want {
-				t.Errorf("%d refusals counted, want %d", s.deniedTotal(), want)
+			if s.DeniedTotal() != want {
+				t.Errorf("%d refusals counted, want %d", s.DeniedTotal(), want)
 			}
-			if s.kindBytes["PATCH nodes"] != int64(len(tt.body)) {
-				t.Errorf("%d body bytes counted, want %d", s.kindBytes["PATCH nodes"], len(tt.body))
+			if s.KindBytes["PATCH nodes"] != int64(len(tt.body)) {
+				t.Errorf("%d body bytes counted, want %d", s.KindBytes["PATCH nodes"], len(tt.body))
 			}
 		})
 	}
