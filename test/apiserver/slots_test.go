@@ -29,7 +29,11 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/apicount"
 )
 
-// slotRequests records one agent's requests as "METHOD path".
+// slotRequests records one agent's requests as "METHOD path": a watch as
+// WATCH, and the first LIST of a watch (an informer's reflector lists a
+// collection at resourceVersion "0", which Slots' own LISTs never ask
+// for) as WATCHLIST, so that a watch's setup, which runs on its own
+// goroutine and may land in any window, counts with the watches.
 type slotRequests struct {
 	mu   sync.Mutex
 	reqs []string
@@ -38,8 +42,11 @@ type slotRequests struct {
 func (c *slotRequests) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		method := r.Method
-		if r.URL.Query().Get("watch") == "true" {
+		switch q := r.URL.Query(); {
+		case q.Get("watch") == "true":
 			method = "WATCH"
+		case method == http.MethodGet && q.Get("resourceVersion") == "0" && strings.HasSuffix(r.URL.Path, "/leases"):
+			method = "WATCHLIST"
 		}
 		c.mu.Lock()
 		c.reqs = append(c.reqs, method+" "+r.URL.Path)
@@ -71,7 +78,7 @@ func shapeOf(reqs []string) requestShape {
 		method, path, _ := strings.Cut(r, " ")
 		s.requests++
 		switch {
-		case method == "WATCH":
+		case strings.HasPrefix(method, "WATCH"):
 			s.watches++
 		case method != http.MethodGet:
 			s.writes++
@@ -318,13 +325,14 @@ func TestSlotsHoldUnderConcurrency(t *testing.T) {
 	t.Logf("refused Acquire (asking again, all slots held): %v", again)
 }
 
-// withoutWatches is reqs less the watch requests, which the watch of a
-// bucket a refusal starts makes on its own goroutine (its initial state
-// streamed by the watch itself, client-go's WatchListClient).
+// withoutWatches is reqs less the watch requests (WATCH, WATCHLIST),
+// which the watch of a bucket a refusal starts makes on its own goroutine:
+// its initial state streamed by the watch itself (client-go's
+// WatchListClient) or, where etcd cannot stream it, listed first.
 func withoutWatches(reqs []string) []string {
 	var out []string
 	for _, r := range reqs {
-		if !strings.HasPrefix(r, "WATCH ") {
+		if !strings.HasPrefix(r, "WATCH") {
 			out = append(out, r)
 		}
 	}
