@@ -28,10 +28,17 @@ const BucketSize = 16
 
 // How many buckets a node without a slot lists on one Acquire: after its
 // probes missed (firstLooks), and when asking again while refused
-// (againLooks, besides reading the bucket it follows from its watch).
+// (againLooks, besides reading the bucket it follows from its watch). A
+// refused node lists again only lookGap after it last listed, or on an
+// ask of its own (see againDelay): the asks that come sooner (its own
+// Node's update after the refusal, a slot freed in the bucket it follows)
+// read only that bucket, from its watch. Resyncs come later. Measured in the fleet
+// simulation, the ask right after a refusal listed one bucket per refused
+// node and found a free slot in under 1% of them.
 const (
 	firstLooks = 2
 	againLooks = 1
+	lookGap    = againDelay / 2
 )
 
 // A refused node that the full-bucket hint leaves buckets to read asks
@@ -72,12 +79,15 @@ type view struct {
 	// mine are Leases of ours found in a bucket (a Create whose answer
 	// was lost): the first is renewed, the rest released.
 	mine []*coordinationv1.Lease
-	// read are the buckets read, in order.
-	read []int
+	// read are the buckets read, in order; listed are the LISTs of those
+	// this Acquire listed (not read from the followed bucket's cache), by
+	// bucket.
+	read   []int
+	listed map[int]*coordinationv1.LeaseList
 }
 
 func newView() *view {
-	return &view{leases: map[int]*coordinationv1.Lease{}, busy: map[int]bool{}}
+	return &view{leases: map[int]*coordinationv1.Lease{}, busy: map[int]bool{}, listed: map[int]*coordinationv1.LeaseList{}}
 }
 
 // indices are the indices under k whose state v knows, in order.
@@ -130,11 +140,11 @@ func (v *view) addBucket(b int, leases []*coordinationv1.Lease, prefix string) {
 // full (a node refused before, only among those), and writes what it
 // found into the hint. Finding no free slot, it
 // is refused and follows one bucket with a watch (see refuse), so that a
-// slot freed there is taken as soon as Room says so; every later ask
-// reads one more bucket, and a refused node whose hint still left
-// buckets open asks again on its own after the wave (askAgainLater), until
-// the hint marks every bucket full, so that a slot free in a bucket no
-// refused node follows is found too.
+// slot freed there is taken as soon as Room says so; a later ask lookGap
+// or more after its last LIST reads one more bucket, and a refused node
+// whose hint still left buckets open asks again on its own after the
+// wave (askAgainLater), until the hint marks every bucket full, so that a
+// slot free in a bucket no refused node follows is found too.
 //
 // A refusal here means "no free slot among those read", not "all K
 // occupied": it can only err towards refusing, never past K. How often a
@@ -152,8 +162,12 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 		followed = f.bucket
 	}
 	looks := firstLooks
+	own := s.againDue.Swap(false)
 	if s.refused {
 		looks = againLooks
+		if !own && s.now().Sub(s.listedAt) < lookGap {
+			looks = 0
+		}
 	}
 	var listed []int
 	if !s.freshCache() && len(v.leases) == 0 {
@@ -209,10 +223,16 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 		if b < 0 {
 			break
 		}
+		if s.refused && hint != nil {
+			s.claimBucket(ctx, hint, b)
+		}
 		if err := s.listBucket(ctx, b, v); err != nil {
 			return Decision{Slot: -1}, err
 		}
 		listed, looks = append(listed, b), looks-1
+	}
+	if len(listed) > 0 {
+		s.listedAt = s.now()
 	}
 	s.updateHint(ctx, hint, v, d)
 	s.log.Debug("no free taint slot among those read", "node", s.node, "limit", d.Limit, "followed", followed, "listed", listed)
@@ -240,6 +260,7 @@ func (s *Slots) askAgainLater() {
 	s.againPending.Store(true)
 	s.againTimer = time.AfterFunc(d, func() {
 		s.againPending.Store(false)
+		s.againDue.Store(true)
 		s.signalRoom()
 	})
 }
@@ -258,6 +279,7 @@ func (s *Slots) stopAgain() {
 		s.againTimer = nil
 	}
 	s.againPending.Store(false)
+	s.againDue.Store(false)
 	s.againCount = 0
 }
 
@@ -293,6 +315,7 @@ func (s *Slots) listBucket(ctx context.Context, b int, v *view) error {
 	if err != nil {
 		return fmt.Errorf("list taint slot leases %s in %s: %w", sel, s.cfg.Namespace, err)
 	}
+	v.listed[b] = list
 	leases := make([]*coordinationv1.Lease, 0, len(list.Items))
 	for i := range list.Items {
 		l := &list.Items[i]
@@ -307,8 +330,9 @@ func (s *Slots) listBucket(ctx context.Context, b int, v *view) error {
 }
 
 // pickBucket is a random bucket under k that v has not read, one the
-// hint does not mark full when there is one; -1 when v read them all, or,
-// with openOnly, when the hint marks every one it did not read full.
+// hint neither marks full nor claims when there is one; -1 when v read
+// them all, or, with openOnly, when the hint marks or claims every one it
+// did not read.
 func (s *Slots) pickBucket(k int, v *view, hint *fullHint, openOnly bool) int {
 	var unread, open []int
 	for b := range bucketCount(k) {
@@ -316,7 +340,7 @@ func (s *Slots) pickBucket(k int, v *view, hint *fullHint, openOnly bool) int {
 			continue
 		}
 		unread = append(unread, b)
-		if hint == nil || !hint.full[b] {
+		if hint == nil || !hint.full[b] && !hint.claimed[b] {
 			open = append(open, b)
 		}
 	}
@@ -395,8 +419,9 @@ func (s *Slots) count(d *Decision, v *view) {
 // refuse records a refusal and makes this node follow a bucket of the
 // slots: one where it lost a race, since a slot may still be free there
 // (following it from now on, its watch's first state signals Room for
-// that slot, so the node asks again at once); else the one it follows
-// already; else one it read, at random.
+// the slots absent in it, so the node asks again at once, from the
+// watch's cache); else the one it follows already; else one it read, at
+// random. A new watch starts from this Acquire's LIST of the bucket.
 func (s *Slots) refuse(ctx context.Context, d Decision, v *view) Decision {
 	s.refused = true
 	if d.Limit <= 0 {
@@ -417,11 +442,13 @@ func (s *Slots) refuse(ctx context.Context, d Decision, v *view) Decision {
 	case f != nil && f.bucket < n && (len(lost) == 0 || slices.Contains(lost, f.bucket)):
 		f.setLimit(d.Limit)
 	case len(lost) > 0:
-		s.followBucket(ctx, lost[s.randIntN(len(lost))], d.Limit)
+		b := lost[s.randIntN(len(lost))]
+		s.followBucket(ctx, b, d.Limit, v.listed[b])
 	case len(read) > 0:
-		s.followBucket(ctx, read[s.randIntN(len(read))], d.Limit)
+		b := read[s.randIntN(len(read))]
+		s.followBucket(ctx, b, d.Limit, v.listed[b])
 	default:
-		s.followBucket(ctx, s.randIntN(n), d.Limit)
+		s.followBucket(ctx, s.randIntN(n), d.Limit, nil)
 	}
 	return d
 }

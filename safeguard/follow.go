@@ -7,7 +7,8 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -71,15 +72,30 @@ func (s *Slots) unfollow() {
 }
 
 // followBucket starts following bucket b (stopping another follower).
-// The watch outlives this call: it stops with unfollow, or when ctx ends.
-func (s *Slots) followBucket(ctx context.Context, b, k int) {
+// seed, when not nil, is the LIST of that bucket this Acquire made: the
+// watch starts from it (its resourceVersion) instead of listing the
+// bucket again. The watch outlives this call: it stops with unfollow, or
+// when ctx ends.
+func (s *Slots) followBucket(ctx context.Context, b, k int, seed *coordinationv1.LeaseList) {
 	s.unfollow()
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	unhook := context.AfterFunc(ctx, cancel)
 	sel := s.bucketSelector(b)
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithNamespace(s.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	inf := factory.Coordination().V1().Leases().Informer()
+	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
+	lw := &seededList{ListWatch: &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return leases.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return leases.Watch(ctx, o)
+		},
+	}}
+	if seed != nil {
+		lw.seed = seed.DeepCopy()
+	}
+	inf := cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
 	f := &follower{bucket: b, inf: inf, done: wctx.Done()}
 	f.limit.Store(int64(k))
 	check := func(any) { s.check(f) }
@@ -92,7 +108,11 @@ func (s *Slots) followBucket(ctx context.Context, b, k int) {
 		s.log.Warn("following a bucket of taint slots failed; asking again on the next change only", "node", s.node, "bucket", b, "err", err)
 		return
 	}
-	factory.Start(wctx.Done())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		inf.RunWithContext(wctx)
+	}()
 	go func() {
 		if cache.WaitForCacheSync(wctx.Done(), reg.HasSynced) {
 			f.synced.Store(true)
@@ -102,11 +122,41 @@ func (s *Slots) followBucket(ctx context.Context, b, k int) {
 	f.stop = func() {
 		unhook()
 		cancel()
-		factory.Shutdown()
+		<-ran
 	}
 	s.follow = f
-	s.log.Debug("following a bucket of taint slots", "node", s.node, "bucket", b, "limit", k)
+	s.log.Debug("following a bucket of taint slots", "node", s.node, "bucket", b, "limit", k, "seeded", seed != nil)
 }
+
+// seededList lists and watches one bucket of slot Leases; its first List
+// answers with seed, the bucket as the refusal read it, when there is
+// one, so that following the bucket reads no Lease twice. Later lists
+// (the watch's resourceVersion too old, say) read the bucket again.
+type seededList struct {
+	*cache.ListWatch
+	mu   sync.Mutex
+	seed *coordinationv1.LeaseList
+}
+
+func (l *seededList) List(o metav1.ListOptions) (runtime.Object, error) {
+	return l.ListWithContext(context.Background(), o)
+}
+
+func (l *seededList) ListWithContext(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	l.mu.Lock()
+	seed := l.seed
+	l.seed = nil
+	l.mu.Unlock()
+	if seed != nil {
+		return seed, nil
+	}
+	return l.ListWatch.ListWithContext(ctx, o)
+}
+
+// IsWatchListSemanticsUnSupported keeps client-go's reflector on List
+// (see k8s.io/client-go/util/watchlist): a watch that streams its initial
+// state (WatchListClient) would read the seeded bucket again.
+func (l *seededList) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (f *follower) setLimit(k int) { f.limit.Store(int64(k)) }
 

@@ -2,7 +2,6 @@ package safeguard
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -17,33 +16,45 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// FullBucketsAnnotation prefixes the annotations of the full-bucket
-// hint, the Lease <Prefix>-full: annotation <prefix><g> holds, as two hex
-// digits, the buckets 8g..8g+7 nodes last found without a free slot (bit
-// j for bucket 8g+j), then "@" and when it was written (Unix seconds),
-// e.g. "05@1796000000". One annotation per 8 buckets (12 at K = 1,500)
-// keeps the hint small, and lets nodes write different groups at once
-// without overwriting one another.
-const FullBucketsAnnotation = "gpu-node-agent.io/full-buckets-"
+// FullBucketAnnotation prefixes the annotations of the full-bucket
+// hint, the Lease <Prefix>-full, that mark buckets: annotation
+// full-<b> says when (Unix seconds) a node last found bucket b without a
+// free slot, e.g. "full-12": "1796000000"; a bucket without one is not
+// marked. One annotation per bucket, because a JSON merge patch merges
+// annotations key by key: nodes marking buckets at once, whatever the
+// buckets, never overwrite one another's marks. The keys carry no
+// domain prefix because every node that reads the hint reads them all
+// (22-23 bytes a mark in protobuf, 2.1 KiB at K = 1,500 with every bucket
+// marked), and the hint is the agent's own object: no one else writes
+// it.
+const FullBucketAnnotation = "full-"
+
+// ClaimAnnotation prefixes the hint's annotations that claim buckets:
+// claim-<b> says when (Unix seconds) a refused node set out to list
+// bucket b (see claimBucket). A claim counts for claimTTL at most; the
+// node removes it once it has written what it found there.
+const ClaimAnnotation = "claim-"
+
+// claimTTL is how long a claim counts: much longer than a LIST and the
+// write after it take, so that only a claim whose node failed to remove
+// it expires.
+const claimTTL = 30 * time.Second
 
 // HintReleasedAnnotation is the hint's annotation saying when a slot was
-// last released (Unix seconds): a group of marks dated no later than
-// that marks no bucket, since the release may have freed a slot in any of
-// them. A node releasing a slot writes it when a mark made before its
-// release is left, so that a recovery of hundreds of nodes writes it
-// about once a second, and no write waits on another: it is one value,
-// last writer wins, and every writer writes about the same time.
+// last released (Unix seconds): a mark dated no later than that marks no
+// bucket, since the release may have freed a slot in any of them. A node
+// releasing a slot writes it when a mark made before its release is
+// left, so that a recovery of hundreds of nodes writes it about once a
+// second, and no write waits on another: it is one value, last writer
+// wins, and every writer writes about the same time.
 const HintReleasedAnnotation = "gpu-node-agent.io/slots-released-at"
 
-// hintTTL is how long a group of the hint counts: an older one marks no
+// hintTTL is how long a mark of the hint counts: an older one marks no
 // bucket, so that the marks of a wave that has passed (its slots since
 // released) do not steer the next. It outlasts a wave and its refused
 // nodes' own asks (the last at most 2 min after the refusal, see
 // againDelay).
 const hintTTL = 3 * time.Minute
-
-// hintGroup is how many buckets one annotation of the hint holds.
-const hintGroup = 8
 
 // hintDelay bounds the random delay before a node writes what it found
 // into the hint (publishHint), hintTimeout the whole write.
@@ -52,9 +63,18 @@ const (
 	hintTimeout = 10 * time.Second
 )
 
-// hintFieldManager owns the hint's annotations, whichever node writes
-// them, so that its managedFields stay one entry.
+// hintFieldManager is the field manager of the hint's writes, whichever
+// node writes it.
 const hintFieldManager = "gpu-node-agent-safeguard"
+
+// resetManagedFields, as an object's managedFields in a write other than
+// an apply, makes kube-apiserver store it without them (see
+// https://kubernetes.io/docs/reference/using-api/server-side-apply/#clearing-managedfields),
+// and an object stored without them stays so through later such writes.
+// Every write of the hint sends it: field tracking would repeat each of
+// its annotation keys, doubling what every node reads of it, and nothing
+// applies to the hint.
+var resetManagedFields = []metav1.ManagedFieldsEntry{{}}
 
 // fullHint is the full-bucket hint as one Acquire read it: which buckets
 // to look in first. It is only a hint: a slot is still taken by Create or
@@ -63,12 +83,22 @@ const hintFieldManager = "gpu-node-agent-safeguard"
 //
 // Why: a node that reads a few random buckets of many finds the last free
 // slots of a fleet at its limit only by luck (at K = 1,500, 94 buckets, a
-// mass fault of exactly K nodes leaves about 34 of them refused beside as
+// mass fault of exactly K nodes leaves about 48 of them refused beside as
 // many free slots in test/cmd/slotsmodel's model of the protocol without
 // the hint, none with it). Nodes that find a bucket full mark it, and the
-// next nodes look first in the buckets no one marked. Its size is one bit
-// per bucket, in annotations of 8 buckets each. A node's credentials,
-// however misused, can only make the others look elsewhere first.
+// next nodes look first in the buckets no one marked. Its size is one
+// annotation per bucket marked (22-23 bytes each), its writes are
+// merge patches without a resourceVersion that never conflict, and a
+// node's credentials, however misused, can only make the others look
+// elsewhere first.
+//
+// Marks are lossless: each is its own annotation, so two nodes marking
+// at once keep both marks. A mark lost would cost every refused node that
+// trusts the hint a LIST of that full bucket on each of its own asks: with
+// one annotation per 8 buckets, written whole by the last writer, the
+// fleet simulation at 3,000 nodes measured more than a thousand such
+// LISTs per two waves, every one of a full bucket, against under a
+// hundred at 1,000 nodes.
 //
 // A node that releases a slot expires every mark made before (see
 // HintReleasedAnnotation, noteRelease): a mark left on a bucket with free
@@ -78,26 +108,21 @@ const hintFieldManager = "gpu-node-agent-safeguard"
 // guarded by the resourceVersion so that none is lost, made the hint a
 // hot spot in a recovery: at 3,000 nodes, 600 releases at once made 1,981
 // PATCHes of which 1,967 were Conflicts, and the clears given up on hid
-// 35 free slots from the next wave.
-//
-// Marks are merge patches of whole groups, last writer wins: nodes
-// writing the same group at once may lose one another's marks. While a
-// wave takes slots (none freed), a bucket found full stays full, so a
-// lost mark costs a look, and the refused nodes' own asks find it again.
-// Guarding marks with the resourceVersion would keep every one, but cost
-// more than the looks it saves: measured at 3,000 nodes, 2-3 Conflicts
-// and re-reads per writing node, more hint requests than bucket LISTs. A
-// mark that outlives a release all the same (written from a read older
-// than the release, or by a node whose clock runs ahead) expires with
-// its group (hintTTL).
+// 35 free slots from the next wave. A mark that outlives a release all
+// the same (written from a read older than the release, or by a node
+// whose clock runs ahead) expires after hintTTL.
 type fullHint struct {
 	lease *coordinationv1.Lease // nil: absent
 	full  map[int]bool
 	// released is when a slot was last released (HintReleasedAnnotation,
 	// Unix seconds; 0 when never).
 	released int64
-	// marked and cleared are the changes this Acquire found.
-	marked, cleared map[int]bool
+	// claimed are the buckets claimed (ClaimAnnotation) less than
+	// claimTTL ago.
+	claimed map[int]bool
+	// marked and cleared are the changes this Acquire found; claims are
+	// the buckets it claimed, unclaim the claims to remove.
+	marked, cleared, claims, unclaim map[int]bool
 }
 
 func (s *Slots) hintName() string { return s.cfg.Prefix + "-full" }
@@ -114,7 +139,8 @@ func (s *Slots) readHint(ctx context.Context) *fullHint {
 }
 
 func emptyHint() *fullHint {
-	return &fullHint{full: map[int]bool{}, marked: map[int]bool{}, cleared: map[int]bool{}}
+	return &fullHint{full: map[int]bool{}, claimed: map[int]bool{}, marked: map[int]bool{}, cleared: map[int]bool{},
+		claims: map[int]bool{}, unclaim: map[int]bool{}}
 }
 
 // getHint reads the hint with one GET from kube-apiserver's watch cache
@@ -131,11 +157,13 @@ func (s *Slots) getHint(ctx context.Context) (*fullHint, error) {
 	}
 	h.lease = l
 	h.full, h.released = decodeBuckets(l.Annotations, s.now())
+	h.claimed = decodeClaims(l.Annotations, s.now())
 	return h, nil
 }
 
 // openUnread says whether a bucket under n is neither marked full (by
-// the hint or this Acquire) nor read by v.
+// the hint or this Acquire) nor read by v. A bucket another node claimed
+// counts as open: that node may find a slot left there.
 func (h *fullHint) openUnread(n int, v *view) bool {
 	for b := range n {
 		if _, read := v.leases[b*BucketSize]; read {
@@ -149,13 +177,17 @@ func (h *fullHint) openUnread(n int, v *view) bool {
 }
 
 // note records what bucket b showed: full (no free slot left under K
-// once this node took its own) or not.
+// once this node took its own) or not. A claim of this Acquire on b is
+// removed with what it found.
 func (h *fullHint) note(b int, full bool) {
 	switch {
 	case full && !h.full[b]:
 		h.marked[b] = true
 	case !full && h.full[b]:
 		h.cleared[b] = true
+	}
+	if h.claims[b] {
+		h.unclaim[b] = true
 	}
 }
 
@@ -167,11 +199,16 @@ func (h *fullHint) note(b int, full bool) {
 // once or a few times, not each, so that the one Lease is no hot spot. It
 // runs on its own goroutine, the Acquire that found it returned.
 func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
-	if len(h.marked) == 0 && len(h.cleared) == 0 {
+	if len(h.marked) == 0 && len(h.cleared) == 0 && len(h.unclaim) == 0 {
 		return
 	}
-	marked, cleared := maps.Clone(h.marked), maps.Clone(h.cleared)
+	marked, cleared, unclaim := maps.Clone(h.marked), maps.Clone(h.cleared), maps.Clone(h.unclaim)
 	s.laterHint(ctx, func(ctx context.Context, fresh *fullHint) error {
+		for b := range unclaim {
+			if _, ok := fresh.lease.GetAnnotations()[claimKey(b)]; ok {
+				fresh.unclaim[b] = true
+			}
+		}
 		for b := range marked {
 			if !fresh.full[b] {
 				fresh.marked[b] = true
@@ -184,6 +221,33 @@ func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 		}
 		return s.writeHint(ctx, fresh)
 	})
+}
+
+// claimBucket claims bucket b in the hint now (ClaimAnnotation), before
+// a refused node lists it, and records the claim in h, so that what the
+// node finds there removes it (note, publishHint). Refused nodes do not
+// list a bucket claimed, but keep asking on their own while one is
+// (openUnread): the claimer may find a slot left there.
+//
+// Why: the buckets a wave leaves open in the hint though full are few
+// (their last slots taken by nodes that did not read them full), and the
+// refused nodes' own asks come in a burst: every node asking before a
+// mark of the first one to list such a bucket reaches the hint lists it
+// too. Measured at 3,000 nodes without the claim, 58 own asks listed
+// three full buckets within two seconds, and such bursts made the reads
+// per faulting node vary from 15.9 to 20.7 KiB between waves. A claim
+// reaches the hint one write after the ask instead of after its LIST, a
+// delay of up to hintDelay and a re-read. A write that fails only leaves
+// b unclaimed.
+func (s *Slots) claimBucket(ctx context.Context, h *fullHint, b int) {
+	ctx, cancel := context.WithTimeout(ctx, hintTimeout)
+	defer cancel()
+	claim := &fullHint{lease: h.lease, claims: map[int]bool{b: true}}
+	if err := s.writeHint(ctx, claim); err != nil {
+		s.log.Debug("full-bucket hint: bucket not claimed", "node", s.node, "bucket", b, "err", err)
+		return
+	}
+	h.claims[b] = true
 }
 
 // noteRelease expires the hint's marks made before now, later (see
@@ -206,15 +270,20 @@ func (s *Slots) noteRelease(ctx context.Context, l *coordinationv1.Lease) {
 		if fresh.lease == nil || len(fresh.full) == 0 || fresh.released >= at {
 			return nil
 		}
-		patch, err := json.Marshal(map[string]any{
-			"metadata": map[string]any{"annotations": map[string]string{HintReleasedAnnotation: strconv.FormatInt(at, 10)}},
-			"spec":     map[string]any{"holderIdentity": s.node},
-		})
-		if err != nil {
-			return err
+		annotations := map[string]any{HintReleasedAnnotation: strconv.FormatInt(at, 10)}
+		// The marks it expires go too, and any annotation of the
+		// hint's prefix that is no mark, so that the hint does not
+		// keep a key per bucket between waves. A mark another node
+		// wrote since the read is lost with them: it costs a look.
+		for k, v := range fresh.lease.Annotations {
+			if !strings.HasPrefix(k, FullBucketAnnotation) && !strings.HasPrefix(k, ClaimAnnotation) {
+				continue
+			}
+			if _, sec, ok := parseMark(k, v); !ok || sec <= at {
+				annotations[k] = nil
+			}
 		}
-		_, err = s.client.CoordinationV1().Leases(s.cfg.Namespace).Patch(ctx, s.hintName(), types.MergePatchType, patch,
-			metav1.PatchOptions{FieldManager: hintFieldManager})
+		err := s.patchHint(ctx, annotations)
 		if apierrors.IsNotFound(err) {
 			// Gone since: no mark to expire.
 			return nil
@@ -243,70 +312,70 @@ func (s *Slots) laterHint(ctx context.Context, write func(ctx context.Context, f
 	})
 }
 
-// writeHint writes h's news into the hint: for each group of 8 buckets
-// it changes, the group as h read it with the marks and clears, dated
-// now, in one JSON merge patch (Create when h read none; either finds
-// the other case when another node created or deleted it since).
-// Nothing to write is success.
+// writeHint writes h's news into the hint: each bucket marked, dated
+// now, and each cleared, removed, in one JSON merge patch of their
+// annotations only (Create when h read none; either finds the other case
+// when another node created or deleted it since). Nothing to write is
+// success.
 func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
-	if len(h.marked) == 0 && len(h.cleared) == 0 {
+	if len(h.marked) == 0 && len(h.cleared) == 0 && len(h.claims) == 0 && len(h.unclaim) == 0 {
 		return nil
 	}
-	full := maps.Clone(h.full)
-	groups := map[int]bool{}
+	now := strconv.FormatInt(s.now().Unix(), 10)
+	changes := map[string]any{}
+	marks := map[string]string{}
 	for b := range h.marked {
-		full[b], groups[b/hintGroup] = true, true
+		changes[bucketKey(b)], marks[bucketKey(b)] = now, now
+	}
+	for b := range h.claims {
+		changes[claimKey(b)], marks[claimKey(b)] = now, now
+	}
+	for b := range h.unclaim {
+		changes[claimKey(b)] = nil
 	}
 	for b := range h.cleared {
-		delete(full, b)
-		groups[b/hintGroup] = true
-	}
-	annotations := map[string]string{}
-	for g := range groups {
-		annotations[FullBucketsAnnotation+strconv.Itoa(g)] = encodeGroup(full, g, s.now())
-	}
-	leases := s.client.CoordinationV1().Leases(s.cfg.Namespace)
-	// The writer is its holder: the admission policy lets a node write
-	// only Leases it holds.
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": annotations},
-		"spec":     map[string]any{"holderIdentity": s.node},
-	})
-	if err != nil {
-		return err
+		changes[bucketKey(b)] = nil
 	}
 	create := func() error {
 		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: s.hintName(), Namespace: s.cfg.Namespace, Annotations: annotations},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &s.node},
+			ObjectMeta: metav1.ObjectMeta{Name: s.hintName(), Namespace: s.cfg.Namespace, Annotations: marks,
+				ManagedFields: resetManagedFields},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &s.node},
 		}
-		_, err := leases.Create(ctx, l, metav1.CreateOptions{FieldManager: hintFieldManager})
+		_, err := s.client.CoordinationV1().Leases(s.cfg.Namespace).Create(ctx, l, metav1.CreateOptions{FieldManager: hintFieldManager})
 		return err
 	}
-	update := func() error {
-		_, err := leases.Patch(ctx, s.hintName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: hintFieldManager})
-		return err
-	}
+	var err error
 	if h.lease == nil {
 		if err = create(); apierrors.IsAlreadyExists(err) {
-			err = update()
+			err = s.patchHint(ctx, changes)
 		}
-	} else if err = update(); apierrors.IsNotFound(err) {
+	} else if err = s.patchHint(ctx, changes); apierrors.IsNotFound(err) {
 		err = create()
 	}
 	return err
 }
 
-// encodeGroup is group g of full as two hex digits, dated at.
-func encodeGroup(full map[int]bool, g int, at time.Time) string {
-	var by byte
-	for j := range hintGroup {
-		if full[g*hintGroup+j] {
-			by |= 1 << j
-		}
+// patchHint writes annotations (a nil value removes one) into the hint
+// with one JSON merge patch, as its holder (the admission policy lets a
+// node write only Leases it holds), without managedFields.
+func (s *Slots) patchHint(ctx context.Context, annotations map[string]any) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": annotations, "managedFields": resetManagedFields},
+		"spec":     map[string]any{"holderIdentity": s.node},
+	})
+	if err != nil {
+		return err
 	}
-	return hex.EncodeToString([]byte{by}) + "@" + strconv.FormatInt(at.Unix(), 10)
+	_, err = s.client.CoordinationV1().Leases(s.cfg.Namespace).Patch(ctx, s.hintName(), types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: hintFieldManager})
+	return err
 }
+
+// bucketKey is the hint's annotation marking bucket b, claimKey the one
+// claiming it.
+func bucketKey(b int) string { return FullBucketAnnotation + strconv.Itoa(b) }
+func claimKey(b int) string  { return ClaimAnnotation + strconv.Itoa(b) }
 
 // FullBuckets are the buckets the hint l marks full as of now, in order
 // (for tools and tests; nil when l is nil).
@@ -319,37 +388,68 @@ func FullBuckets(l *coordinationv1.Lease, now time.Time) []int {
 }
 
 // decodeBuckets reads the hint's annotations as of now: the buckets
-// marked full, and when a slot was last released. A group that does not
-// parse, has no date, is dated no later than the last release, or is
-// dated hintTTL or more from now (either way: a date that far ahead
-// comes from a clock that does not agree with ours) marks no bucket.
+// marked full, and when a slot was last released. A mark that does not
+// parse, is dated no later than the last release, or is dated hintTTL or
+// more from now (either way: a date that far ahead comes from a clock
+// that does not agree with ours) marks no bucket.
 func decodeBuckets(annotations map[string]string, now time.Time) (full map[int]bool, released int64) {
 	full = map[int]bool{}
 	if r, err := strconv.ParseInt(annotations[HintReleasedAnnotation], 10, 64); err == nil && r > 0 {
 		released = r
 	}
 	for k, v := range annotations {
-		rest, ok := strings.CutPrefix(k, FullBucketsAnnotation)
-		if !ok {
+		if !strings.HasPrefix(k, FullBucketAnnotation) {
 			continue
 		}
-		g, err := strconv.Atoi(rest)
-		bits, date, dated := strings.Cut(v, "@")
-		by, herr := hex.DecodeString(bits)
-		sec, derr := strconv.ParseInt(date, 10, 64)
-		if err != nil || g < 0 || strconv.Itoa(g) != rest || herr != nil || len(by) != 1 || !dated || derr != nil {
+		b, sec, ok := parseMark(k, v)
+		if !ok {
 			continue
 		}
 		if age := now.Sub(time.Unix(sec, 0)); age >= hintTTL || age <= -hintTTL || sec <= released {
 			continue
 		}
-		for j := range hintGroup {
-			if by[0]&(1<<j) != 0 {
-				full[g*hintGroup+j] = true
+		full[b] = true
+	}
+	return full, released
+}
+
+// decodeClaims are the buckets the hint's annotations claim as of now
+// (a claim dated less than claimTTL from now).
+func decodeClaims(annotations map[string]string, now time.Time) map[int]bool {
+	claimed := map[int]bool{}
+	for k, v := range annotations {
+		if !strings.HasPrefix(k, ClaimAnnotation) {
+			continue
+		}
+		if b, sec, ok := parseMark(k, v); ok {
+			if age := now.Sub(time.Unix(sec, 0)); age < claimTTL && age > -claimTTL {
+				claimed[b] = true
 			}
 		}
 	}
-	return full, released
+	return claimed
+}
+
+// parseMark reads annotation k: v as a mark or claim of the hint
+// (FullBucketAnnotation or ClaimAnnotation): its bucket and date; ok is
+// false when it is neither.
+func parseMark(k, v string) (b int, sec int64, ok bool) {
+	rest, found := strings.CutPrefix(k, FullBucketAnnotation)
+	if !found {
+		rest, found = strings.CutPrefix(k, ClaimAnnotation)
+	}
+	if !found {
+		return 0, 0, false
+	}
+	b, err := strconv.Atoi(rest)
+	if err != nil || b < 0 || strconv.Itoa(b) != rest {
+		return 0, 0, false
+	}
+	sec, err = strconv.ParseInt(v, 10, 64)
+	if err != nil || sec <= 0 {
+		return 0, 0, false
+	}
+	return b, sec, true
 }
 
 // sortedBuckets is set's buckets in order (for logs).

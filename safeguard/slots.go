@@ -219,14 +219,17 @@ type Slots struct {
 	staleRefused bool
 	// refused says the last Acquire was refused (every slot it read
 	// occupied, or every race for a free one lost): the next Acquire
-	// reads the followed bucket and one more instead of probing (see
-	// probe and lookAround).
+	// reads the followed bucket, and one more from lookGap after its last
+	// LIST, instead of probing (see probe and lookAround).
 	refused bool
 	// follow is the watch of one bucket of slots while refused, nil when
 	// none; room is signalled when it sees a slot of that bucket freed
 	// (Room).
 	follow *follower
 	room   chan struct{}
+	// listedAt is when the last Acquire that was refused listed a
+	// bucket (see lookGap).
+	listedAt time.Time
 	// againCount is how many asks of its own a refused node scheduled
 	// (askAgainLater) since it last held or released a slot; againTimer
 	// signals the last, againPending until it fired; againAfter is when
@@ -235,6 +238,9 @@ type Slots struct {
 	againTimer   *time.Timer
 	againPending atomic.Bool
 	againAfter   func(n int) time.Duration
+	// againDue is set when an own ask fired, until the Acquire it
+	// signals: that ask lists a bucket however soon after the last LIST.
+	againDue atomic.Bool
 	// hintWait is the random delay before a hint write (tests replace
 	// it); hintWrites are the writes under way.
 	hintWait   func(ctx context.Context) error

@@ -120,6 +120,10 @@ func newSlotFixture(t *testing.T, n int, selfInFleet bool, tainted []string, lea
 
 func (f *slotFixture) setNow(t time.Time) { f.now.Store(&t) }
 
+// later moves the clock on by lookGap: a refused node asking then lists
+// a bucket again.
+func (f *slotFixture) later() { f.setNow(f.slots.now().Add(lookGap)) }
+
 // record writes a fleet size measured ago before slotT0 on slot i's
 // Lease, as its holder would.
 func (f *slotFixture) record(t *testing.T, i, size int, ago time.Duration) {
