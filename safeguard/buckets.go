@@ -31,10 +31,10 @@ const BucketSize = 16
 // (againLooks, besides reading the bucket it follows from its watch). A
 // refused node lists again only lookGap after it last listed, or on an
 // ask of its own (see againDelay): the asks that come sooner (its own
-// Node's update after the refusal, a slot freed in the bucket it follows)
-// read only that bucket, from its watch. Resyncs come later. Measured in the fleet
-// simulation, the ask right after a refusal listed one bucket per refused
-// node and found a free slot in under 1% of them.
+// Node's update after the refusal, a slot freed in the bucket it
+// follows) read only that bucket, from its watch. Resyncs come later.
+// Measured in the fleet simulation, the ask right after a refusal listed
+// one bucket per refused node and found a free slot in under 1% of them.
 const (
 	firstLooks = 2
 	againLooks = 1
@@ -136,12 +136,13 @@ func (v *view) addBucket(b int, leases []*coordinationv1.Lease, prefix string) {
 // firstLooks random buckets (againLooks when it was refused before), one
 // LIST each, taking an absent or free slot of each with the same atomic
 // writes as ever. With more buckets than that, it picks them among those
-// the full-bucket hint (one small Lease, see fullHint) does not mark
-// full (a node refused before, only among those), and writes what it
-// found into the hint. Finding no free slot, it
-// is refused and follows one bucket with a watch (see refuse), so that a
+// the full-bucket hint (one small Lease, see fullHint) neither marks
+// full nor claims (a node refused before, only among those), and writes
+// what it found into the hint. Finding no free slot, it is refused and
+// follows one bucket with a watch (see refuse), so that a
 // slot freed there is taken as soon as Room says so; a later ask lookGap
-// or more after its last LIST reads one more bucket, and a refused node
+// or more after its last LIST, or of its own, reads one more bucket
+// (claimed in the hint first, see claimBucket), and a refused node
 // whose hint still left buckets open asks again on its own after the
 // wave (askAgainLater), until the hint marks every bucket full, so that a
 // slot free in a bucket no refused node follows is found too.
@@ -224,6 +225,7 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 			break
 		}
 		if s.refused && hint != nil {
+			// Other refused nodes asking now look elsewhere.
 			s.claimBucket(ctx, hint, b)
 		}
 		if err := s.listBucket(ctx, b, v); err != nil {

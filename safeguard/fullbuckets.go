@@ -254,7 +254,8 @@ func (s *Slots) claimBucket(ctx context.Context, h *fullHint, b int) {
 // HintReleasedAnnotation), when l, this node's slot, was just released:
 // after a random delay of up to hintDelay it reads the hint (from the
 // watch cache) and, when it marks a bucket and does not say a release
-// this late, writes the release time. A fleet whose K fits in the buckets
+// this late, writes the release time and removes the marks and claims
+// dated no later. A fleet whose K fits in the buckets
 // one ask reads never uses the hint, and skips it (K from this node's
 // fleet size, else the one recorded on l).
 func (s *Slots) noteRelease(ctx context.Context, l *coordinationv1.Lease) {
@@ -271,9 +272,9 @@ func (s *Slots) noteRelease(ctx context.Context, l *coordinationv1.Lease) {
 			return nil
 		}
 		annotations := map[string]any{HintReleasedAnnotation: strconv.FormatInt(at, 10)}
-		// The marks it expires go too, and any annotation of the
-		// hint's prefix that is no mark, so that the hint does not
-		// keep a key per bucket between waves. A mark another node
+		// The marks and claims it expires go too, and any annotation
+		// of their prefixes that does not parse, so that the hint does
+		// not keep a key per bucket between waves. A mark another node
 		// wrote since the read is lost with them: it costs a look.
 		for k, v := range fresh.lease.Annotations {
 			if !strings.HasPrefix(k, FullBucketAnnotation) && !strings.HasPrefix(k, ClaimAnnotation) {
@@ -312,11 +313,11 @@ func (s *Slots) laterHint(ctx context.Context, write func(ctx context.Context, f
 	})
 }
 
-// writeHint writes h's news into the hint: each bucket marked, dated
-// now, and each cleared, removed, in one JSON merge patch of their
-// annotations only (Create when h read none; either finds the other case
-// when another node created or deleted it since). Nothing to write is
-// success.
+// writeHint writes h's news into the hint: each bucket marked or
+// claimed, dated now, and each mark cleared or claim given up, removed,
+// in one JSON merge patch of those annotations only (Create when h read
+// none; either finds the other case when another node created or deleted
+// it since). Nothing to write is success.
 func (s *Slots) writeHint(ctx context.Context, h *fullHint) error {
 	if len(h.marked) == 0 && len(h.cleared) == 0 && len(h.claims) == 0 && len(h.unclaim) == 0 {
 		return nil
