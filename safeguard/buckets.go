@@ -224,9 +224,11 @@ func (s *Slots) lookAround(ctx context.Context) (Decision, error) {
 		if b < 0 {
 			break
 		}
-		if s.refused && hint != nil {
-			// Other refused nodes asking now look elsewhere.
-			s.claimBucket(ctx, hint, b)
+		// Claim b so that other refused nodes asking now look elsewhere;
+		// while the API server sheds writes, look on the next own ask
+		// instead (openUnread schedules it, b being unread).
+		if s.refused && hint != nil && !s.claimBucket(ctx, hint, b) {
+			break
 		}
 		if err := s.listBucket(ctx, b, v); err != nil {
 			return Decision{Slot: -1}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,6 +337,68 @@ func TestSlotsClaimKeepsOthersAsking(t *testing.T) {
 	}
 	if f.slots.againPending.Load() {
 		t.Error("own ask scheduled with every bucket marked full")
+	}
+}
+
+// TestSlotsClaimShedWaitsForNextAsk: a refused node whose claim the
+// API server sheds (429, or a timeout) does not list the bucket it meant
+// to claim: a claim that lands late keeps no one else off it. It asks
+// again on its own, and lists the bucket once its claim is written. A
+// claim refused for another reason (here the admission policy) is no
+// reason to look less: the bucket is listed unclaimed.
+func TestSlotsClaimShedWaitsForNextAsk(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		listed bool
+	}{
+		{"429", apierrors.NewTooManyRequests("too many requests", 1), false},
+		{"server timeout", apierrors.NewServerTimeout(coordinationv1.Resource("leases"), "patch", 1), false},
+		{"forbidden", apierrors.NewForbidden(coordinationv1.Resource("leases"), DefaultSlotPrefix+"-full", fmt.Errorf("denied")), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := knownFixture(t, 319, heldBy(0, 64)) // K = 64, four buckets
+			if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+				t.Fatalf("first ask = %+v, %v; want refused", d, err)
+			}
+			f.slots.stopAgain()
+			f.clearRequests()
+			var refuse atomic.Bool
+			refuse.Store(true)
+			f.client.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if a.(k8stesting.PatchAction).GetName() == DefaultSlotPrefix+"-full" && refuse.Load() {
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+			f.later()
+			if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+				t.Fatalf("ask with the claim refused = %+v, %v; want refused", d, err)
+			}
+			lists := f.leaseLists()
+			if tc.listed != (len(lists) == 1) || len(lists) > 1 {
+				t.Errorf("listed %q with the claim answered %q; want a bucket listed: %v", lists, tc.err, tc.listed)
+			}
+			if !f.slots.againPending.Load() {
+				t.Error("no own ask scheduled with buckets 2 and 3 open and unread")
+			}
+			f.slots.stopAgain()
+			if tc.listed {
+				return
+			}
+			// The next ask's claim is written: it lists.
+			refuse.Store(false)
+			f.clearRequests()
+			f.later()
+			f.slots.againDue.Store(true)
+			if d, err := f.slots.Acquire(t.Context()); err != nil || d.Held {
+				t.Fatalf("ask with the claim written = %+v, %v; want refused", d, err)
+			}
+			if lists := f.leaseLists(); len(lists) != 1 {
+				t.Errorf("listed %q with the claim written, want one bucket", lists)
+			}
+			f.slots.stopAgain()
+		})
 	}
 }
 

@@ -3,6 +3,7 @@ package safeguard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -57,10 +58,12 @@ const HintReleasedAnnotation = "gpu-node-agent.io/slots-released-at"
 const hintTTL = 3 * time.Minute
 
 // hintDelay bounds the random delay before a node writes what it found
-// into the hint (publishHint), hintTimeout the whole write.
+// into the hint (publishHint), hintTimeout the whole write; claimTimeout
+// bounds a claim's write (claimBucket), retries after a 429 included.
 const (
-	hintDelay   = time.Second
-	hintTimeout = 10 * time.Second
+	hintDelay    = time.Second
+	hintTimeout  = 10 * time.Second
+	claimTimeout = time.Second
 )
 
 // hintFieldManager is the field manager of the hint's writes, whichever
@@ -227,27 +230,34 @@ func (s *Slots) publishHint(ctx context.Context, h *fullHint) {
 // a refused node lists it, and records the claim in h, so that what the
 // node finds there removes it (note, publishHint). Refused nodes do not
 // list a bucket claimed, but keep asking on their own while one is
-// (openUnread): the claimer may find a slot left there.
+// (openUnread): the claimer may find a slot left there. It reports
+// whether to list b now: not when the API server is shedding writes
+// (429, or no answer within claimTimeout), since a claim that lands late
+// keeps no one else off b; the node then looks on its next own ask. Any
+// other failure leaves b unclaimed and listed, as without the hint.
 //
 // Why: the buckets a wave leaves open in the hint though full are few
 // (their last slots taken by nodes that did not read them full), and the
 // refused nodes' own asks come in a burst: every node asking before a
 // mark of the first one to list such a bucket reaches the hint lists it
 // too. Measured at 3,000 nodes without the claim, 58 own asks listed
-// three full buckets within two seconds, and such bursts made the reads
-// per faulting node vary from 15.9 to 20.7 KiB between waves. A claim
-// reaches the hint one write after the ask instead of after its LIST, a
-// delay of up to hintDelay and a re-read. A write that fails only leaves
-// b unclaimed.
-func (s *Slots) claimBucket(ctx context.Context, h *fullHint, b int) {
-	ctx, cancel := context.WithTimeout(ctx, hintTimeout)
+// three full buckets within two seconds. With claims that client-go
+// retried through the API server's 429s for up to 8 s, one wave's own
+// asks listed one full bucket 60 times in 9 s: each claim landed only
+// after the other nodes had read the hint without it.
+func (s *Slots) claimBucket(ctx context.Context, h *fullHint, b int) bool {
+	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	claim := &fullHint{lease: h.lease, claims: map[int]bool{b: true}}
-	if err := s.writeHint(ctx, claim); err != nil {
-		s.log.Debug("full-bucket hint: bucket not claimed", "node", s.node, "bucket", b, "err", err)
-		return
+	err := s.writeHint(ctx, claim)
+	if err == nil {
+		h.claims[b] = true
+		return true
 	}
-	h.claims[b] = true
+	shed := apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+		errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil
+	s.log.Debug("full-bucket hint: bucket not claimed", "node", s.node, "bucket", b, "listed", !shed, "err", err)
+	return !shed
 }
 
 // noteRelease expires the hint's marks made before now, later (see
