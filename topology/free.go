@@ -106,6 +106,23 @@ const maxBlockSearchSteps = 1 << 16
 // bit each in a uint64); beyond it a greedy search gives a lower bound.
 const maxExactBlockGPUs = 64
 
+// nvlinkAdjacency is the NVLink graph of the GPUs in pos (GPU index →
+// position, positions under size, size at most 64) as bitmasks: bit b of
+// adj[a] says the GPUs at positions a and b share an NVLink.
+func nvlinkAdjacency(n *Node, pos map[int]int, size int) []uint64 {
+	adj := make([]uint64, size)
+	for _, l := range n.Links {
+		a, okA := pos[l.A]
+		b, okB := pos[l.B]
+		if !okA || !okB || a == b || l.NVLinks <= 0 {
+			continue
+		}
+		adj[a] |= 1 << b
+		adj[b] |= 1 << a
+	}
+	return adj
+}
+
 // largestNVLinkBlock finds a maximum clique of the graph whose vertices
 // are the free GPUs (indices, ascending) and whose edges are their
 // NVLink-connected pairs. exact is false when the answer is only the
@@ -121,16 +138,7 @@ func largestNVLinkBlock(n *Node, free []int) (block []int, exact bool) {
 	if len(free) > maxExactBlockGPUs {
 		return greedyNVLinkBlock(n, free, pos), false
 	}
-	s := cliqueSearch{adj: make([]uint64, len(free))}
-	for _, l := range n.Links {
-		a, okA := pos[l.A]
-		b, okB := pos[l.B]
-		if !okA || !okB || a == b || l.NVLinks <= 0 {
-			continue
-		}
-		s.adj[a] |= 1 << b
-		s.adj[b] |= 1 << a
-	}
+	s := cliqueSearch{adj: nvlinkAdjacency(n, pos, len(free))}
 	all := uint64(1)<<len(free) - 1
 	if len(free) == maxExactBlockGPUs {
 		all = ^uint64(0)

@@ -292,27 +292,20 @@ type moveSearch struct {
 }
 
 func newMoveSearch(n *Node, el []int, pods []holder, target int) *moveSearch {
+	pos := make(map[int]int, len(el))
+	for p, idx := range el {
+		pos[idx] = p
+	}
 	s := &moveSearch{
 		target: target,
-		adj:    make([]uint64, len(el)),
+		adj:    nvlinkAdjacency(n, pos, len(el)),
 		podsOn: make([][]int, len(el)),
 		gpusOf: make([][]int, len(pods)),
 		podRef: make([]int, len(pods)),
 		gpuRef: make([]int, len(n.GPUs)),
 	}
-	pos := make(map[int]int, len(el))
-	for p, idx := range el {
-		pos[idx] = p
+	for p := range el {
 		s.all |= 1 << p
-	}
-	for _, l := range n.Links {
-		a, okA := pos[l.A]
-		b, okB := pos[l.B]
-		if !okA || !okB || a == b || l.NVLinks <= 0 {
-			continue
-		}
-		s.adj[a] |= 1 << b
-		s.adj[b] |= 1 << a
 	}
 	for i, p := range pods {
 		s.gpusOf[i] = p.gpus
