@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,6 +31,8 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 const (
@@ -77,7 +78,7 @@ func run(bin string, duration, scrape time.Duration) error {
 	if err := agentproc.CopyBinary(bin, agent); err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return err
 	}
@@ -264,13 +265,4 @@ func cpuTicks(pid int) (int64, error) {
 	}
 	s, err := strconv.ParseInt(f[12], 10, 64)
 	return u + s, err
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

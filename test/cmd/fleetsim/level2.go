@@ -25,6 +25,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 const l2NS = "fleetsim-l2"
@@ -202,7 +203,7 @@ func runLevel2(ctx context.Context, c *cluster.Cluster, o options) (*level2Resul
 }
 
 func startAgent(bin, dir, name, config, kubeconfig string) (*agentProc, error) {
-	port, err := cluster.FreePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return nil, err
 	}

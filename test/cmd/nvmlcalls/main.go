@@ -19,15 +19,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 func main() {
@@ -120,11 +122,11 @@ func completeArgs(args []string) ([]string, func(), error) {
 		if flagValue(args, name) != "" {
 			continue
 		}
-		addr, err := freePort()
+		port, err := freeport.Get()
 		if err != nil {
 			return nil, cleanup, fmt.Errorf("%s: %w", name, err)
 		}
-		args = append(args, "--"+name, addr)
+		args = append(args, "--"+name, "127.0.0.1:"+strconv.Itoa(port))
 	}
 	if flagValue(args, "simulate") == "" {
 		return nil, cleanup, errors.New("agent arguments: --simulate is required (the call counts come from the simulator)")
@@ -144,18 +146,6 @@ func flagValue(args []string, name string) string {
 		}
 	}
 	return ""
-}
-
-// freePort returns a loopback address no one listens on now. The agent
-// binds it a moment later; a clash fails the run loudly rather than
-// measuring the wrong process.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // readAt waits until at, then reads the simulator's call counts.

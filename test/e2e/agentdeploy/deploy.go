@@ -31,6 +31,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 // DemoNode is the simulated node the e2e cluster runs: a DGX H100 with MIG
@@ -123,12 +124,12 @@ func Install(ctx context.Context, c *cluster.Cluster, opts Options) (*Agent, err
 	}
 	var err error
 	if opts.MetricsPort == 0 {
-		if opts.MetricsPort, err = cluster.FreePort(); err != nil {
+		if opts.MetricsPort, err = freeport.Get(); err != nil {
 			return nil, err
 		}
 	}
 	if opts.ControlPort == 0 {
-		if opts.ControlPort, err = cluster.FreePort(); err != nil {
+		if opts.ControlPort, err = freeport.Get(); err != nil {
 			return nil, err
 		}
 	}

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 const (
@@ -19,11 +21,11 @@ const (
 
 // startEtcd runs Debian's etcd on two free loopback ports, data in dir.
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	client, err := freePort()
+	client, err := freeport.Get()
 	if err != nil {
 		return err
 	}
-	peer, err := freePort()
+	peer, err := freeport.Get()
 	if err != nil {
 		return err
 	}
@@ -50,7 +52,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 // startAPIServer runs kube-apiserver against etcd with client-certificate
 // authentication, Node and RBAC authorization and service-account keys.
 func (c *Cluster) startAPIServer(ctx context.Context) error {
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return err
 	}
@@ -112,7 +114,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 // startControllerManager runs kube-controller-manager (service accounts,
 // DaemonSet, node lifecycle, root CA publisher ...) with the admin identity.
 func (c *Cluster) startControllerManager(ctx context.Context) error {
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return err
 	}
@@ -138,7 +140,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 
 // startScheduler runs kube-scheduler with the admin identity.
 func (c *Cluster) startScheduler(ctx context.Context) error {
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 const (
@@ -296,11 +298,11 @@ serverTLSBootstrap: false
 // until the node is Ready.
 func (c *Cluster) StartKubelet(ctx context.Context) error {
 	if c.kubeletArgs == nil {
-		port, err := freePort()
+		port, err := freeport.Get()
 		if err != nil {
 			return err
 		}
-		healthz, err := freePort()
+		healthz, err := freeport.Get()
 		if err != nil {
 			return err
 		}

@@ -6,16 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -115,43 +111,6 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-//
-// The port is drawn at random below the kernel's ephemeral range
-// (net.ipv4.ip_local_port_range, 32768-60999 by default) and checked by
-// binding it. A port from the ephemeral range (what listening on :0
-// returns) can be taken as the source port of any outgoing connection
-// between this check and the component's own bind, and clusters of
-// parallel tests and packages make many connections; ports below the range
-// are never handed out by connect(). handed keeps this process from giving
-// the same port twice.
-func freePort() (int, error) {
-	portMu.Lock()
-	defer portMu.Unlock()
-	for range 1000 {
-		port := portLow + rand.IntN(portHigh-portLow)
-		if handed[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		handed[port] = true
-		return port, nil
-	}
-	return 0, fmt.Errorf("find a free port: none free in %d-%d after 1000 tries", portLow, portHigh)
-}
-
-// The range freePort draws from: below the default ephemeral range.
-const portLow, portHigh = 20000, 32768
-
-var (
-	portMu sync.Mutex
-	handed = map[int]bool{}
-)
-
 // waitFor polls check every interval until it returns nil, the process
 // exits or ctx ends.
 func waitFor(ctx context.Context, what string, p *process, check func(context.Context) error) error {
@@ -247,6 +206,3 @@ func unescapeMount(s string) string {
 	}
 	return b.String()
 }
-
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort() (int, error) { return freePort() }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 // Prometheus is Debian's prometheus scraping static targets every second.
@@ -49,7 +51,7 @@ scrape_configs:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, fmt.Errorf("write prometheus config: %w", err)
 	}
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return nil, err
 	}
