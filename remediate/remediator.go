@@ -496,7 +496,9 @@ func (r *Remediator) drain(ctx context.Context, n *need, g topology.GPU, holders
 
 // slot takes the fleet safeguard's slot for a step; refused, it notes the
 // refusal under key (one Event and one count per refusal) and returns
-// false.
+// false. Asking again while refused is the same refusal, however its
+// words read (the slots the safeguard read this time): it is not noted
+// again.
 func (r *Remediator) slot(ctx context.Context, key, action, what string) bool {
 	held, refused, err := r.opts.Cluster.AcquireSlot(ctx)
 	if err != nil {
@@ -505,11 +507,16 @@ func (r *Remediator) slot(ctx context.Context, key, action, what string) bool {
 	}
 	r.holding = true
 	if !held {
-		r.note(ctx, key, action, ResultRefused, corev1.EventTypeWarning, "RemediationRefused", fmt.Sprintf("fleet safeguard: %s; %s", refused, what))
+		if !strings.HasPrefix(r.notes[key], refusedReason+"\x00") {
+			r.note(ctx, key, action, ResultRefused, corev1.EventTypeWarning, refusedReason, fmt.Sprintf("fleet safeguard: %s; %s", refused, what))
+		}
 		return false
 	}
 	return true
 }
+
+// refusedReason is the Event reason of a step the fleet safeguard refused.
+const refusedReason = "RemediationRefused"
 
 // note posts an Event, logs and counts (action and result, when set) once
 // per distinct message under key; it reports whether it did.

@@ -1,6 +1,7 @@
 package remediate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,7 @@ func (h *fakeHealth) set(r ...health.Remedy) {
 type fakeCluster struct {
 	paused     bool
 	refuse     bool
+	why        string // the refusal's words when set
 	held       bool
 	acquired   int
 	released   int
@@ -69,7 +71,7 @@ func newFakeCluster() *fakeCluster { return &fakeCluster{conditions: map[string]
 func (c *fakeCluster) Paused(context.Context) (bool, error) { return c.paused, nil }
 func (c *fakeCluster) AcquireSlot(context.Context) (bool, string, error) {
 	if c.refuse {
-		return false, "1 of 1 slots are taken by other nodes (fleet size 3)", nil
+		return false, cmp.Or(c.why, "1 of 1 slots are taken by other nodes (fleet size 3)"), nil
 	}
 	c.acquired++
 	c.held = true
@@ -408,6 +410,10 @@ func TestSafeguardRefusesSteps(t *testing.T) {
 	g.c.refuse = true
 	g.h.set(resetFault)
 	g.r.Reconcile(context.Background())
+	g.r.Reconcile(context.Background())
+	// Asked again, the safeguard words the same refusal otherwise (it
+	// read other slots): still one refusal.
+	g.c.why = "0 of the 0 slots read (of 1) are taken by other nodes (fleet size 3)"
 	g.r.Reconcile(context.Background())
 	if len(g.reset.calls) != 0 || g.count(ActionReset, ResultRefused) != 1 {
 		t.Fatalf("resets %v reset/refused %d", g.reset.calls, g.count(ActionReset, ResultRefused))
