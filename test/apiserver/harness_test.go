@@ -40,7 +40,10 @@ type apiCounter struct {
 	errors   int
 	// watches counts the watch requests (?watch=true) among methods.
 	watches int
-	before  func(*http.Request)
+	// inflight is how many requests have been sent and not yet answered
+	// (a watch is answered when its response headers arrive).
+	inflight int
+	before   func(*http.Request)
 }
 
 func newAPICounter() *apiCounter {
@@ -60,9 +63,13 @@ func (c *apiCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 		if before != nil {
 			before(r)
 		}
+		c.mu.Lock()
+		c.inflight++
+		c.mu.Unlock()
 		resp, err := rt.RoundTrip(r)
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		c.inflight--
 		c.methods[r.Method]++
 		c.requests[r.Method+" "+r.URL.Path]++
 		if r.URL.Query().Get("watch") == "true" {
@@ -74,6 +81,19 @@ func (c *apiCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 			c.status[resp.StatusCode]++
 		}
 		return resp, err
+	})
+}
+
+// settle waits until every request sent so far has been answered and
+// counted. A write the API server has applied (and a test has read
+// back) may still be on its way back to the client: its count lands
+// only when the answer does.
+func (c *apiCounter) settle(t testing.TB) {
+	t.Helper()
+	testutil.WaitForWithin(t, 30*time.Second, "the counted requests to be answered", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.inflight == 0
 	})
 }
 

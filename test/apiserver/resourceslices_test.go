@@ -326,6 +326,7 @@ func TestResourceSlicesRealAPIServer(t *testing.T) {
 	p, stop := runPublisher(t, countedClients(t, d.agentCfg, counter))
 	expectWrites := func(step string, creates, updates, deletes int) {
 		t.Helper()
+		counter.settle(t)
 		c, u, del := counter.sliceWrites()
 		writes, _, summary := counter.counts()
 		t.Logf("%s: %d creates, %d updates, %d deletes of ResourceSlices (%s)", step, c, u, del, summary)
@@ -685,6 +686,7 @@ func TestOnDemandSlicesRealAPIServer(t *testing.T) {
 			break
 		}
 	}
+	counter.settle(t)
 	c, u, del := counter.sliceWrites()
 	t.Logf("%d counter sets and %d placement devices in %d slices: %d creates, %d updates, %d deletes", len(sets), len(devs), len(stored), c, u, del)
 	if c != 1+len(parts) || u != 0 || del != 0 {
