@@ -73,14 +73,23 @@ func (a *RemediationAPI) AcquireSlot(ctx context.Context) (bool, string, error) 
 	if err != nil || d.Held {
 		return d.Held, "", err
 	}
-	why := "every slot is taken"
+	return false, refusal(d), nil
+}
+
+// refusal says why the safeguard refused d, from what it read.
+func refusal(d safeguard.Decision) string {
 	switch {
-	case d.Limit > 0 && d.Seen >= d.Limit:
-		why = fmt.Sprintf("%d of %d slots are taken by other nodes (fleet size %d)", d.Occupied, d.Limit, d.Fleet)
-	case d.Limit > 0:
-		why = fmt.Sprintf("%d of the %d slots read (of %d) are taken by other nodes (fleet size %d)", d.Occupied, d.Seen, d.Limit, d.Fleet)
+	case d.Limit == 0:
+		return "every slot is taken"
+	case d.Seen >= d.Limit:
+		return fmt.Sprintf("%d of %d slots are taken by other nodes (fleet size %d)", d.Occupied, d.Limit, d.Fleet)
+	case d.Seen == 0:
+		// A node refused moments ago asks again without a read: it
+		// waits for its bucket watch or its next read (docs/fleet.md).
+		return fmt.Sprintf("no slot of %d was free when this node last read them; it reads again shortly (fleet size %d)", d.Limit, d.Fleet)
+	default:
+		return fmt.Sprintf("%d of the %d slots read (of %d) are taken by other nodes (fleet size %d)", d.Occupied, d.Seen, d.Limit, d.Fleet)
 	}
-	return false, why, nil
 }
 
 // ReleaseSlot implements remediate.Cluster.

@@ -235,6 +235,26 @@ func TestRemediationAcquireSlot(t *testing.T) {
 	}
 }
 
+// TestRemediationRefusalWords: a refusal says what the safeguard read,
+// and an ask that read no slot says so rather than "0 of the 0".
+func TestRemediationRefusalWords(t *testing.T) {
+	for _, tc := range []struct {
+		d    safeguard.Decision
+		want string
+	}{
+		{safeguard.Decision{Slot: -1}, "every slot is taken"},
+		{safeguard.Decision{Slot: -1, Limit: 2, Fleet: 10, Occupied: 2, Seen: 2}, "2 of 2 slots are taken by other nodes (fleet size 10)"},
+		{safeguard.Decision{Slot: -1, Limit: 1500, Fleet: 7500, Occupied: 32, Seen: 32},
+			"32 of the 32 slots read (of 1500) are taken by other nodes (fleet size 7500)"},
+		{safeguard.Decision{Slot: -1, Limit: 1, Fleet: 3},
+			"no slot of 1 was free when this node last read them; it reads again shortly (fleet size 3)"},
+	} {
+		if got := refusal(tc.d); got != tc.want {
+			t.Errorf("refusal(%+v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}
+
 // conditionPatches are the patches of the Node's status c saw.
 func conditionPatches(c *fake.Clientset) int {
 	n := 0

@@ -413,7 +413,7 @@ func TestSafeguardRefusesSteps(t *testing.T) {
 	g.r.Reconcile(context.Background())
 	// Asked again, the safeguard words the same refusal otherwise (it
 	// read other slots): still one refusal.
-	g.c.why = "0 of the 0 slots read (of 1) are taken by other nodes (fleet size 3)"
+	g.c.why = "no slot of 1 was free when this node last read them; it reads again shortly (fleet size 3)"
 	g.r.Reconcile(context.Background())
 	if len(g.reset.calls) != 0 || g.count(ActionReset, ResultRefused) != 1 {
 		t.Fatalf("resets %v reset/refused %d", g.reset.calls, g.count(ActionReset, ResultRefused))
