@@ -42,11 +42,14 @@ type fakeNVML struct {
 	countRet nvml.Return
 	waitRet  nvml.Return // returned by Wait instead of events when set
 	creates  int         // EventSetCreate calls
+	made     int         // event sets the default EventSetCreate made
+	// registers counts RegisterEvents calls by GPU, whatever they answer.
+	registers map[string]int
 }
 
 func newFakeNVML(n int) *fakeNVML {
 	f := &fakeNVML{Interface: &mock.Interface{}, events: make(chan nvml.EventData, 64),
-		initRet: nvml.SUCCESS, countRet: nvml.SUCCESS, waitRet: nvml.SUCCESS}
+		initRet: nvml.SUCCESS, countRet: nvml.SUCCESS, waitRet: nvml.SUCCESS, registers: map[string]int{}}
 	for i := range n {
 		g := &fakeGPU{uuid: fmt.Sprintf("GPU-%d", i), links: []bool{true, true}, linkErrors: []uint64{0, 0}}
 		g.dev = f.newDevice(g)
@@ -75,6 +78,7 @@ func newFakeNVML(n int) *fakeNVML {
 	f.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		f.mu.Lock()
 		f.creates++
+		f.made++
 		f.mu.Unlock()
 		return &mock.EventSet{
 			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
@@ -111,6 +115,7 @@ func (f *fakeNVML) newDevice(g *fakeGPU) *mock.Device {
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { defer lock()(); return nvml.Memory{}, lostOr(nvml.SUCCESS) }
 	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return {
 		defer lock()()
+		f.registers[g.uuid]++
 		if g.noEvents {
 			return nvml.ERROR_NOT_SUPPORTED
 		}

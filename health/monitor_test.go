@@ -52,8 +52,23 @@ func start(t *testing.T, f *fakeNVML, mig bool, dcgm DCGM) *harness {
 	})
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	h := &harness{f: f, m: m, clk: clk, reg: reg}
-	// The event set is registered once the watcher has reported NVML fine.
+	// The event set is registered once the watcher has reported NVML
+	// fine. Every GPU's registration is awaited too: one still to come
+	// would look its GPU up again, and fail, once a test breaks NVML.
 	h.waitFor(t, "event set created", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.creates > 0 })
+	h.waitFor(t, "every GPU registered on the event set", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.made == 0 {
+			return true // a test's own EventSetCreate made none
+		}
+		for _, g := range f.gpus {
+			if f.registers[g.uuid] == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	return h
 }
 
