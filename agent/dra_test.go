@@ -22,6 +22,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/dra"
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi/kubeapitest"
@@ -38,7 +39,7 @@ func draTestConfig(t *testing.T, dir string, client *fake.Clientset, kinds ...st
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = filepath.Join(dir, "device-plugins")
 	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = freeAddr(t)
+	cfg.SimControlAddress = freeport.Addr(t)
 	cfg.RescanInterval = 0
 	cfg.NodeName = "gpu-node-1"
 	cfg.NodeLabels = false

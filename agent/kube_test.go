@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
@@ -34,7 +35,7 @@ func TestAgentTaintsAndLabelsNode(t *testing.T) {
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = dir
 	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = freeAddr(t)
+	cfg.SimControlAddress = freeport.Addr(t)
 	cfg.RescanInterval = 0
 	cfg.NodeName = "gpu-node-1"
 	cfg.Taint.Mode = kubeapi.TaintOn

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpu-node-agent/gpu-node-agent/agent/simhw"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/nvmlowner"
@@ -32,7 +33,7 @@ func TestLabelsSurviveNVMLErrors(t *testing.T) {
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = freeAddr(t)
+	cfg.SimControlAddress = freeport.Addr(t)
 	cfg.RescanInterval = 0
 	cfg.NodeName = "gpu-node-1"
 	cfg.Taint.Mode = kubeapi.TaintOff
@@ -135,7 +136,7 @@ func TestCliqueLabelFollowsFabric(t *testing.T) {
 	cfg.Simulate = "gb200-nvl72"
 	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = freeAddr(t)
+	cfg.SimControlAddress = freeport.Addr(t)
 	cfg.RescanInterval = 0
 	cfg.NodeName = "gpu-node-1"
 	cfg.Taint.Mode = kubeapi.TaintOff

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
@@ -144,7 +145,7 @@ func gatedConfig(t *testing.T, node *corev1.Node) (testConfig, *fake.Clientset) 
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = testutil.ShortTempDir(t)
 	cfg.MetricsAddress = ""
-	cfg.SimControlAddress = freeAddr(t)
+	cfg.SimControlAddress = freeport.Addr(t)
 	cfg.RescanInterval = 0
 	cfg.NodeName = node.Name
 	cfg.NodeLabels = false
@@ -483,7 +484,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
 // follow.
 func TestAgentPreflightGate(t *testing.T) {
 	cfg, client := gatedConfig(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1"}})
-	cfg.MetricsAddress = freeAddr(t)
+	cfg.MetricsAddress = freeport.Addr(t)
 	a, err := openAgent(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)

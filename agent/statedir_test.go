@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -78,7 +79,7 @@ func TestStateDirKeepsGPUUnhealthyAcrossRestart(t *testing.T) {
 func openStateDirAgent(t *testing.T, stateDir string) (a *Agent, pluginDir, control string) {
 	t.Helper()
 	pluginDir = testutil.ShortTempDir(t)
-	control = freeAddr(t)
+	control = freeport.Addr(t)
 	cfg := defaults()
 	cfg.Simulate = "dgx-h100"
 	cfg.DevicePluginDir = pluginDir

@@ -13,6 +13,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/sim"
@@ -31,7 +32,7 @@ func TestUsageTrackerWiring(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
 	cfg.DevicePluginDir = dir
-	cfg.MetricsAddress = freeAddr(t)
+	cfg.MetricsAddress = freeport.Addr(t)
 	cfg.SimControlAddress = ""
 	cfg.MetricsInterval = 200 * time.Millisecond
 	cfg.Zombies = usage.ZombiesConfig{Action: usage.ActionKill}

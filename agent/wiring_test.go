@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpu-node-agent/gpu-node-agent/gpu"
 	"github.com/gpu-node-agent/gpu-node-agent/health"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/rdma"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
@@ -44,17 +45,6 @@ func startFakeKubelet(t *testing.T, dir string) {
 	pluginapi.RegisterRegistrationServer(s, fakeKubelet{})
 	go s.Serve(ln)
 	t.Cleanup(s.Stop)
-}
-
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func httpGet(url string) (int, string) {
@@ -104,8 +94,8 @@ func TestAgentWiring(t *testing.T) {
 	cfg.Simulate = "dgx-h100"
 	cfg.GPU.MIGStrategy = gpu.MIGStrategyNone
 	cfg.DevicePluginDir = dir
-	cfg.MetricsAddress = freeAddr(t)
-	cfg.SimControlAddress = freeAddr(t)
+	cfg.MetricsAddress = freeport.Addr(t)
+	cfg.SimControlAddress = freeport.Addr(t)
 	cfg.RescanInterval = 0
 	cfg.Health.RecoveryPeriod = time.Second
 	cfg.Health.PollInterval = 200 * time.Millisecond
@@ -235,7 +225,7 @@ func TestReadyzBeforeRegistration(t *testing.T) {
 	cfg := defaults()
 	cfg.Simulate = "pcie-8gpu"
 	cfg.DevicePluginDir = dir
-	cfg.MetricsAddress = freeAddr(t)
+	cfg.MetricsAddress = freeport.Addr(t)
 	cfg.SimControlAddress = ""
 	a, err := openAgent(cfg, slog.New(slog.DiscardHandler), io.Discard)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -13,22 +12,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 // prometheusBinary is Debian's prometheus (mk/metrics.mk installs it).
 const prometheusBinary = "/usr/bin/prometheus"
-
-// freePort asks the kernel for an unused loopback port for prometheus's
-// own web listener (it cannot report a port 0 choice back).
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // promAPI GETs a Prometheus HTTP API path and decodes its JSON answer.
 func promAPI(ctx context.Context, base, path string, out any) error {
@@ -66,7 +55,7 @@ scrape_configs:
 `, target)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	web := freePort(t)
+	web := freeport.Addr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, prometheusBinary,

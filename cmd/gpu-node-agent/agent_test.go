@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/internal/testutil"
 	"github.com/gpu-node-agent/gpu-node-agent/topology"
 )
@@ -58,7 +59,7 @@ func TestDemo(t *testing.T) {
 func TestDemoFault(t *testing.T) {
 	var stdout syncBuffer
 	var stderr bytes.Buffer
-	ctl := freeAddr(t)
+	ctl := freeport.Addr(t)
 	code := make(chan int, 1)
 	go func() {
 		// --exit-after only bounds a run the test does not stop itself.

@@ -32,7 +32,7 @@ import (
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
 
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 const (

@@ -22,10 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/kubeapi"
 	"github.com/gpu-node-agent/gpu-node-agent/safeguard"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 const l2NS = "fleetsim-l2"

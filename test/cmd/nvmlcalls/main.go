@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 func main() {

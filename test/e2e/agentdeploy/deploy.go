@@ -29,9 +29,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 	"github.com/gpu-node-agent/gpu-node-agent/test/e2e/cluster"
 	"github.com/gpu-node-agent/gpu-node-agent/test/internal/agentproc"
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
 )
 
 // DemoNode is the simulated node the e2e cluster runs: a DGX H100 with MIG

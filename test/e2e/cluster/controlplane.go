@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 const (

@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 const (

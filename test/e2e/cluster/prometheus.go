@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 // Prometheus is Debian's prometheus scraping static targets every second.

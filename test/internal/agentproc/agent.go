@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-node-agent/gpu-node-agent/test/internal/freeport"
+	"github.com/gpu-node-agent/gpu-node-agent/internal/freeport"
 )
 
 // BinaryEnv overrides the path of the agent binary.

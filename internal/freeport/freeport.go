@@ -48,3 +48,17 @@ func Get() (int, error) {
 	}
 	return 0, fmt.Errorf("find a free port: none free in %d-%d after 1000 tries", low, high)
 }
+
+// Addr is a "127.0.0.1:<port>" address from Get, for a test: a failure
+// ends the test.
+func Addr(t interface {
+	Helper()
+	Fatal(args ...any)
+}) string {
+	t.Helper()
+	port, err := Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
